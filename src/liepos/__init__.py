@@ -4,6 +4,7 @@ RoPE, xPos, RetNet, ALiBi, NoPE, decay, Jordan blocks and every context-extensio
 points of one space, chosen by one generator X. See the README for a tour.
 """
 
+from liepos.attention import KVCache, attention, attention_reference
 from liepos.catalogue import (
     CATALOGUE,
     alibi,
@@ -24,6 +25,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CATALOGUE",
+    "KVCache",
+    "attention",
+    "attention_reference",
     "Encoding",
     "Generator",
     "alibi",

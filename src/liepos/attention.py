@@ -1,0 +1,446 @@
+"""Encoded attention that stays exact at any length, and caches that keep time.
+
+:func:`attention` computes ``softmax(logit_scale · qᵀ A(t − s) k / √d) v`` on top of
+``torch.nn.functional.scaled_dot_product_attention``:
+
+* the causal mask follows the *times* (a key is visible when ``s ≤ t``), not the indices;
+* encodings whose F and G grow with absolute time (decay, damped rotation, Jordan blocks, ALiBi's
+  slots) are evaluated relative to an origin per query block, ``F(t − o)``, ``G(s − o)``, which
+  leaves every score unchanged and keeps every factor finite, at positions of 10⁹ as at 0;
+* ALiBi runs through its slots: no (seq × seq) bias is ever allocated;
+* :class:`KVCache` stores keys with their times and re-encodes (or, for pure rotations, keeps the
+  encoded keys of the current generator version), so prefill + decode equals the full forward.
+
+:func:`attention_reference` is the readable float64 reference: scores from the lags
+``u = t − s`` and the closed-form blocks of ``A(u)``, one block at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as Fn
+
+from liepos.encoding import Encoding, as_positions
+from liepos.generator import Generator
+
+__all__ = ["attention", "attention_reference", "KVCache"]
+
+_LOW = (torch.float16, torch.bfloat16)
+# largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
+_MAX_EXPONENT = 30.0
+
+
+class KVCache:
+    """A key/value cache that keeps the *time* of every key.
+
+    Keys are stored as the caller gave them (before encoding) together with their times, so
+    that attention can encode them relative to any origin and under the current generator
+    (length-dependent generators such as dynamic NTK change with the length: the cache never
+    mixes keys encoded under another version). For pure rotations the encoded keys of the current
+    version are kept too, so a decode step encodes one new key only.
+
+    Times must not decrease: a key older than one already cached is an error.
+    """
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.times: torch.Tensor | None = None  # (B, S) float64
+        self.keep: torch.Tensor | None = None  # (B, S) bool: False for padding
+        self.docs: torch.Tensor | None = None  # (B, S) long document ids
+        self._enc_k: torch.Tensor | None = None
+        self._enc_version: Any = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else int(self.k.shape[-2])
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def append(
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        times: torch.Tensor,
+        keep: torch.Tensor,
+        docs: torch.Tensor | None,
+    ) -> None:
+        """Append keys ``(B, H, S, D)``, values and their times ``(B, S)``; times must not go back."""
+        if self.k is not None:
+            if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
+                raise ValueError(
+                    f"k of shape {tuple(k.shape)} does not match the cached keys {tuple(self.k.shape)}"
+                )
+            last = torch.where(self.keep, self.times, torch.full_like(self.times, -math.inf)).amax(-1)
+            first = torch.where(keep, times, torch.full_like(times, math.inf)).amin(-1)
+            if bool((first < last).any()):
+                b = int(torch.nonzero(first < last)[0, 0])
+                raise ValueError(
+                    f"key_positions go back in time: batch {b} appends a key at time {float(first[b])} "
+                    f"after a cached key at time {float(last[b])}; a KVCache needs non-decreasing times"
+                )
+            self.k = torch.cat((self.k, k), dim=-2)
+            self.v = torch.cat((self.v, v), dim=-2)
+            self.times = torch.cat((self.times, times), dim=-1)
+            self.keep = torch.cat((self.keep, keep), dim=-1)
+            if (self.docs is None) != (docs is None):
+                raise ValueError("document ids must be given on every call or on none")
+            if docs is not None:
+                self.docs = torch.cat((self.docs, docs), dim=-1)
+        else:
+            self.k, self.v, self.times, self.keep, self.docs = k, v, times, keep, docs
+
+
+def _expand_batch(p: torch.Tensor, B: int) -> torch.Tensor:
+    """(S,) or (1|B, S) -> (B, S)."""
+    if p.dim() == 1:
+        p = p.unsqueeze(0)
+    return p.expand(B, p.shape[-1])
+
+
+def _bool_mask(m: Any, name: str, shape: tuple[int, int]) -> torch.Tensor:
+    if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+        raise TypeError(f"{name} must be a boolean tensor (True = attend), got {type(m).__name__} "
+                        f"{getattr(m, 'dtype', '')}")
+    if tuple(m.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(m.shape)}")
+    return m
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    enc: Encoding,
+    positions: Any = None,
+    key_positions: Any = None,
+    causal: bool = True,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
+    key_document_ids: torch.Tensor | None = None,
+    cache: KVCache | None = None,
+    scale: float | None = None,
+    allow_bidirectional: bool = False,
+    block_size: int = 256,
+) -> torch.Tensor:
+    """Attention with a positional encoding: ``softmax(c · qᵀ A(t − s) k) v``, ``c = logit_scale/√d``.
+
+    Args:
+        q: queries ``(batch, heads, q_seq, dim)``; ``dim`` is the encoding's content dim.
+        k, v: keys and values ``(batch, kv_heads, k_seq, dim)`` / ``(…, v_dim)``; ``kv_heads``
+            divides ``heads`` (grouped-query attention).
+        enc: the :class:`~liepos.Encoding`.
+        positions: query times ``(q_seq,)`` or ``(batch, q_seq)``, integer or real. Default: the
+            last ``q_seq`` key times (bottom-right aligned).
+        key_positions: key times ``(k_seq,)`` or ``(batch, k_seq)``. Default ``0 … k_seq − 1``,
+            continuing after the cached keys when ``cache`` is given.
+        causal: a key is visible to a query when ``s ≤ t`` (by time, not by index).
+        attn_mask: optional boolean ``(q_seq, k_seq_total)`` or broadcastable 4-D mask, True = attend.
+        key_padding_mask: ``(batch, k_seq)``, True for real tokens, False for padding.
+        document_ids / key_document_ids: ``(batch, seq)`` ids for packed sequences; a query sees
+            only keys of its own document.
+        cache: a :class:`KVCache`; ``k`` and ``v`` are appended to it and attention runs over all
+            cached keys.
+        scale: the SDPA scale before ``logit_scale`` (default ``1/√(content dim)``, also with slots).
+        allow_bidirectional: with ``causal=False``, encodings that are not orthogonal (decay,
+            growth, Jordan blocks, ALiBi slots) leave the family because the lag changes sign;
+            they are refused unless this is True.
+        block_size: queries per block for re-centred encodings and materialised masks.
+
+    Queries with no visible key return zeros.
+
+    The identity it implements, checked against :func:`attention_reference`::
+
+        attention(q, k, v, enc, t, s)[i] = Σ_j softmax_j(c · q_iᵀ exp((t_i − s_j) X) k_j) v_j
+    """
+    if not isinstance(enc, Encoding):
+        raise TypeError(f"enc must be a liepos.Encoding, got {type(enc).__name__}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape (batch, heads, seq, dim), got {tuple(x.shape)}")
+    B, H, Sq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must share heads and sequence length")
+    if k.shape[-1] != D:
+        raise ValueError(f"q has head dim {D} but k has {k.shape[-1]}")
+    Hk = k.shape[1]
+    if H % Hk:
+        raise ValueError(f"key/value heads ({Hk}) must divide query heads ({H}) for grouped-query attention")
+    if not causal and enc.needs_recentring and not allow_bidirectional:
+        raise ValueError(
+            f"bidirectional attention (causal=False) with {enc!r}: its generator is not orthogonal "
+            f"(decay, growth, a Jordan block or slots), so A(t - s) for t < s grows instead of fading and "
+            f"the encoding leaves the family; pass allow_bidirectional=True to run it anyway"
+        )
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    dev = q.device
+
+    # ---- times, padding, documents of the new keys
+    past = len(cache) if cache is not None else 0
+    if key_positions is None:
+        kpos = torch.arange(past, past + k.shape[2], dtype=torch.float64)
+        if cache is not None and cache.times is not None:
+            # continue each row after its own last cached time
+            kpos = cache.times.amax(-1, keepdim=True) + 1 + torch.arange(k.shape[2], dtype=torch.float64)
+    else:
+        kpos = as_positions(key_positions, k.shape[2], B, "key_positions")
+    kpos = _expand_batch(kpos, B).to(dev)
+    keep = torch.ones(B, k.shape[2], dtype=torch.bool, device=dev)
+    if key_padding_mask is not None:
+        keep = _bool_mask(key_padding_mask, "key_padding_mask", (B, k.shape[2])).to(dev)
+    kdocs = None
+    if key_document_ids is not None or document_ids is not None:
+        kd = key_document_ids if key_document_ids is not None else document_ids
+        if key_document_ids is None and k.shape[2] != Sq:
+            raise ValueError("document_ids without key_document_ids needs as many keys as queries")
+        if not isinstance(kd, torch.Tensor) or tuple(kd.shape) != (B, k.shape[2]):
+            raise ValueError(f"key_document_ids must be a tensor of shape {(B, k.shape[2])}, got "
+                             f"{tuple(getattr(kd, 'shape', ()))}")
+        kdocs = kd.to(dev)
+
+    if cache is not None:
+        cache.append(k, v, kpos, keep, kdocs)
+        k_all, v_all, kpos, keep, kdocs = cache.k, cache.v, cache.times, cache.keep, cache.docs
+    else:
+        k_all, v_all = k, v
+    Sk = k_all.shape[2]
+
+    if positions is None:
+        if Sq > Sk:
+            raise ValueError(f"{Sq} queries but only {Sk} keys: pass positions explicitly")
+        qpos = kpos[:, Sk - Sq :]
+    else:
+        qpos = _expand_batch(as_positions(positions, Sq, B, "positions"), B).to(dev)
+    qdocs = None
+    if document_ids is not None:
+        if not isinstance(document_ids, torch.Tensor) or tuple(document_ids.shape) != (B, Sq):
+            raise ValueError(f"document_ids must be a tensor of shape {(B, Sq)}, got "
+                             f"{tuple(getattr(document_ids, 'shape', ()))}")
+        qdocs = document_ids.to(dev)
+        if kdocs is None:
+            raise ValueError("document_ids for the queries need document ids for the keys")
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
+            raise TypeError("attn_mask must be a boolean tensor (True = attend)")
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (B, H, Sq, Sk))
+        except RuntimeError as err:
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(B, H, Sq, Sk)}"
+            ) from err
+
+    # ---- the generator for this length (dynamic NTK, longrope, ...)
+    length = int(math.floor(max(float(qpos.max()), float(kpos.max())))) + 1
+    enc = enc.at_length(length)
+    c = (1.0 / math.sqrt(enc.content_dim) if scale is None else float(scale)) * enc.logit_scale
+
+    # ---- grouped queries: keep kv heads when parameters are shared, else expand
+    per_head = enc.num_heads is not None
+    if per_head and enc.num_heads != H:
+        raise ValueError(f"the encoding has per-head parameters for {enc.num_heads} heads but q has {H}")
+    if Hk != H and per_head:
+        k_all = k_all.repeat_interleave(H // Hk, dim=1)
+        v_all = v_all.repeat_interleave(H // Hk, dim=1)
+        Hk = H
+    gqa = Hk != H
+
+    simple = (
+        causal and attn_mask is None and key_padding_mask is None and cache is None
+        and document_ids is None and key_document_ids is None and positions is None
+        and key_positions is None and Sq == Sk
+    )
+    if not enc.needs_recentring:
+        qe = enc.query(q, qpos)
+        ke = _cached_keys(enc, k_all, kpos, cache)
+        if simple or (not causal and attn_mask is None and key_padding_mask is None and kdocs is None):
+            return _sdpa(qe, ke, v_all, None, c, gqa, is_causal=simple)
+        return _blocked(qe, ke, v_all, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size)
+
+    # ---- re-centred path: one origin per query block
+    return _recentred(
+        q, k_all, v_all, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size
+    )
+
+
+def _cached_keys(enc: Encoding, k_all: torch.Tensor, kpos: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    """Encoded keys at absolute times; a cache keeps them per generator version (rotations only)."""
+    if cache is None or k_all.shape[1] != cache.k.shape[1]:
+        return enc.key(k_all, kpos)
+    version = enc.version
+    n_old = 0 if cache._enc_k is None or cache._enc_version != version else cache._enc_k.shape[-2]
+    if n_old == k_all.shape[-2]:
+        return cache._enc_k
+    new = enc.key(k_all[..., n_old:, :], kpos[:, n_old:])
+    ke = new if n_old == 0 else torch.cat((cache._enc_k, new), dim=-2)
+    cache._enc_k, cache._enc_version = ke, version
+    return ke
+
+
+def _sdpa(q, k, v, mask, c, gqa, is_causal=False):
+    if gqa:
+        g = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(g, dim=1)
+        v = v.repeat_interleave(g, dim=1)
+    return Fn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=c)
+
+
+def _visible(qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, rows: slice, H: int) -> torch.Tensor:
+    """Boolean mask (B, 1|H, rows, Sk) for one block of query rows."""
+    m = keep[:, None, None, :]  # (B, 1, 1, Sk)
+    if causal:
+        m = m & (kpos[:, None, None, :] <= qpos[:, None, rows, None])
+    if qdocs is not None:
+        m = m & (kdocs[:, None, None, :] == qdocs[:, None, rows, None])
+    if attn_mask is not None:
+        am = attn_mask
+        while am.dim() < 4:
+            am = am.unsqueeze(0)
+        am = am[..., rows, :] if am.shape[-2] != 1 else am
+        m = m & am
+    return m
+
+
+def _finish(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Queries that see no key return zeros instead of NaN."""
+    none = ~mask.any(-1, keepdim=True)  # (B, 1|H, rows, 1)
+    if bool(none.any()):
+        out = torch.where(none, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    return out
+
+
+def _blocked(qe, ke, v, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size):
+    Sq = qe.shape[2]
+    outs = []
+    for i in range(0, Sq, block_size):
+        rows = slice(i, min(i + block_size, Sq))
+        m = _visible(qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, rows, qe.shape[1])
+        outs.append(_finish(_sdpa(qe[:, :, rows], ke, v, m, c, gqa), m))
+    return torch.cat(outs, dim=2)
+
+
+def _max_rate(g: Generator) -> float:
+    with torch.no_grad():
+        return float(g.rates.detach().abs().max()) if g.rates.numel() else 0.0
+
+
+def _recentred(q, k, v, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size):
+    B, H, Sq, _ = q.shape
+    rate = _max_rate(enc.generator)
+    sorted_keys = bool((kpos[:, 1:] >= kpos[:, :-1]).all()) if kpos.shape[1] > 1 else True
+    outs = []
+
+    def run(lo: int, hi: int) -> None:
+        tq = qpos[:, lo:hi]
+        o = tq.amax(-1)  # (B,) origin per block: the latest query time
+        span = float((o - tq.amin(-1)).max())
+        if hi - lo > 1 and rate * span > _MAX_EXPONENT:
+            mid = (lo + hi) // 2
+            run(lo, mid)
+            run(mid, hi)
+            return
+        rows = slice(lo, hi)
+        n_keys = kpos.shape[1]
+        if causal and sorted_keys:
+            # keys after the block's last query are invisible: leave them out
+            n_keys = int(torch.searchsorted(kpos.contiguous(), o.unsqueeze(-1), right=True).max())
+            n_keys = max(n_keys, 1)
+        kp = kpos[:, :n_keys]
+        rel = kp - o.unsqueeze(-1)  # (B, n_keys), ≤ 0 for every visible key when causal
+        if causal:
+            # invisible future keys are masked anyway; encode them at the origin so they stay finite
+            rel = torch.where(rel > 0, torch.zeros_like(rel), rel)
+        qe = enc.query(q[:, :, rows], tq - o.unsqueeze(-1))
+        ke = enc.key(k[:, :, :n_keys], rel)
+        m = _visible(qpos, kp, keep[:, :n_keys], qdocs, None if kdocs is None else kdocs[:, :n_keys],
+                     None if attn_mask is None else attn_mask[..., :n_keys], causal, rows, H)
+        outs.append(_finish(_sdpa(qe, ke, v[:, :, :n_keys], m, c, gqa), m))
+
+    for i in range(0, Sq, block_size):
+        run(i, min(i + block_size, Sq))
+    return torch.cat(outs, dim=2)
+
+
+# ---------------------------------------------------------------------- reference
+def _block_generators(g: Generator) -> list[tuple[Generator, int, int]]:
+    out = []
+    for i, (n, cplx, off, w) in enumerate(zip(g.sizes, g.complex, g.offsets, g.widths)):
+        sub = Generator(
+            g.rates[..., i : i + 1], g.freqs[..., i : i + 1], [n], complex=[cplx], allow_growth=True
+        )
+        out.append((sub, off, w))
+    return out
+
+
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    enc: Encoding,
+    positions: Any = None,
+    key_positions: Any = None,
+    causal: bool = True,
+    *,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Float64 reference: scores ``qᵀ exp((t − s) X) k`` from the lags, one closed-form block at a time.
+
+    Independent of the fast path: no tables, no F/G factorisation, no re-centring; only
+    :meth:`Generator.exp` of each block at the lags ``u = t − s``. Memory ``O(q_seq · k_seq · heads)``
+    per block; meant for tests and small inputs. ``mask``: optional boolean (B|1, H|1, Sq, Sk).
+    """
+    B, H, Sq, D = q.shape
+    Hk = k.shape[1]
+    if Hk != H:
+        k = k.repeat_interleave(H // Hk, dim=1)
+        v = v.repeat_interleave(H // Hk, dim=1)
+    Sk = k.shape[2]
+    qp = _expand_batch(as_positions(positions, Sq, B, "positions") if positions is not None
+                       else torch.arange(Sk - Sq, Sk, dtype=torch.float64), B)
+    kp = _expand_batch(as_positions(key_positions, Sk, B, "key_positions"), B)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    n = enc.num_slots
+    if n:
+        qs = enc.query_slots.double().reshape(1, -1, 1, n).expand(B, H, Sq, n)
+        ks = enc.key_slots.double().reshape(1, -1, 1, n).expand(B, H, Sk, n)
+        q64, k64 = torch.cat((q64, qs), -1), torch.cat((k64, ks), -1)
+    # canonical coordinates: storage index perm[c] holds canonical c
+    perm = enc.plan.perm
+    q64, k64 = q64.index_select(-1, perm), k64.index_select(-1, perm)
+    lags = qp[:, :, None] - kp[:, None, :]  # (B, Sq, Sk)
+    g = enc.generator
+    scores = torch.zeros(B, H, Sq, Sk, dtype=torch.float64)
+    if g.basis is not None:
+        A = g.exp(lags)  # (B, Sq, Sk, *heads, d, d)
+        if g.num_heads is None:
+            A = A.unsqueeze(3)
+        A = A.permute(0, 3, 1, 2, 4, 5)  # (B, H, Sq, Sk, d, d)
+        scores = torch.einsum("bhtd,bhtsde,bhse->bhts", q64, A, k64)
+    else:
+        for sub, off, w in _block_generators(g):
+            A = sub.exp(lags)  # (B, Sq, Sk, *heads, w, w)
+            if sub.num_heads is None:
+                A = A.unsqueeze(3)
+            A = A.permute(0, 3, 1, 2, 4, 5)  # (B, H, Sq, Sk, w, w)
+            qb, kb = q64[..., off : off + w], k64[..., off : off + w]
+            scores = scores + torch.einsum("bhtd,bhtsde,bhse->bhts", qb, A, kb)
+    c = (1.0 / math.sqrt(enc.content_dim) if scale is None else scale) * enc.logit_scale
+    scores = scores * c
+    vis = torch.ones(B, 1, Sq, Sk, dtype=torch.bool)
+    if causal:
+        vis = vis & (lags >= 0).unsqueeze(1)
+    if mask is not None:
+        vis = vis & mask
+    scores = scores.masked_fill(~vis, -math.inf)
+    w = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return w @ v64
