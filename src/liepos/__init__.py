@@ -4,6 +4,7 @@ RoPE, xPos, RetNet, ALiBi, NoPE, decay, Jordan blocks and every context-extensio
 points of one space, chosen by one generator X. See the README for a tour.
 """
 
+from liepos import scaling
 from liepos.attention import KVCache, attention, attention_reference
 from liepos.catalogue import (
     CATALOGUE,
@@ -18,13 +19,16 @@ from liepos.catalogue import (
     rope_freqs,
     xpos,
 )
+from liepos.classify import Classification, classify
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
+from liepos.interop.hf import from_hf
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CATALOGUE",
+    "Classification",
     "KVCache",
     "attention",
     "attention_reference",
@@ -33,13 +37,16 @@ __all__ = [
     "alibi",
     "alibi_slopes",
     "build",
+    "classify",
     "decay",
     "direct_sum",
+    "from_hf",
     "jordan",
     "nope",
     "retnet",
     "rope",
     "rope_freqs",
+    "scaling",
     "xpos",
     "__version__",
 ]

@@ -128,7 +128,10 @@ def attention(
     allow_bidirectional: bool = False,
     block_size: int = 256,
 ) -> torch.Tensor:
-    """Attention with a positional encoding: ``softmax(c · qᵀ A(t − s) k) v``, ``c = logit_scale/√d``.
+    """Attention with a positional encoding: ``softmax(c · qᵀ A(t − s) k + b) v``, ``c = logit_scale/√d``.
+
+    ``b`` is the bias the slots carry (``slots_qᵀ A(t − s) slots_k``, ALiBi's ``−m (t − s)``): it
+    is added unscaled, as in Press et al.
 
     Args:
         q: queries ``(batch, heads, q_seq, dim)``; ``dim`` is the encoding's content dim.
@@ -240,9 +243,14 @@ def attention(
             ) from err
 
     # ---- the generator for this length (dynamic NTK, longrope, ...)
-    length = int(math.floor(max(float(qpos.max()), float(kpos.max())))) + 1
+    length = int(math.floor(max(float(qpos.detach().max()), float(kpos.detach().max())))) + 1
     enc = enc.at_length(length)
     c = (1.0 / math.sqrt(enc.content_dim) if scale is None else float(scale)) * enc.logit_scale
+    if enc.num_slots:
+        # slots carry an additive bias (ALiBi's -m(t - s)), which is not a temperature: scale the
+        # content of q instead of the scores, so the score is c·qᵀA k + slotsᵀA slots
+        q = q * c
+        c = 1.0
 
     # ---- grouped queries: keep kv heads when parameters are shared, else expand
     per_head = enc.num_heads is not None
@@ -408,7 +416,8 @@ def attention_reference(
     qp = _expand_batch(as_positions(positions, Sq, B, "positions") if positions is not None
                        else torch.arange(Sk - Sq, Sk, dtype=torch.float64), B)
     kp = _expand_batch(as_positions(key_positions, Sk, B, "key_positions"), B)
-    q64, k64, v64 = q.double(), k.double(), v.double()
+    c = (1.0 / math.sqrt(enc.content_dim) if scale is None else scale) * enc.logit_scale
+    q64, k64, v64 = q.double() * c, k.double(), v.double()  # the slots below are not scaled
     n = enc.num_slots
     if n:
         qs = enc.query_slots.double().reshape(1, -1, 1, n).expand(B, H, Sq, n)
@@ -434,8 +443,6 @@ def attention_reference(
             A = A.permute(0, 3, 1, 2, 4, 5)  # (B, H, Sq, Sk, w, w)
             qb, kb = q64[..., off : off + w], k64[..., off : off + w]
             scores = scores + torch.einsum("bhtd,bhtsde,bhse->bhts", qb, A, kb)
-    c = (1.0 / math.sqrt(enc.content_dim) if scale is None else scale) * enc.logit_scale
-    scores = scores * c
     vis = torch.ones(B, 1, Sq, Sk, dtype=torch.bool)
     if causal:
         vis = vis & (lags >= 0).unsqueeze(1)

@@ -37,7 +37,7 @@ def as_positions(positions: Any, seq: int, batch: int | None, name: str = "posit
         return torch.arange(seq, dtype=torch.float64)
     if not isinstance(positions, torch.Tensor):
         try:
-            positions = torch.as_tensor(positions)
+            positions = torch.as_tensor(positions, dtype=torch.float64)
         except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(f"{name} must be a tensor of times, got {type(positions).__name__}") from err
     if positions.is_complex() or positions.dtype == torch.bool:
@@ -56,6 +56,8 @@ def as_positions(positions: Any, seq: int, batch: int | None, name: str = "posit
             f"{name} has batch size {positions.shape[0]} but the tensor has batch size {batch}"
         )
     out = positions.to(torch.float64) if not positions.requires_grad else positions.double()
+    if torch.compiler.is_compiling():  # no data-dependent checks inside a graph (fullgraph=True)
+        return out
     if not bool(torch.isfinite(out.detach()).all()):
         bad = out.detach()[~torch.isfinite(out.detach())][:5].tolist()
         raise ValueError(f"{name} must be finite, got {bad}")
@@ -292,13 +294,38 @@ class Encoding:
 
     def tables(self, positions: torch.Tensor, side: str) -> Tables:
         """Float64 tables of F (``side="query"``) or G (``side="key"``) at already re-centred positions."""
-        return build_tables(self.generator, self.plan, positions, side)
+        if torch.compiler.is_compiling():
+            # traced: build the plan without reading or caching it on self (no guard on that state)
+            plan = make_plan(self.generator, self.layout, self.num_slots)
+        else:
+            plan = self.plan
+        return build_tables(self.generator, plan, positions, side)
 
-    def _apply(self, x: torch.Tensor, pos: torch.Tensor, side: str) -> torch.Tensor:
+    def _apply(
+        self, x: torch.Tensor, pos: torch.Tensor, side: str, slots: bool = False, inplace: bool = False
+    ) -> torch.Tensor:
+        """F or G of ``x``; with ``slots`` ``x`` holds the content dims and the side's slots are appended.
+
+        The fast path (:mod:`liepos._fast`: one pass per block kind, cached tables, a backward that
+        saves only the tables) runs whenever the tables need no gradient and nothing is being traced;
+        otherwise the readable path :func:`apply_tables` (autograd through the tables, or a graph that
+        ``torch.compile`` fuses) gives the same values.
+        """
+        if self.generator.basis is None:
+            from liepos import _fast
+
+            y = _fast.encode_fast(self, x, pos, side, slots, inplace=inplace)
+            if y is not None:
+                return y
+        if inplace:
+            raise ValueError("inplace=True needs the fast path (canonical basis, tables without gradient, eager)")
+        if slots:
+            x = self._with_slots(x, self.query_slots if side == "query" else self.key_slots)
         if self.generator.basis is not None:
             return self._apply_dense(x, pos, side)
         t = self.tables(pos, side)
-        self._check_finite(t, x.dtype, pos, side)
+        if not torch.compiler.is_compiling():
+            self._check_finite(t, x.dtype, pos, side)
         return apply_tables(x, t)
 
     def _check_finite(self, t: Tables, dtype: torch.dtype, pos: torch.Tensor, side: str) -> None:
@@ -313,17 +340,24 @@ class Encoding:
                         f"change) or use liepos.attention, which re-centres per query block"
                     )
 
-    def query(self, q: torch.Tensor, positions: Any = None, *, origin: Any = None) -> torch.Tensor:
-        """``F(t − o) [q; query_slots]`` for queries (batch, heads, seq, content_dim)."""
+    def query(
+        self, q: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False
+    ) -> torch.Tensor:
+        """``F(t − o) [q; query_slots]`` for queries (batch, heads, seq, content_dim).
+
+        ``inplace=True`` overwrites ``q`` (no slots; autograd-safe: the backward needs only the tables).
+        """
         self._check(q, "q")
         pos = self._relative(positions, q, origin, "positions")
-        return self._apply(self._with_slots(q, self.query_slots), pos, "query")
+        return self._apply(q, pos, "query", slots=True, inplace=inplace)
 
-    def key(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None) -> torch.Tensor:
-        """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim)."""
+    def key(
+        self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False
+    ) -> torch.Tensor:
+        """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim); ``inplace`` as in :meth:`query`."""
         self._check(k, "k")
         pos = self._relative(positions, k, origin, "positions")
-        return self._apply(self._with_slots(k, self.key_slots), pos, "key")
+        return self._apply(k, pos, "key", slots=True, inplace=inplace)
 
     def transport(self, x: torch.Tensor, delta: Any) -> torch.Tensor:
         """``A(Δ) x`` on already encoded keys: moves keys encoded at origin ``o`` to ``o + Δ``.

@@ -244,7 +244,7 @@ class Generator:
         out = torch.zeros(*ushape, *hshape, self.dim, self.dim, dtype=dtype, device=self.rates.device)
         if u is not None:
             # (*u, 1...) so that it broadcasts against (*heads,)
-            uu = u.to(dtype).reshape(*ushape, *([1] * len(hshape)))
+            uu = u.to(dtype).reshape(tuple(ushape) + (1,) * len(hshape))
         for i, (n, cplx, off) in enumerate(zip(self.sizes, self.complex, self.offsets)):
             lam = self.rates[..., i].to(dtype)  # (*heads,)
             om = self.freqs[..., i].to(dtype)

@@ -259,7 +259,8 @@ def build_tables(generator: Generator, plan: Plan, pos: torch.Tensor, side: str)
     sign = plan.sign.to(dev).index_select(-1, inv)
     sgn = 1.0 if side == "query" else -1.0
     with torch.no_grad():
-        any_rate = bool((rates != 0).any())
+        # inside torch.compile the scale is always built (e^0 = 1 exactly): no data-dependent branch
+        any_rate = True if torch.compiler.is_compiling() else bool((rates != 0).any())
         any_freq = plan.planes > 0
     a = b = None
     if any_rate:

@@ -1,0 +1,515 @@
+"""The fast application path: one pass over q or k per block kind, a transposed backward, a bounded table cache.
+
+Applying ``F(t)`` or ``G(s)`` is memory-bound, so what matters is how many times each element of ``x``
+is read and written. The readable form (:func:`liepos.encoding.apply_tables`) builds ``a ⊙ x``,
+``partner(x)``, ``b ⊙ partner(x)`` and their sum: about five passes. Here the storage dims are cut once
+(per encoding, at table-build time) into *runs*:
+
+* ``complex`` — consecutive rotation planes (2k, 2k+1) (interleaved layout): the pair is a complex number
+  and the whole run is one complex multiply ``y = c · x``, ``c = e^{λt}(cos ωt + i sin ωt)``, written
+  straight into the output (``torch.mul(..., out=)``: one read of x, one write of y);
+* ``halves`` — planes (k, k + P) (half layout): ``y₀ = a x₀ − s x₁``, ``y₁ = s x₀ + a x₁`` as two ``mul(out=)``
+  and two ``addcmul_``, no temporaries;
+* ``real`` — decays and the diagonal of real Jordan blocks: ``y = a ⊙ x``;
+* ``copy`` — NoPE dims (``a ≡ 1``): a copy (nothing at all in place);
+
+then Jordan blocks of size ≥ 2 add their nilpotent coupling ``y[dst] += c · z[src]`` on their few
+columns only. Slots never go through ``torch.cat``: their encoded values depend on the position alone
+and are written into the output's last columns.
+
+Because every canonical block's transform is ``e^{λt} P(t)ᵀ ⊗ R(ωt)`` (commuting parts), the backward,
+``Mᵀ g``, is the same routine with the rotation conjugated and the coupling transposed: only the tables
+are saved, never the input (:class:`_Apply`). Half-precision inputs are processed in float32 in chunks
+of a few heads (a cache-sized float32 scratch, cast back once), so bfloat16 costs about one pass too.
+
+Tables for integer position ranges are cached in a small LRU (:data:`CACHE`) keyed by device, dtype,
+encoding version, side and a power-of-two *window* of positions, so a decode step reads one row of a
+cached window instead of rebuilding anything, and the cache never grows with each new length.
+
+Everything here is plain PyTorch on strided views: the same ``FastTables`` are what a GPU kernel
+(Triton/CUDA) would consume — a per-(position, run) complex or real table plus a coupling list.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from liepos.tables import Tables
+
+__all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast", "encode_fast"]
+
+_LOW = (torch.float16, torch.bfloat16)
+# float32 scratch per chunk when a half-precision input is processed (elements)
+_CHUNK_ELEMS = 1 << 19
+
+
+@dataclass
+class Run:
+    kind: str  # "complex" | "halves" | "real" | "copy"
+    lo: int
+    hi: int
+    # complex: (..., S, (hi-lo)/2) complex; halves: (cos, sin) each (..., S, P); real: (..., S, hi-lo)
+    tab: Any = None
+
+
+@dataclass
+class FastTables:
+    """Tables of one side at given positions, cut into runs (see the module docstring).
+
+    ``width``: the transformed width (content + slots when ``slots`` are given); ``content``: the
+    width taken from the input; ``runs`` cover ``[0, content)`` of the transform; ``coupling`` is
+    ``(dst, src, coef)`` (python lists and a ``(..., S, pairs)`` table) or ``None``; ``slot_vals``
+    ``(..., S, slots)`` are the encoded slot values; ``rowmax`` is the largest magnitude per row
+    (float64) for the overflow check.
+    """
+
+    width: int
+    content: int
+    runs: list[Run]
+    coupling: tuple[list[int], list[int], torch.Tensor] | None
+    slot_vals: torch.Tensor | None
+    rowmax: torch.Tensor | None
+    dtype: torch.dtype
+    identity: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def rows(self, lo: int, hi: int) -> FastTables:
+        """The tables of rows ``lo:hi`` of the position axis (views, nothing copied)."""
+        sl = lambda t: None if t is None else t[..., lo:hi, :]  # noqa: E731
+        runs = []
+        for r in self.runs:
+            if r.kind == "halves":
+                runs.append(Run(r.kind, r.lo, r.hi, (sl(r.tab[0]), sl(r.tab[1]))))
+            else:
+                runs.append(Run(r.kind, r.lo, r.hi, sl(r.tab)))
+        cp = None
+        if self.coupling is not None:
+            cp = (self.coupling[0], self.coupling[1], sl(self.coupling[2]))
+        return FastTables(
+            self.width, self.content, runs, cp, sl(self.slot_vals),
+            None if self.rowmax is None else self.rowmax[..., lo:hi], self.dtype, self.identity,
+        )
+
+    def nbytes(self) -> int:
+        n = 0
+        for r in self.runs:
+            for t in (r.tab if isinstance(r.tab, tuple) else (r.tab,)):
+                if t is not None:
+                    n += t.numel() * t.element_size()
+        for t in (self.slot_vals, self.rowmax, None if self.coupling is None else self.coupling[2]):
+            if t is not None:
+                n += t.numel() * t.element_size()
+        return n
+
+
+# ---------------------------------------------------------------------- building
+def _segments(flags: list[bool]) -> list[tuple[int, int, bool]]:
+    out: list[tuple[int, int, bool]] = []
+    for i, f in enumerate(flags):
+        if out and out[-1][2] == f and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1, f)
+        else:
+            out.append((i, i + 1, f))
+    return out
+
+
+def fast_tables(t: Tables, content: int, work: torch.dtype, slot_vals: torch.Tensor | None = None) -> FastTables | None:
+    """Cut float64 :class:`Tables` (storage order, width ≥ ``content``) into runs cast to ``work``.
+
+    Returns ``None`` when the structure has no fast form (a plane partner that is neither an adjacent
+    pair nor a half-split), so the caller falls back to the readable path.
+    """
+    cdtype = torch.complex64 if work == torch.float32 else torch.complex128
+    rowmax = None
+    for tab in (t.a, t.coef):
+        if tab is not None and tab.numel():
+            m = tab.detach().abs().amax(-1)
+            rowmax = m if rowmax is None else torch.maximum(rowmax, m)
+    if t.a is None and t.b is None and t.coef is None:
+        return FastTables(content, content, [Run("copy", 0, content)], None, slot_vals, rowmax, work, identity=True)
+    a = t.a[..., :content] if t.a is not None else None
+    b = t.b[..., :content] if t.b is not None else None
+    runs: list[Run] = []
+    real_lo = 0
+    if b is not None and t.planes > 0:
+        if t.partner == "pairs":
+            pidx = t.partner_index.tolist()
+            # a storage dim rotates when its partner is another dim; planes are (2k, 2k+1)
+            rot_pair = [pidx[2 * j] == 2 * j + 1 for j in range(content // 2)]
+            if content % 2:
+                rot_pair.append(False)
+            for lo2, hi2, rot in _segments(rot_pair):
+                lo, hi = 2 * lo2, min(2 * hi2, content)
+                if rot:
+                    c = torch.complex(a[..., lo:hi:2], b[..., lo + 1 : hi : 2]).to(cdtype)
+                    runs.append(Run("complex", lo, hi, c))
+                else:
+                    runs.extend(_real_runs(a, lo, hi, work))
+        elif t.partner == "halves":
+            P = t.planes
+            if 2 * P > content:
+                return None
+            runs.append(Run("halves", 0, 2 * P, (a[..., :P].to(work), b[..., P : 2 * P].to(work))))
+            real_lo = 2 * P
+            runs.extend(_real_runs(a, real_lo, content, work))
+        else:
+            return None
+    else:
+        runs.extend(_real_runs(a, 0, content, work))
+    cp = None
+    if t.coef is not None:
+        dst, src = t.dst.tolist(), t.src.tolist()
+        keep = [i for i, d in enumerate(dst) if d < content]
+        if keep:
+            cp = ([dst[i] for i in keep], [src[i] for i in keep], t.coef[..., keep].to(work))
+    return FastTables(content, content, runs, cp, slot_vals, rowmax, work)
+
+
+def _real_runs(a: torch.Tensor | None, lo: int, hi: int, work: torch.dtype) -> list[Run]:
+    if hi <= lo:
+        return []
+    if a is None:
+        return [Run("copy", lo, hi)]
+    seg = a[..., lo:hi]
+    ones = (seg == 1.0).reshape(-1, hi - lo).all(0).tolist()
+    out = []
+    for l2, h2, one in _segments(ones):
+        out.append(Run("copy", lo + l2, lo + h2) if one else Run("real", lo + l2, lo + h2, seg[..., l2:h2].to(work)))
+    return out
+
+
+# ---------------------------------------------------------------------- applying
+def _as4(t: torch.Tensor) -> torch.Tensor:
+    """A table (S, n), (H, S, n), (B, 1, S, n) or (B, H, S, n) as a 4-D broadcastable view."""
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    return t
+
+
+def _chunk(t: Any, b: int, h0: int, h1: int) -> Any:
+    if t is None:
+        return None
+    if isinstance(t, tuple):
+        return tuple(_chunk(u, b, h0, h1) for u in t)
+    t = _as4(t)
+    t = t[b : b + 1] if t.shape[0] > 1 else t
+    return t[:, h0:h1] if t.shape[1] > 1 else t
+
+
+def _cview(x: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+
+
+def _complex_ok(x: torch.Tensor, lo: int) -> bool:
+    return x.stride(-1) == 1 and lo % 2 == 0 and x.storage_offset() % 2 == 0 and all(
+        s % 2 == 0 for s in x.stride()[:-1]
+    )
+
+
+def _runs(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool, inplace: bool, b=None, h0=0, h1=None) -> None:
+    """``out[..., :content] = D x`` (or ``Dᵀ x`` when ``conj``), run by run; ``x`` may alias ``out``."""
+    pick = (lambda t: t) if b is None else (lambda t: _chunk(t, b, h0, h1))  # noqa: E731
+    for r in ft.runs:
+        xs, os = x[..., r.lo : r.hi], out[..., r.lo : r.hi]
+        if r.kind == "copy":
+            if not inplace:
+                os.copy_(xs)
+        elif r.kind == "real":
+            torch.mul(xs, pick(r.tab), out=os)
+        elif r.kind == "complex":
+            c = pick(r.tab)
+            if conj:
+                c = c.conj()
+            if _complex_ok(xs, r.lo) and _complex_ok(os, r.lo):
+                torch.mul(_cview(xs), c, out=_cview(os))
+            else:  # odd strides: the same product on the two components
+                x0, x1, o0, o1 = xs[..., 0::2], xs[..., 1::2], os[..., 0::2], os[..., 1::2]
+                cr, ci = torch.view_as_real(c.resolve_conj()).unbind(-1)
+                _rot(x0, x1, o0, o1, cr, ci, inplace)
+        else:  # halves
+            cs, sn = pick(r.tab)
+            if conj:
+                sn = -sn
+            P = (r.hi - r.lo) // 2
+            _rot(xs[..., :P], xs[..., P:], os[..., :P], os[..., P:], cs, sn, inplace)
+
+
+def _rot(x0, x1, o0, o1, cs, sn, inplace):
+    """``o₀ = c x₀ − s x₁``, ``o₁ = s x₀ + c x₁`` without full-size temporaries."""
+    if inplace:  # o₀ is x₀ and o₁ is x₁: keep x₀ for o₁
+        x0 = x0.clone()
+        o0.mul_(cs).addcmul_(x1, sn, value=-1.0)
+        o1.mul_(cs).addcmul_(x0, sn)
+    else:
+        torch.mul(x0, cs, out=o0).addcmul_(x1, sn, value=-1.0)
+        torch.mul(x1, cs, out=o1).addcmul_(x0, sn)
+
+
+def _couple(out: torch.Tensor, cp, transpose: bool, pick) -> None:
+    """``y[dst] += c · z[src]`` (or the transpose) on the coupled columns only."""
+    if cp is None:
+        return
+    dst, src, coef = cp
+    if transpose:
+        dst, src = src, dst
+    coef = pick(coef)
+    cols = sorted(set(src))
+    where = {c: i for i, c in enumerate(cols)}
+    z = out[..., cols]  # a copy of the source columns only (…, pairs): C reads z = D x, not y
+    for p, (d, s) in enumerate(zip(dst, src)):
+        out[..., d].addcmul_(z[..., where[s]], coef[..., p])
+
+
+def _empty(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """An output of x's shape with last dim ``width``, in x's memory order (BHSD or BSHD)."""
+    if width == x.shape[-1] and dtype == x.dtype:
+        return torch.empty_like(x)
+    order = sorted(range(x.dim() - 1), key=lambda i: -x.stride(i))  # outer → inner, last dim stays last
+    shape = [x.shape[i] for i in order] + [width]
+    y = torch.empty(shape, dtype=dtype, device=x.device)
+    inv = [0] * (x.dim() - 1)
+    for pos, i in enumerate(order):
+        inv[i] = pos
+    return y.permute(*inv, x.dim() - 1)
+
+
+def _forward(
+    x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool = False, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """The transform (``conj``: its transpose) of ``x``'s first ``content`` columns, slots appended."""
+    width = ft.width if not conj else ft.content
+    out = x if inplace else _empty(x, width, out_dtype or x.dtype)
+    if x.dtype == ft.dtype and out.dtype == ft.dtype:
+        _runs(x, out, ft, conj, inplace)
+        _couple(out, ft.coupling, conj, lambda t: t)
+        if ft.slot_vals is not None and not conj:
+            out[..., ft.content :].copy_(_as4(ft.slot_vals).expand(*x.shape[:-1], -1))
+        return out
+    # half precision: float32 scratch over a few heads at a time, cast back once
+    B, H, S, _ = x.shape
+    step = max(1, min(H, _CHUNK_ELEMS // max(1, S * width)))
+    for b in range(B):
+        for h0 in range(0, H, step):
+            h1 = min(H, h0 + step)
+            xs = x[b : b + 1, h0:h1, :, : ft.content].to(ft.dtype)
+            ws = torch.empty((1, h1 - h0, S, width), dtype=ft.dtype, device=x.device)
+            pick = lambda t, b=b, h0=h0, h1=h1: _chunk(t, b, h0, h1)  # noqa: E731
+            _runs(xs, ws, ft, conj, False, b, h0, h1)
+            _couple(ws, ft.coupling, conj, pick)
+            if ft.slot_vals is not None and not conj:
+                ws[..., ft.content :].copy_(pick(ft.slot_vals).expand(1, h1 - h0, S, -1))
+            out[b : b + 1, h0:h1].copy_(ws)
+    return out
+
+
+class _Apply(torch.autograd.Function):
+    """``y = M x`` with a backward ``Mᵀ g`` from the saved tables only (the input is never saved)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, ft: FastTables, inplace: bool, out_dtype) -> torch.Tensor:  # type: ignore[override]
+        ctx.ft, ctx.in_dtype = ft, x.dtype
+        y = _forward(x, ft, inplace, out_dtype=out_dtype)
+        if inplace:
+            ctx.mark_dirty(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        ft: FastTables = ctx.ft
+        g = g[..., : ft.content]
+        if g.dtype != ctx.in_dtype and g.dtype != ft.dtype:
+            g = g.to(ft.dtype)
+        return _forward(g, ft, False, conj=True, out_dtype=ctx.in_dtype), None, None, None
+
+
+def apply_fast(
+    x: torch.Tensor, ft: FastTables, inplace: bool = False, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``M x`` with slots appended; differentiable in ``x`` through :class:`_Apply`."""
+    if inplace and ft.width != x.shape[-1]:
+        raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {ft.width}")
+    if ft.identity and ft.slot_vals is None:
+        return x if inplace else x.clone()
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _Apply.apply(x, ft, inplace, out_dtype)
+    return _forward(x, ft, inplace, out_dtype=out_dtype)
+
+
+# ---------------------------------------------------------------------- the cache
+class TableCache:
+    """A bounded LRU of :class:`FastTables` windows (entries and bytes), thread-safe.
+
+    Keys are ``(device, dtype, encoding version, side, window start, window end)``; a window is a
+    power-of-two range of integer positions, so prefill and every later decode step share entries and
+    the number of entries never grows with the length.
+    """
+
+    def __init__(self, max_entries: int = 32, max_bytes: int = 512 << 20) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._d: OrderedDict[tuple, FastTables] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.hits = self.misses = 0
+
+    def get(self, key: tuple, build) -> FastTables:
+        with self._lock:
+            ft = self._d.get(key)
+            if ft is not None:
+                self._d.move_to_end(key)
+                self.hits += 1
+                return ft
+        ft = build()
+        with self._lock:
+            self.misses += 1
+            self._d[key] = ft
+            self._d.move_to_end(key)
+            total = sum(v.nbytes() for v in self._d.values())
+            while len(self._d) > 1 and (len(self._d) > self.max_entries or total > self.max_bytes):
+                _, old = self._d.popitem(last=False)
+                total -= old.nbytes()
+        return ft
+
+
+CACHE = TableCache()
+
+
+def _window(p0: int, S: int) -> tuple[int, int]:
+    cap = max(64, 1 << max(0, (S - 1)).bit_length())
+    base = (p0 // cap) * cap
+    end = base + cap if p0 + S <= base + cap else base + 2 * cap
+    return base, end
+
+
+def _arange_start(pos: torch.Tensor) -> int | None:
+    """``p0`` when ``pos`` is ``p0, p0 + 1, …`` (integers), else ``None``."""
+    if pos.dim() == 2:
+        if pos.shape[0] != 1:
+            return None
+        pos = pos[0]
+    if pos.numel() == 0:
+        return None
+    p0 = float(pos[0])
+    if p0 != math.floor(p0) or abs(p0) > 2**52:
+        return None
+    if pos.numel() > 1:
+        ref = torch.arange(pos.numel(), dtype=pos.dtype, device=pos.device) + p0
+        if not bool(torch.equal(pos, ref)):
+            return None
+    return int(p0)
+
+
+def _slot_values(enc, pos: torch.Tensor, side: str, work: torch.dtype) -> torch.Tensor | None:
+    """Encoded slot values ``(…, S, slots)``: the slot block's transform of the constant slots."""
+    if not enc.num_slots:
+        return None
+    from liepos.encoding import apply_tables
+    from liepos.generator import Generator
+    from liepos.tables import build_tables, make_plan
+
+    g, n = enc.generator, enc.num_slots
+    first = next(i for i, off in enumerate(g.offsets) if off >= g.dim - n)
+    sub = Generator(g.rates[..., first:], g.freqs[..., first:], g.sizes[first:],
+                    complex=g.complex[first:], allow_growth=True)
+    t = build_tables(sub, make_plan(sub, "interleaved"), pos, side)
+    consts = enc.query_slots if side == "query" else enc.key_slots
+    c = consts.to(device=pos.device, dtype=torch.float64)
+    c = c.reshape(-1, 1, n) if c.dim() == 2 else c.reshape(1, n)  # (H|1, 1, n) or (1, n)
+    if pos.dim() == 2:
+        c = c.unsqueeze(0)  # (1, H|1, 1, n)
+    S = pos.shape[-1]
+    x = c.expand(*c.shape[:-2], S, n)
+    if x.dim() == 2:
+        x = x.unsqueeze(0)
+    while x.dim() < 4:
+        x = x.unsqueeze(0)
+    y = apply_tables(x, t)  # float64, (…, S, n)
+    return y.to(work)
+
+
+def _build(enc, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables | None:
+    t = enc.tables(pos, side)
+    ft = fast_tables(t, enc.content_dim if with_slots else enc.dim, work)
+    if ft is None:
+        return None
+    if with_slots and enc.num_slots:
+        sv = _slot_values(enc, pos, side, work)
+        ft.slot_vals = sv if sv.dim() <= 3 or sv.shape[0] > 1 else sv[0]
+        ft.width = enc.dim
+        if ft.identity:
+            ft.identity = False
+    return ft
+
+
+def tables_for(enc, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables | None:
+    """Fast tables at positions ``pos`` (cached windows for integer ranges)."""
+    p0 = _arange_start(pos)
+    if p0 is None:
+        return _build(enc, pos, side, work, with_slots)
+    S = pos.shape[-1]
+    base, end = _window(p0, S)
+    key = (pos.device, work, enc.version, side, with_slots, base, end)
+
+    def build():
+        ft = _build(enc, torch.arange(base, end, dtype=torch.float64, device=pos.device), side, work, with_slots)
+        return ft if ft is not None else _NOFAST
+
+    ft = CACHE.get(key, build)
+    if ft is _NOFAST:
+        return None
+    return ft.rows(p0 - base, p0 - base + S)
+
+
+_NOFAST = FastTables(0, 0, [], None, None, None, torch.float32)
+
+
+def check_finite(ft: FastTables, dtype: torch.dtype, pos: torch.Tensor, side: str) -> None:
+    if ft.rowmax is None or ft.rowmax.numel() == 0:
+        return
+    lim = torch.finfo(torch.float32 if dtype in _LOW else dtype).max
+    m = float(ft.rowmax.max())
+    if not m < lim:
+        raise OverflowError(
+            f"the {side} scale table overflows {dtype} (max {m:.3g}) at positions up to "
+            f"{float(pos.detach().abs().max()):.6g}: re-centre with origin= (scores do not "
+            f"change) or use liepos.attention, which re-centres per query block"
+        )
+
+
+def usable(enc, x: torch.Tensor, pos: torch.Tensor) -> bool:
+    """The fast path applies: canonical basis, no gradient into the tables, not being traced."""
+    g = enc.generator
+    if g.basis is not None or torch.compiler.is_compiling():
+        return False
+    if pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad:
+        return False
+    if x.dim() != 4 or x.is_complex():
+        return False
+    return True
+
+
+def encode_fast(enc, x: torch.Tensor, pos: torch.Tensor, side: str, slots: bool, inplace: bool = False) -> torch.Tensor | None:
+    """``F``/``G`` of ``x`` (content only when ``slots``), or ``None`` when the fast path does not apply."""
+    if not usable(enc, x, pos):
+        return None
+    work = torch.float32 if x.dtype in _LOW else x.dtype
+    ft = tables_for(enc, pos, side, work, slots)
+    if ft is None:
+        return None
+    check_finite(ft, x.dtype, pos, side)
+    # slots stay float32 for half-precision inputs (as Encoding._with_slots does): ALiBi's slot values
+    # need more than bfloat16's 8 bits
+    out_dtype = work if (slots and enc.num_slots and x.dtype in _LOW) else x.dtype
+    return apply_fast(x, ft, inplace=inplace, out_dtype=out_dtype)

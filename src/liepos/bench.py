@@ -1,0 +1,389 @@
+"""Same-process benchmarks of applying positional encodings, against the peers.
+
+Every provider gets the same ``q`` and ``k`` (``(batch, heads, seq, dim)``, keys with ``kv_heads``)
+in the same process and is timed with ``torch.utils.benchmark.Timer.blocked_autorange`` (median and
+interquartile range). Peak memory is the growth of the process's peak resident set (``VmHWM`` after
+resetting it through ``/proc/self/clear_refs``) over the resident set before the call: large tensors
+are ``mmap``-ed by the allocator, so this counts every temporary and every tensor saved for backward.
+
+Providers: ``clone`` (q.clone(), k.clone(): the bandwidth yardstick), liepos eager (interleaved and
+half layouts, in place, a mixed generator), liepos under ``torch.compile``, Hugging Face's
+``apply_rotary_pos_emb`` (tables given, and with ``LlamaRotaryEmbedding`` building them),
+rotary-embedding-torch, x-transformers, torchtune (when installed) and a dense per-position matrix
+``x ↦ M(t) x`` (how LieRE-style learned generators are applied).
+
+``liepos bench --quick`` runs the target shape only (under a minute); ``liepos bench`` the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.benchmark import Timer
+
+import liepos as lp
+from liepos.generator import Generator, direct_sum
+
+__all__ = ["configure", "run", "run_suite", "mixed_encoding", "peak_memory"]
+
+
+# ---------------------------------------------------------------------- measurement
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def peak_memory(fn: Callable[[], Any]) -> int | None:
+    """Bytes the peak resident set grows by while ``fn()`` runs (Linux), else ``None``."""
+    try:
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _rss_kib("VmRSS:")
+        out = fn()
+        peak = _rss_kib("VmHWM:")
+        del out
+        return max(0, peak - before) * 1024
+    except OSError:
+        return None
+
+
+def _time(fn: Callable[[], Any], min_run_time: float) -> dict:
+    m = Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+    return {"median_s": m.median, "iqr_s": m.iqr, "runs": len(m.times)}
+
+
+# ---------------------------------------------------------------------- encodings and peers
+def mixed_encoding(dim: int) -> lp.Encoding:
+    """RoPE planes + two decays + a 3×3 Jordan block + NoPE to ``dim`` (interleaved)."""
+    rot = dim - 8
+    g = direct_sum(
+        lp.rope(rot).generator,
+        Generator([-0.01, -0.001, -0.005], [0.0, 0.0, 0.0], [1, 1, 3]),
+        lp.nope(dim - rot - 5).generator,
+    )
+    return lp.Encoding(g, name="mixed")
+
+
+def _hf():
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+    return apply_rotary_pos_emb
+
+
+def _hf_tables(S: int, D: int, dtype: torch.dtype, offset: int = 0):
+    inv = lp.catalogue.rope_freqs(D).to(torch.float32)
+    t = torch.arange(offset, offset + S, dtype=torch.float32)
+    f = torch.outer(t, inv)
+    emb = torch.cat((f, f), -1)
+    return emb.cos().to(dtype)[None], emb.sin().to(dtype)[None]
+
+
+def _hf_build(D: int, dtype: torch.dtype, S: int, offset: int = 0):
+    """Hugging Face's per-forward table build (LlamaRotaryEmbedding.forward's computation)."""
+    inv = lp.catalogue.rope_freqs(D).to(torch.float32)
+    pos = torch.arange(offset, offset + S)[None]
+
+    def build():
+        f = (inv[None, :, None] @ pos[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((f, f), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    return build
+
+
+def providers(B: int, H: int, Hk: int, S: int, D: int, dtype: torch.dtype, offset: int, compiled: bool) -> dict:
+    """name -> (setup() -> args, fn(*args) -> outputs); every provider encodes q and k."""
+    out: dict[str, Any] = {}
+    pos = torch.arange(offset, offset + S)
+    rope_i, rope_h, mixed = lp.rope(D), lp.rope(D, layout="half"), mixed_encoding(D)
+    out["clone"] = lambda q, k: (q.clone(), k.clone())
+    out["liepos"] = lambda q, k: (rope_i.query(q, pos), rope_i.key(k, pos))
+    out["liepos_half"] = lambda q, k: (rope_h.query(q, pos), rope_h.key(k, pos))
+    out["liepos_mixed"] = lambda q, k: (mixed.query(q, pos), mixed.key(k, pos))
+    out["liepos_inplace"] = lambda q, k: (rope_i.query(q, pos, inplace=True), rope_i.key(k, pos, inplace=True))
+    if compiled:
+        f = torch.compile(lambda q, k, p: (rope_h.query(q, p), rope_h.key(k, p)), fullgraph=True)
+        out["liepos_compiled"] = lambda q, k: f(q, k, pos)
+    hf = _hf()
+    if hf is not None:
+        cos, sin = _hf_tables(S, D, dtype, offset)
+        out["hf"] = lambda q, k: hf(q, k, cos, sin)
+        build = _hf_build(D, dtype, S, offset)
+
+        def hf_build(q, k):
+            c, s = build()
+            return hf(q, k, c, s)
+
+        out["hf_with_tables"] = hf_build
+    try:
+        from rotary_embedding_torch import RotaryEmbedding
+
+        rot = RotaryEmbedding(D, cache_if_possible=True)
+        out["rotary_embedding_torch"] = lambda q, k: (
+            rot.rotate_queries_or_keys(q, offset=offset), rot.rotate_queries_or_keys(k, offset=offset)
+        )
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        from x_transformers.x_transformers import RotaryEmbedding as XRot
+        from x_transformers.x_transformers import apply_rotary_pos_emb as xapply
+
+        xr = XRot(D)
+        freqs, _ = xr(torch.arange(offset, offset + S, dtype=torch.float32))
+        out["x_transformers"] = lambda q, k: (xapply(q, freqs), xapply(k, freqs))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        from torchtune.modules import RotaryPositionalEmbeddings
+
+        tt = RotaryPositionalEmbeddings(D, max_seq_len=offset + S)
+        ipos = pos[None]
+        # torchtune wants (b, s, h, d): give it the transposed views
+        out["torchtune"] = lambda q, k: (tt(q.transpose(1, 2), input_pos=ipos), tt(k.transpose(1, 2), input_pos=ipos))
+    except Exception:  # noqa: BLE001
+        pass
+    if D <= 128 and S <= 4096:
+        M = rope_i._dense(pos.to(torch.float64), "query").to(torch.float32 if dtype in (torch.bfloat16,) else dtype)
+        MK = rope_i._dense(pos.to(torch.float64), "key").to(M.dtype)
+        out["dense_matrix"] = lambda q, k: (
+            (M @ q.to(M.dtype).unsqueeze(-1)).squeeze(-1).to(q.dtype),
+            (MK @ k.to(M.dtype).unsqueeze(-1)).squeeze(-1).to(k.dtype),
+        )
+    return out
+
+
+def _inputs(B, H, Hk, S, D, dtype, grad=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, S, D, generator=g).to(dtype)
+    k = torch.randn(B, Hk, S, D, generator=g).to(dtype)
+    if grad:
+        q.requires_grad_(True)
+        k.requires_grad_(True)
+    return q, k
+
+
+def bench_case(
+    B: int, H: int, Hk: int, S: int, D: int, dtype: torch.dtype, *, offset: int = 0, backward: bool = False,
+    compiled: bool = False, min_run_time: float = 0.5, only: list[str] | None = None, memory: bool = False,
+) -> list[dict]:
+    """Time every provider on one shape; returns one row per provider."""
+    rows = []
+    provs = providers(B, H, Hk, S, D, dtype, offset, compiled)
+    for name, fn in provs.items():
+        if only is not None and name not in only:
+            continue
+        if backward and name == "liepos_inplace":
+            continue
+        q, k = _inputs(B, H, Hk, S, D, dtype, grad=backward)
+        if backward:
+            gq, gk = torch.ones_like(q), torch.ones_like(k)
+
+            def step(fn=fn, q=q, k=k, gq=gq, gk=gk):
+                yq, yk = fn(q, k)
+                torch.autograd.backward((yq, yk), (torch.ones_like(yq), torch.ones_like(yk)))
+                q.grad = k.grad = None
+        else:
+
+            def step(fn=fn, q=q, k=k):
+                with torch.no_grad():
+                    return fn(q, k)
+
+        try:
+            t0 = time.perf_counter()
+            step()  # warm-up (table caches, compilation)
+            warm = time.perf_counter() - t0
+            r = _time(step, min_run_time)
+            mem = peak_memory(step) if memory else None
+        except Exception as err:  # noqa: BLE001 - a peer that fails on a shape is reported, not fatal
+            rows.append({"provider": name, "error": f"{type(err).__name__}: {err}"[:200]})
+            continue
+        elems = (B * H + B * Hk) * S * D
+        r.update(
+            provider=name, batch=B, heads=H, kv_heads=Hk, seq=S, dim=D, offset=offset,
+            dtype=str(dtype).replace("torch.", ""), pass_="fwd+bwd" if backward else "fwd",
+            warmup_s=warm, peak_bytes=mem,
+            gbps=elems * torch.finfo(dtype).bits / 8 * 2 / r["median_s"] / 1e9,
+        )
+        rows.append(r)
+        del q, k
+        gc.collect()
+    return rows
+
+
+def bench_alibi(S: int = 8192, H: int = 8, D: int = 64, min_run_time: float = 1.0) -> list[dict]:
+    """ALiBi through slots (lp.attention) against SDPA with a materialised float bias, causal."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, S, D, generator=g) for _ in range(3))
+    enc = lp.alibi(H, D)
+    slopes = lp.catalogue.alibi_slopes(H).to(torch.float32)
+
+    def slots():
+        with torch.no_grad():
+            return lp.attention(q, k, v, enc)
+
+    def bias():
+        with torch.no_grad():
+            t = torch.arange(S, dtype=torch.float32)
+            lag = t[:, None] - t[None, :]
+            b = -slopes[:, None, None] * lag  # (H, S, S)
+            b = b.masked_fill(lag < 0, -math.inf)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=b[None])
+
+    rows = []
+    for name, fn in (("liepos_alibi_slots", slots), ("sdpa_float_bias", bias)):
+        fn()
+        r = _time(fn, min_run_time)
+        r.update(provider=name, heads=H, seq=S, dim=D, dtype="float32", pass_="fwd", peak_bytes=peak_memory(fn))
+        rows.append(r)
+    return rows
+
+
+# ---------------------------------------------------------------------- suite and targets
+TARGET = dict(B=1, H=32, Hk=32, S=4096, D=128)
+
+
+def _find(rows, provider, **kw):
+    for r in rows:
+        if r.get("provider") == provider and all(r.get(k) == v for k, v in kw.items()) and "error" not in r:
+            return r
+    return None
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """The issue's targets as measured ratios (value, bound, met)."""
+    out = []
+    sel = dict(seq=TARGET["S"], dim=TARGET["D"], dtype="float32", heads=32, kv_heads=32)
+    f = lambda p, pas="fwd": _find(rows, p, pass_=pas, **sel)  # noqa: E731
+
+    def add(name, num, den, key, bound, kind):
+        if num is None or den is None or num.get(key) in (None, 0) or den.get(key) in (None, 0):
+            out.append({"target": name, "value": None, "bound": bound, "met": None})
+            return
+        v = num[key] / den[key]
+        out.append({"target": name, "value": v, "bound": bound, "met": v >= bound if kind == ">=" else v <= bound})
+
+    add("throughput vs HF apply_rotary_pos_emb (x, >=)", f("hf"), f("liepos"), "median_s", 2.5, ">=")
+    add("time vs clone of q and k (x, <=)", f("liepos"), f("clone"), "median_s", 1.5, "<=")
+    add("mixed generator time vs RoPE (x, <=)", f("liepos_mixed"), f("liepos"), "median_s", 1.3, "<=")
+    add("speed-up vs dense per-position matrix (x, >=)", f("dense_matrix"), f("liepos"), "median_s", 10.0, ">=")
+    add("fwd+bwd peak memory vs HF (x, <=)", f("liepos", "fwd+bwd"), f("hf", "fwd+bwd"), "peak_bytes", 0.6, "<=")
+    a, b = _find(rows, "liepos_alibi_slots"), _find(rows, "sdpa_float_bias")
+    add("ALiBi slots time vs SDPA float bias (x, <=)", a, b, "median_s", 1.2, "<=")
+    add("ALiBi slots peak memory vs SDPA float bias (x, <=)", a, b, "peak_bytes", 0.25, "<=")
+    return out
+
+
+def run_suite(quick: bool = False, log: Callable[[str], None] = print) -> dict:
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    rows: list[dict] = []
+    mrt = 0.2 if quick else 0.5
+    B, H, S, D = TARGET["B"], TARGET["H"], TARGET["S"], TARGET["D"]
+    log(f"target shape (batch {B}, heads {H}, seq {S}, dim {D}), float32, forward")
+    rows += bench_case(B, H, H, S, D, torch.float32, min_run_time=mrt, compiled=not quick,
+                       only=["clone", "liepos", "liepos_mixed", "hf", "dense_matrix"] if quick else None)
+    log("  forward+backward with peak memory")
+    rows += bench_case(B, H, H, S, D, torch.float32, backward=True, min_run_time=mrt, memory=True,
+                       only=["clone", "liepos", "hf"] if quick else ["clone", "liepos", "liepos_half", "liepos_mixed",
+                                                                      "hf", "rotary_embedding_torch", "x_transformers"])
+    if not quick:
+        cases = [
+            (1, 32, 8, 512, 128, torch.float32),
+            (1, 32, 8, 16384, 128, torch.float32),
+            (1, 32, 32, 4096, 64, torch.float32),
+            (1, 32, 32, 4096, 256, torch.float32),
+            (1, 32, 8, 4096, 128, torch.bfloat16),
+        ]
+        for c in cases:
+            log(f"  prefill {c}")
+            rows += bench_case(*c, min_run_time=mrt)
+        log("  decode: 1 token at position 4096, batch 8, 32 query / 8 kv heads")
+        rows += bench_case(8, 32, 8, 1, 128, torch.float32, offset=4096, min_run_time=mrt)
+        rows += bench_case(8, 32, 8, 1, 128, torch.bfloat16, offset=4096, min_run_time=mrt)
+        log("  ALiBi through slots vs SDPA with a float bias (8192 tokens, 8 heads, dim 64)")
+        rows += bench_alibi()
+    else:
+        log("  ALiBi through slots vs SDPA with a float bias (2048 tokens, quick)")
+        rows += bench_alibi(S=2048, min_run_time=0.2)
+    meta = {
+        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "machine": platform.machine(), "processor": platform.processor(), "quick": quick,
+        "capability": torch.backends.cpu.get_cpu_capability(), "wall_s": time.perf_counter() - t0,
+    }
+    return {"meta": meta, "rows": rows, "targets": targets(rows)}
+
+
+def _fmt_bytes(b):
+    return "" if b is None else f"{b / 2**20:.0f} MiB"
+
+
+def markdown(res: dict) -> str:
+    lines = ["| provider | pass | dtype | B×H/Hk×S×D | median | IQR | GB/s | vs clone | vs HF | peak mem |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [r for r in res["rows"] if "error" not in r and "batch" in r]
+    for r in rows:
+        key = dict(pass_=r["pass_"], dtype=r["dtype"], seq=r["seq"], dim=r["dim"], heads=r["heads"],
+                   kv_heads=r["kv_heads"], offset=r["offset"], batch=r["batch"])
+        c, h = _find(rows, "clone", **key), _find(rows, "hf", **key)
+        lines.append(
+            f"| {r['provider']} | {r['pass_']} | {r['dtype']} | {r['batch']}×{r['heads']}/{r['kv_heads']}×{r['seq']}"
+            f"{'@' + str(r['offset']) if r['offset'] else ''}×{r['dim']} | {r['median_s'] * 1e3:.3f} ms | "
+            f"{r['iqr_s'] * 1e3:.3f} | {r['gbps']:.1f} | {r['median_s'] / c['median_s'] if c else float('nan'):.2f} | "
+            f"{h['median_s'] / r['median_s'] if h else float('nan'):.2f}× | {_fmt_bytes(r.get('peak_bytes'))} |"
+        )
+    for r in res["rows"]:
+        if "batch" not in r and "error" not in r:
+            lines.append(f"| {r['provider']} | fwd | float32 | 1×{r['heads']}×{r['seq']}×{r['dim']} | "
+                         f"{r['median_s'] * 1e3:.1f} ms | {r['iqr_s'] * 1e3:.1f} | | | | {_fmt_bytes(r.get('peak_bytes'))} |")
+    errs = [r for r in res["rows"] if "error" in r]
+    lines += ["", "| target | measured | bound | met |", "|---|---|---|---|"]
+    for t in res["targets"]:
+        v = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        lines.append(f"| {t['target']} | {v} | {t['bound']} | {t['met']} |")
+    if errs:
+        lines += ["", "Providers that failed: " + "; ".join(f"{r['provider']}: {r['error']}" for r in errs)]
+    m = res["meta"]
+    lines += ["", f"torch {m['torch']}, {m['threads']} threads on {m['cpu_count']} CPUs ({m['capability']}), "
+              f"suite wall time {m['wall_s']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------- CLI
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="the target shape only (under a minute)")
+    parser.add_argument("--out", default="benchmarks/results", help="folder for results.json and results.md")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    res = run_suite(quick=args.quick, log=print)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = "quick" if args.quick else "results"
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
+    md = markdown(res)
+    (out / f"{name}.md").write_text(md)
+    print()
+    for t in res["targets"]:
+        v = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        print(f"  {t['target']:52s} {v:>7s}  (bound {t['bound']}, met: {t['met']})")
+    print(f"\nwrote {out / (name + '.json')} and {out / (name + '.md')}")
+    return 0

@@ -1,0 +1,614 @@
+"""Context extension as maps on the spectrum: PI, NTK, dynamic NTK, YaRN, LongRoPE, Llama 3, proportional.
+
+Every context-extension trick for RoPE changes the frequencies ω of the rotation blocks of the
+generator and, separately, a temperature on the logits. Here each one is a function
+
+    f(enc, **params) -> Encoding
+
+that maps the frequencies of the *rotation* (complex) blocks of ``enc`` and multiplies
+``enc.logit_scale`` by the trick's logit factor (Hugging Face's ``attention_factor`` multiplies
+both cos and sin, so it multiplies ``qᵀk`` by ``attention_factor²``). Rates, sizes, real blocks,
+slots and the layout are kept, so the maps apply to xPos, RetNet or a learned generator as well
+as to RoPE. Formulas that depend on the plane index use ``i`` = the index of the block among the
+complex blocks (canonical order) and ``d`` = 2 × the number of complex blocks (the rotary dim),
+unless ``rotary_dim`` is given.
+
+The formulas follow ``transformers.modeling_rope_utils`` (``ROPE_INIT_FUNCTIONS``) and are
+checked against it in ``tests/test_scaling.py``; here they are evaluated in float64.
+Length-dependent maps (``dynamic``, ``longrope``) return an encoding with a ``length_rule``:
+:meth:`Encoding.at_length` (called by :func:`liepos.attention` with ``L = max position + 1``)
+returns the encoding for that length.
+
+>>> import liepos as lp
+>>> enc = linear(lp.rope(8), factor=4.0)
+>>> enc.generator.freqs.tolist()  # rope(8) is [1, 0.1, 0.01, 0.001], divided by 4
+[0.25, 0.025, 0.0025, 0.00025]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from numbers import Real
+from typing import Any
+
+import torch
+
+from liepos.encoding import Encoding
+
+__all__ = [
+    "SCALINGS",
+    "scale",
+    "linear",
+    "ntk",
+    "dynamic",
+    "yarn",
+    "longrope",
+    "llama3",
+    "proportional",
+    "rotation_freqs",
+    "yarn_mscale",
+    "yarn_attention_factor",
+    "yarn_correction_range",
+    "longrope_attention_factor",
+]
+
+_TWO_PI = 2 * math.pi
+
+
+# ---------------------------------------------------------------------- validation
+def _real(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (Real, torch.Tensor)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise TypeError(f"{name} must be a real number, got a tensor of shape {tuple(value.shape)}")
+        value = value.item()
+    return float(value)
+
+
+def _positive(value: Any, name: str) -> float:
+    """A positive, finite real number (bools refused), named in the error."""
+    x = _real(value, name)
+    if not (x > 0 and math.isfinite(x)):
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return x
+
+
+def _fraction(value: Any, name: str) -> float:
+    x = _real(value, name)
+    if not (0.0 <= x <= 1.0):
+        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+    return x
+
+
+def _factors(values: Any, name: str, planes: int) -> torch.Tensor:
+    try:
+        t = torch.as_tensor(values, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise TypeError(f"{name} must be a sequence of real numbers, got {values!r}") from err
+    if t.dim() != 1 or t.shape[0] != planes:
+        raise ValueError(
+            f"{name} must have one entry per rotation plane ({planes}), got shape {tuple(t.shape)}"
+        )
+    if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
+        raise ValueError(f"{name} must be positive and finite, got {t.tolist()}")
+    return t
+
+
+# ---------------------------------------------------------------------- the spectrum
+def _planes(enc: Encoding) -> list[int]:
+    if not isinstance(enc, Encoding):
+        raise TypeError(f"enc must be a liepos.Encoding, got {type(enc).__name__}")
+    idx = [i for i, c in enumerate(enc.generator.complex) if c]
+    if not idx:
+        raise ValueError(
+            f"{enc!r} has no rotation (complex) blocks: a context-extension map has no frequency to change"
+        )
+    return idx
+
+
+def rotation_freqs(enc: Encoding) -> torch.Tensor:
+    """The frequencies of the rotation (complex) blocks of ``enc``, shape ``(*heads, planes)``.
+
+    For a Hugging Face encoding in the half layout this is ``inv_freq`` (with NoPE planes of
+    frequency 0 for ``proportional``).
+
+    >>> import liepos as lp
+    >>> rotation_freqs(lp.rope(4, base=100.0)).tolist()
+    [1.0, 0.1]
+    """
+    idx = _planes(enc)
+    return enc.generator.freqs[..., idx].to(torch.float64)
+
+
+def _rotary_dim(planes: int, rotary_dim: Any) -> int:
+    if rotary_dim is None:
+        return 2 * planes
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rotary_dim must be an int, got {rotary_dim!r}")
+    if (rotary_dim + 1) // 2 != planes:
+        raise ValueError(
+            f"rotary_dim={rotary_dim} does not match the encoding's {planes} rotation planes "
+            f"(expected {2 * planes - 1} or {2 * planes})"
+        )
+    return rotary_dim
+
+
+def _with_freqs(enc: Encoding, w: torch.Tensor, logit: float, tag: str) -> Encoding:
+    """``enc`` with the rotation frequencies replaced by ``w`` and the logit scale multiplied."""
+    idx = _planes(enc)
+    g = enc.generator
+    freqs = g.freqs.to(torch.float64).clone()
+    freqs[..., idx] = w.to(freqs.dtype)
+    name = f"{enc.name}+{tag}" if enc.name else tag
+    return enc.replace(
+        generator=g.with_params(freqs=freqs), logit_scale=enc.logit_scale * logit, name=name
+    )
+
+
+def _build(
+    enc: Encoding,
+    at: Callable[[Encoding, int | None], Encoding],
+    length_dependent: bool = False,
+) -> Encoding:
+    """Apply ``at(e, L)`` to ``enc`` (``L=None``: no length known) and carry length rules through.
+
+    An input that already has a ``length_rule`` keeps it, composed: at length L the result is
+    ``at(enc.at_length(L), L)``. A length-dependent map installs a rule of its own.
+    """
+    _planes(enc)  # an Encoding with rotation blocks, or a named error
+    inner = enc.length_rule
+    if inner is None and not length_dependent:
+        return at(enc, None)
+
+    def rule(length: int) -> Encoding:
+        base = enc if inner is None else inner(length)
+        return at(base, length).replace(length_rule=rule)
+
+    return at(enc, None).replace(length_rule=rule)
+
+
+def _index_power(P: int, d: int, kappa: float) -> torch.Tensor:
+    """``κ^{−2i/(d−2)}`` for i = 0 … P−1 (the exponent is 0 at i = 0, also when d = 2)."""
+    i = torch.arange(P, dtype=torch.float64)
+    if d > 2:
+        expo = -2.0 * i / (d - 2)
+    else:
+        expo = torch.zeros(P, dtype=torch.float64)
+    return torch.as_tensor(kappa, dtype=torch.float64) ** expo
+
+
+# ---------------------------------------------------------------------- the maps
+def linear(enc: Encoding, *, factor: float) -> Encoding:
+    """Position interpolation (Chen et al., 2023; kaiokendev): ``ω ↦ ω / s``.
+
+    Equivalent to dividing every position by ``s = factor``. Logit scale unchanged.
+    Hugging Face ``rope_type="linear"``.
+
+    >>> import liepos as lp
+    >>> linear(lp.rope(4), factor=2.0).generator.freqs.tolist()
+    [0.5, 0.005]
+    """
+    s = _positive(factor, "factor")
+    return _build(enc, lambda e, L: _with_freqs(e, rotation_freqs(e) / s, 1.0, f"linear({s:g})"))
+
+
+def ntk(enc: Encoding, *, factor: float, rotary_dim: int | None = None) -> Encoding:
+    """Static NTK-aware scaling (bloc97): the base grows to ``b·s^{d/(d−2)}``.
+
+    On the spectrum, for plane i of d/2 (``s = factor``)::
+
+        ω_i ↦ ω_i · s^{−2i/(d−2)}
+
+    which, for ``ω_i = b^{−2i/d}``, is ``(b·s^{d/(d−2)})^{−2i/d}``: the fastest plane is kept and
+    the slowest is divided by exactly ``s``. Hugging Face has only the dynamic form (:func:`dynamic`).
+
+    >>> import liepos as lp
+    >>> w = ntk(lp.rope(4), factor=8.0).generator.freqs.tolist()
+    >>> w[0], round(w[1], 12)
+    (1.0, 0.00125)
+    """
+    s = _positive(factor, "factor")
+
+    def at(e: Encoding, L: int | None) -> Encoding:
+        w = rotation_freqs(e)
+        d = _rotary_dim(w.shape[-1], rotary_dim)
+        return _with_freqs(e, w * _index_power(w.shape[-1], d, s), 1.0, f"ntk({s:g})")
+
+    return _build(enc, at)
+
+
+def dynamic(
+    enc: Encoding, *, factor: float, original_max_position_embeddings: int, rotary_dim: int | None = None
+) -> Encoding:
+    """Dynamic NTK scaling (emozilla; Hugging Face ``rope_type="dynamic"``), length dependent.
+
+    For a sequence of ``L`` positions (``L0 = original_max_position_embeddings``, ``s = factor``)::
+
+        κ(L) = s·L/L0 − (s − 1)                 for L > L0, else κ = 1
+        ω_i ↦ ω_i · κ(L)^{−2i/(d−2)}
+
+    i.e. Hugging Face's base ``b' = b·κ^{d/(d−2)}`` with ``ω_i = b'^{−2i/d}``. The returned
+    encoding has the unscaled frequencies and a ``length_rule``; ``enc.at_length(L)`` gives the
+    encoding for L. Hugging Face takes ``L0`` from ``config.max_position_embeddings``.
+
+    Hugging Face recomputes only when the length grows past the cached one and resets once it
+    falls below ``L0``; the rule here depends on L alone, so it agrees for one growing sequence
+    (prefill then decode) and after every reset, and it never depends on history. Keys cached
+    under an older κ are not re-rotated by either (the documented bug of transformers #25104).
+
+    >>> import liepos as lp
+    >>> enc = dynamic(lp.rope(4), factor=2.0, original_max_position_embeddings=10)
+    >>> enc.at_length(10).generator.freqs.tolist(), round(enc.at_length(20).generator.freqs.tolist()[1], 12)
+    ([1.0, 0.01], 0.003333333333)
+    """
+    s = _positive(factor, "factor")
+    L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
+
+    def at(e: Encoding, L: int | None) -> Encoding:
+        if L is None or L <= L0:
+            return e
+        w = rotation_freqs(e)
+        d = _rotary_dim(w.shape[-1], rotary_dim)
+        kappa = (s * L / L0) - (s - 1)
+        return _with_freqs(e, w * _index_power(w.shape[-1], d, kappa), 1.0, f"dynamic({s:g}, L={L})")
+
+    _rotary_dim(len(_planes(enc)), rotary_dim)  # validate now, not at the first long sequence
+    return _build(enc, at, length_dependent=True)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude factor ``m(s, μ) = 0.1·μ·ln s + 1`` for ``s > 1``, else 1.
+
+    DeepSeek's attention multiplies its softmax scale by ``m(s, mscale_all_dim)²``:
+    DeepSeek-V2-Lite (``s = 40``, ``μ = 0.707``) gives ≈ 1.59, DeepSeek-V3 (``μ = 1``) ≈ 1.87.
+
+    >>> round(yarn_mscale(40.0, 0.707) ** 2, 4), round(yarn_mscale(40.0, 1.0) ** 2, 4)
+    (1.5896, 1.8739)
+    """
+    s = _real(scale, "scale")
+    if s <= 1:
+        return 1.0
+    return 0.1 * _real(mscale, "mscale") * math.log(s) + 1.0
+
+
+def yarn_attention_factor(
+    factor: float,
+    *,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    attention_factor: float | None = None,
+) -> float:
+    """YaRN's ``attention_factor`` as Hugging Face picks it (it multiplies cos and sin).
+
+    An explicit ``attention_factor`` wins; else, when both ``mscale`` and ``mscale_all_dim`` are
+    given and non-zero, ``m(s, mscale)/m(s, mscale_all_dim)``; else ``m(s, 1) = 0.1·ln s + 1``.
+    The logit scale is its square.
+
+    >>> yarn_attention_factor(40.0, mscale=0.707, mscale_all_dim=0.707)
+    1.0
+    >>> round(yarn_attention_factor(4.0), 6)
+    1.138629
+    """
+    s = _positive(factor, "factor")
+    if attention_factor is not None:
+        return _positive(attention_factor, "attention_factor")
+    if mscale and mscale_all_dim:
+        return float(yarn_mscale(s, mscale) / yarn_mscale(s, mscale_all_dim))
+    return yarn_mscale(s)
+
+
+def yarn_correction_range(
+    *,
+    rotary_dim: int,
+    base: float,
+    original_max_position_embeddings: float,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    truncate: bool = True,
+) -> tuple[float, float]:
+    """The plane-index range ``(low, high)`` over which YaRN ramps from extrapolation to interpolation.
+
+    The plane that turns ``β`` times over the original context ``L0`` has index
+    ``r(β) = d·ln(L0/(2πβ)) / (2 ln b)``; ``low = max(r(beta_fast), 0)``,
+    ``high = min(r(beta_slow), d − 1)``, rounded outwards (floor/ceil) when ``truncate``.
+    GPT-OSS (``truncate=False``, d = 64, b = 150000, L0 = 4096) has ``(8.0928…, 17.398…)``.
+
+    >>> lo, hi = yarn_correction_range(rotary_dim=64, base=150000, original_max_position_embeddings=4096,
+    ...                                truncate=False)
+    >>> round(lo, 4), round(hi, 3)
+    (8.0928, 17.398)
+    """
+    d = int(rotary_dim)
+    b = _positive(base, "base")
+    if b == 1.0:
+        raise ValueError("base must differ from 1 (a constant spectrum has no correction range)")
+    L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
+    return _correction_range(d, math.log(b), 1.0, L0, _positive(beta_fast, "beta_fast"),
+                             _positive(beta_slow, "beta_slow"), bool(truncate))
+
+
+def _correction_range(
+    d: int, log_base: float, w0: float, L0: float, beta_fast: float, beta_slow: float, truncate: bool
+) -> tuple[float, float]:
+    # the same order of float64 operations as transformers, so floor/ceil agree at the boundaries
+    def r(beta: float) -> float:
+        return (d * math.log(w0 * L0 / (beta * 2 * math.pi))) / (2 * log_base)
+
+    low, high = r(beta_fast), r(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return float(max(low, 0)), float(min(high, d - 1))
+
+
+def _spectrum_log_base(w: torch.Tensor, d: int) -> tuple[float, float]:
+    """``(ln b, ω_0)`` of a geometric spectrum ``ω_i = ω_0·b^{−2i/d}`` (one row), or ValueError."""
+    P = int(w.shape[-1])
+    vals = w.tolist()
+    if P < 2 or any(v <= 0 for v in vals):
+        raise ValueError(
+            "yarn needs base= here: the rotation spectrum has fewer than two planes or a "
+            f"non-positive frequency ({vals[:4]}...), so its base cannot be inferred"
+        )
+    ratios = [vals[i + 1] / vals[i] for i in range(P - 1)]
+    log_rho = math.log(vals[-1] / vals[0]) / (P - 1)
+    if any(abs(math.log(q) - log_rho) > 1e-6 * max(1.0, abs(log_rho)) for q in ratios):
+        raise ValueError(
+            "yarn needs base= here: the rotation spectrum is not geometric (ω_i = ω_0·b^(−2i/d)), "
+            "so the plane index of a wavelength is not defined by a base"
+        )
+    return -(d / 2) * log_rho, vals[0]
+
+
+def yarn(
+    enc: Encoding,
+    *,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    mscale: float | None = None,
+    mscale_all_dim: float | None = None,
+    attention_factor: float | None = None,
+    truncate: bool = True,
+    base: float | None = None,
+    rotary_dim: int | None = None,
+) -> Encoding:
+    """YaRN (Peng et al., 2023; Hugging Face ``rope_type="yarn"``): ramped interpolation plus a temperature.
+
+    With ``(low, high)`` from :func:`yarn_correction_range` (``high += 0.001`` when equal)::
+
+        γ_i = clamp((i − low) / (high − low), 0, 1)
+        ω_i ↦ ω_i · [(1 − γ_i) + γ_i / s]          (s = factor)
+
+    so fast planes (i ≤ low) are kept, slow planes (i ≥ high) are divided by ``s``. The logit
+    scale is multiplied by ``attention_factor²`` (:func:`yarn_attention_factor`). ``base`` is the
+    RoPE base b of the spectrum; by default it is read off the spectrum, which must then be
+    geometric, ``ω_i = ω_0·b^{−2i/d}`` (with ``ω_0 = 1`` the index formula is Hugging Face's).
+    ``beta_fast < beta_slow`` is allowed (the ramp then runs the other way, as upstream).
+
+    >>> import liepos as lp
+    >>> enc = yarn(lp.rope(64, base=150000.0), factor=32.0, original_max_position_embeddings=4096)
+    >>> w = enc.generator.freqs
+    >>> bool(w[8] == lp.rope(64, base=150000.0).generator.freqs[8]), round(enc.logit_scale, 6)
+    (True, 1.81326)
+    """
+    s = _positive(factor, "factor")
+    L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
+    bf = _positive(beta_fast, "beta_fast")
+    bs = _positive(beta_slow, "beta_slow")
+    if not isinstance(truncate, bool):
+        raise TypeError(f"truncate must be a bool, got {truncate!r}")
+    b = None if base is None else _positive(base, "base")
+    if b == 1.0:
+        raise ValueError("base must differ from 1")
+    af = yarn_attention_factor(s, mscale=mscale, mscale_all_dim=mscale_all_dim, attention_factor=attention_factor)
+
+    def at(e: Encoding, L: int | None) -> Encoding:
+        w = rotation_freqs(e)
+        P = int(w.shape[-1])
+        d = _rotary_dim(P, rotary_dim)
+        rows = w.reshape(-1, P)
+        i = torch.arange(P, dtype=torch.float64)
+        out = []
+        for row in rows:
+            if b is None:
+                log_b, w0 = _spectrum_log_base(row, d)
+            else:
+                log_b, w0 = math.log(b), float(row[0])
+                if w0 <= 0:
+                    raise ValueError(f"yarn needs a positive first frequency, got {w0}")
+            low, high = _correction_range(d, log_b, w0, L0, bf, bs, truncate)
+            if low == high:
+                high += 0.001  # as upstream: avoid the singular ramp
+            gamma = ((i - low) / (high - low)).clamp(0.0, 1.0)
+            out.append(row * (1.0 - gamma) + (row / s) * gamma)
+        new = torch.stack(out).reshape(w.shape)
+        return _with_freqs(e, new, af * af, f"yarn({s:g})")
+
+    return _build(enc, at)
+
+
+def longrope_attention_factor(
+    factor: float, original_max_position_embeddings: float, attention_factor: float | None = None
+) -> float:
+    """LongRoPE's ``attention_factor``: explicit, else ``sqrt(1 + ln s / ln L0)`` for ``s > 1``, else 1.
+
+    >>> round(longrope_attention_factor(32.0, 4096), 6)
+    1.190238
+    """
+    if attention_factor is not None:
+        return _positive(attention_factor, "attention_factor")
+    s = _positive(factor, "factor")
+    L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
+    if s <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(s) / math.log(L0))
+
+
+def longrope(
+    enc: Encoding,
+    *,
+    short_factor: Sequence[float],
+    long_factor: Sequence[float],
+    original_max_position_embeddings: int,
+    factor: float | None = None,
+    attention_factor: float | None = None,
+    max_position_embeddings: int | None = None,
+) -> Encoding:
+    """LongRoPE (Ding et al., 2024; Phi-3; Hugging Face ``rope_type="longrope"``), length dependent.
+
+    Per-plane rescale factors λ, one list for short and one for long sequences::
+
+        ω_i ↦ ω_i / λ_i,   λ = long_factor if L > L0 else short_factor
+
+    (``L0 = original_max_position_embeddings``, L the number of positions). The returned encoding
+    has the short factors and a ``length_rule`` switching to the long ones. The logit scale is
+    multiplied by ``attention_factor²`` (:func:`longrope_attention_factor`; the same for both),
+    with ``s = factor``, or ``max_position_embeddings / L0`` when ``factor`` is not given.
+
+    >>> import liepos as lp
+    >>> enc = longrope(lp.rope(4), short_factor=[1, 2], long_factor=[4, 8], original_max_position_embeddings=16,
+    ...                factor=1.0)
+    >>> enc.generator.freqs.tolist(), enc.at_length(17).generator.freqs.tolist()
+    ([1.0, 0.005], [0.25, 0.00125])
+    """
+    P = len(_planes(enc))
+    short = _factors(short_factor, "short_factor", P)
+    long = _factors(long_factor, "long_factor", P)
+    L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
+    if factor is None:
+        if max_position_embeddings is None:
+            raise ValueError(
+                "longrope needs factor, or max_position_embeddings to derive it as "
+                "max_position_embeddings / original_max_position_embeddings"
+            )
+        s = _positive(max_position_embeddings, "max_position_embeddings") / L0
+    else:
+        s = _positive(factor, "factor")
+    af = longrope_attention_factor(s, L0, attention_factor)
+
+    def at(e: Encoding, L: int | None) -> Encoding:
+        use_long = L is not None and L > L0
+        lam = long if use_long else short
+        tag = f"longrope({'long' if use_long else 'short'})"
+        return _with_freqs(e, rotation_freqs(e) / lam, af * af, tag)
+
+    return _build(enc, at, length_dependent=True)
+
+
+def llama3(
+    enc: Encoding,
+    *,
+    factor: float,
+    original_max_position_embeddings: int,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
+) -> Encoding:
+    """Llama 3.1 frequency-dependent interpolation (Hugging Face ``rope_type="llama3"``).
+
+    With wavelength ``λ = 2π/|ω|``, ``L0 = original_max_position_embeddings``, ``s = factor``,
+    ``l = low_freq_factor`` and ``h = high_freq_factor``::
+
+        ω ↦ ω                          if λ < L0/h    (fast planes kept)
+        ω ↦ ω/s                        if λ > L0/l    (slow planes interpolated)
+        ω ↦ (1 − α)·ω/s + α·ω,  α = (L0/λ − l)/(h − l)   otherwise
+
+    Logit scale unchanged. Meta's values are s = 8, l = 1, h = 4, L0 = 8192.
+
+    >>> import liepos as lp
+    >>> w = llama3(lp.rope(4, base=500000.0), factor=8.0, original_max_position_embeddings=8192)
+    >>> [round(x, 9) for x in w.generator.freqs.tolist()]  # λ = 2π/0.001414 = 4443: α = (8192/4443 − 1)/3
+    [1.0, 0.000524846]
+    """
+    s = _positive(factor, "factor")
+    L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
+    lo = _positive(low_freq_factor, "low_freq_factor")
+    hi = _positive(high_freq_factor, "high_freq_factor")
+    if not hi > lo:
+        raise ValueError(
+            f"high_freq_factor must be greater than low_freq_factor, got high_freq_factor={high_freq_factor} "
+            f"and low_freq_factor={low_freq_factor}"
+        )
+
+    def at(e: Encoding, L: int | None) -> Encoding:
+        w = rotation_freqs(e)
+        wavelen = _TWO_PI / w.abs()  # inf for a zero frequency: interpolated (stays 0)
+        alpha = (L0 / wavelen - lo) / (hi - lo)
+        ramp = (1 - alpha) * w / s + alpha * w
+        new = torch.where(wavelen > L0 / lo, w / s, w)
+        medium = ~(wavelen < L0 / hi) & ~(wavelen > L0 / lo)
+        new = torch.where(medium, ramp, new)
+        return _with_freqs(e, new, 1.0, f"llama3({s:g})")
+
+    return _build(enc, at)
+
+
+def proportional(enc: Encoding, *, partial_rotary_factor: float, factor: float = 1.0) -> Encoding:
+    """Proportional RoPE (Gemma 4 global layers; Hugging Face ``rope_type="proportional"``).
+
+    Of the d/2 planes only the first ``r = int(p·d // 2)`` keep rotating; the others become
+    explicit NoPE planes (frequency 0, still paired in place, so the storage layout is the full
+    head's); everything is divided by ``s = factor``::
+
+        ω_i ↦ ω_i / s   for i < r,        ω_i ↦ 0   for i ≥ r      (p = partial_rotary_factor)
+
+    Unlike the usual partial rotary (a shorter rope over ``rotary_dim = p·head_dim`` with its own
+    exponent ``2i/rotary_dim``, then NoPE dims), the kept planes keep the full head's frequencies
+    ``b^{−2i/head_dim}``: the slowest ones are removed rather than the spectrum compressed.
+
+    >>> import liepos as lp
+    >>> proportional(lp.rope(8), partial_rotary_factor=0.5).generator.freqs.tolist()
+    [1.0, 0.1, 0.0, 0.0]
+    """
+    p = _fraction(partial_rotary_factor, "partial_rotary_factor")
+    s = _positive(factor, "factor")
+
+    def at(e: Encoding, L: int | None) -> Encoding:
+        w = rotation_freqs(e)
+        P = int(w.shape[-1])
+        r = int(p * (2 * P) // 2)
+        keep = (torch.arange(P) < r).to(w.dtype)
+        return _with_freqs(e, w * keep / s, 1.0, f"proportional({p:g})")
+
+    return _build(enc, at)
+
+
+# ---------------------------------------------------------------------- the registry
+SCALINGS: dict[str, Callable[..., Encoding]] = {
+    "linear": linear,
+    "ntk": ntk,
+    "dynamic": dynamic,
+    "yarn": yarn,
+    "longrope": longrope,
+    "llama3": llama3,
+    "proportional": proportional,
+}
+"""Every map, one signature: ``SCALINGS[name](enc, **params) -> Encoding``."""
+
+
+def scale(enc: Encoding, kind: str, **params: Any) -> Encoding:
+    """``SCALINGS[kind](enc, **params)``, with errors that name an unknown kind or parameter.
+
+    >>> import liepos as lp
+    >>> scale(lp.rope(4), "linear", factor=2.0).generator.freqs.tolist()
+    [0.5, 0.005]
+    """
+    try:
+        fn = SCALINGS[kind]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown scaling {kind!r}; known: {sorted(SCALINGS)}") from None
+    import inspect
+
+    sig = inspect.signature(fn)
+    accepted = [n for n, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise TypeError(f"scaling {kind!r} got unknown parameters {unknown}; it accepts {accepted}")
+    missing = sorted(
+        n for n in accepted if sig.parameters[n].default is inspect.Parameter.empty and n not in params
+    )
+    if missing:
+        raise TypeError(f"scaling {kind!r} is missing required parameters {missing}")
+    return fn(enc, **params)

@@ -1,0 +1,231 @@
+"""classify: each block named by its row of the seeds' table (matrix, Generator or Encoding)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from liepos import Generator
+from liepos._jordan import canonical_form
+from liepos.classify import NAMES, Classification, classify
+
+SEED_ROWS = {
+    "growth": (0.3, 0.0, 1),
+    "nope": (0.0, 0.0, 1),
+    "decay": (-0.5, 0.0, 1),
+    "rotation": (0.0, 1.3, 1),
+    "damped_rotation": (-0.2, 0.9, 1),
+    "polynomial": (0.0, 0.0, 2),
+}
+
+
+def random_basis(d: int, cond: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    return U @ np.diag(np.logspace(0, np.log10(cond), d)) @ V.T
+
+
+def conjugated(blocks, cond: float, seed: int) -> np.ndarray:
+    J = canonical_form(blocks)
+    P = random_basis(J.shape[0], cond, seed)
+    return P @ J @ np.linalg.inv(P)
+
+
+def generator_of(blocks) -> Generator:
+    return Generator(
+        [b[0] for b in blocks], [b[1] for b in blocks], [b[2] for b in blocks], allow_growth=True
+    )
+
+
+def only(name: str, k: int = 1) -> dict[str, int]:
+    return {n: (k if n == name else 0) for n in NAMES}
+
+
+# ------------------------------------------------------------------ the six rows
+@pytest.mark.parametrize("name", list(SEED_ROWS))
+def test_each_row_from_a_matrix(name):
+    block = SEED_ROWS[name]
+    c = classify(conjugated([block], cond=5.0, seed=1))
+    assert c.counts == only(name)
+    assert list(c.counts) == list(NAMES)
+    assert c.names == [name]
+    assert c.is_relative_safe == (name != "growth")
+    assert c.dominant == name
+
+
+@pytest.mark.parametrize("name", list(SEED_ROWS))
+def test_each_row_from_a_generator(name):
+    block = SEED_ROWS[name]
+    c = classify(generator_of([block]))
+    assert c.counts == only(name)
+    assert c.blocks == [block]
+    assert c.source == "generator"
+    assert c.dim == canonical_form([block]).shape[0]
+
+
+def test_polynomial_covers_defective_complex_and_decaying_chains():
+    c = classify(generator_of([(-0.3, 0.0, 3), (-0.1, 0.7, 2), (0.0, 0.0, 2)]))
+    assert c.counts == only("polynomial", 3)
+    # growth wins over polynomial for a growing Jordan block
+    assert classify(generator_of([(0.2, 0.0, 2)])).counts == only("growth")
+
+
+def test_rope_behind_orthogonal_basis_is_all_rotation():
+    blocks = [(0.0, 10000.0 ** (-2 * k / 16), 1) for k in range(8)]
+    Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((16, 16)))
+    c = classify(Q @ canonical_form(blocks) @ Q.T)
+    assert c.counts == only("rotation", 8)
+    assert c.dims["rotation"] == 16
+    assert all(r == 0.0 for r, _, _ in c.blocks)
+    np.testing.assert_allclose(sorted(w for _, w, _ in c.blocks), sorted(b[1] for b in blocks),
+                               rtol=1e-10)
+
+
+def test_all_six_rows_together_and_the_table():
+    blocks = list(SEED_ROWS.values())
+    c = classify(conjugated(blocks, cond=20.0, seed=2))
+    assert c.counts == dict.fromkeys(NAMES, 1)
+    text = str(c)
+    for name in NAMES:
+        assert name in text
+    for word in ("explodes", "nothing", "fades", "spins", "spins + fades", "slide", "circle",
+                 "spiral", "RoPE", "xPos/RetNet", "ALiBi", "NoPE"):
+        assert word in text
+    lines = text.splitlines()
+    rows = [ln for ln in lines if ln.split(" ")[0] in NAMES]
+    assert [r.split()[0] for r in rows] == list(NAMES)  # one row per name, in order
+    assert not c.is_relative_safe
+
+
+def test_str_of_an_empty_row_and_fixed_width():
+    c = classify(generator_of([(0.0, 1.0, 1)]))
+    lines = str(c).splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("name"))
+    # the "blocks" column is aligned in every row
+    col = lines[header].index("blocks") + len("blocks")
+    for ln in lines[header + 2: header + 8]:
+        assert ln[col - 1].isdigit()
+
+
+def test_to_dict_is_json():
+    c = classify(conjugated(list(SEED_ROWS.values()), cond=3.0, seed=3))
+    d = json.loads(json.dumps(c.to_dict()))
+    assert d["counts"] == c.counts
+    assert list(d["counts"]) == list(NAMES)
+    assert d["dim"] == 9
+    assert len(d["blocks"]) == len(d["names"]) == 6
+
+
+# ------------------------------------------------------------------ exact and tolerance
+def test_exact_rational_rotation():
+    c = classify([[0, 1], [-1, 0]])
+    assert c.exact and c.tol == 0.0
+    assert c.counts == only("rotation")
+    assert c.blocks == [(0.0, 1.0, 1)]
+    assert c.blocks[0][1] == 1.0
+
+
+def test_exact_tiny_rate_is_not_zero():
+    from fractions import Fraction
+
+    c = classify([[Fraction(-1, 10**18), 0], [0, 0]])
+    assert c.exact
+    assert c.counts["decay"] == 1 and c.counts["nope"] == 1
+
+
+def test_numeric_zero_tolerance():
+    # a rate of 1e-17 is 0 for float input
+    c = classify(generator_of([(-1e-17, 0.0, 1), (1e-17, 0.7, 1)]))
+    assert c.counts == {**only("nope"), "rotation": 1}
+    assert c.blocks[0] == (0.0, 0.0, 1)
+    c = classify(np.array([[1e-17, 0.0], [0.0, -0.5]]))
+    assert c.counts["nope"] == 1 and c.counts["decay"] == 1
+    # ...and a coarse tol makes a slow decay NoPE
+    g = generator_of([(-1e-4, 0.0, 1)])
+    assert classify(g).counts == only("decay")
+    assert classify(g, tol=1e-3).counts == only("nope")
+
+
+def test_complex_block_with_zero_freq_is_two_real_blocks():
+    g = Generator([0.0], [0.0], [1], complex=[True])
+    c = classify(g)
+    assert c.counts == only("nope", 2)
+    assert c.dims["nope"] == 2 == c.dim
+
+
+def test_heads_are_counted_head_major():
+    g = Generator([[0.0, -0.1], [0.0, -0.2]], [[1.0, 0.0], [2.0, 0.0]], [1, 1])
+    c = classify(g)
+    assert c.num_heads == 2 and c.dim == 3
+    assert c.names == ["rotation", "decay", "rotation", "decay"]
+    assert "2 heads" in str(c)
+
+
+class FakeEncoding:
+    def __init__(self, generator, num_slots=0):
+        self.generator = generator
+        self.num_slots = num_slots
+
+
+def test_encoding_duck_typed_with_slots():
+    enc = FakeEncoding(generator_of([(0.0, 0.0, 2)]), num_slots=2)
+    c = classify(enc)
+    assert c.source == "encoding" and c.num_slots == 2
+    assert c.counts == only("polynomial")
+    assert "slots" in str(c)
+    assert "slots" not in str(classify(FakeEncoding(generator_of([(0.0, 0.0, 2)]))))
+
+
+# ------------------------------------------------------------------ errors
+def test_non_square_matrix_raises_with_shape():
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        classify(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"\(3, 2\)"):
+        classify(torch.zeros(3, 2))
+
+
+def test_bad_inputs():
+    with pytest.raises(TypeError):
+        classify("not a matrix")
+    with pytest.raises(TypeError):
+        classify(FakeEncoding("not a generator"))
+    with pytest.raises(ValueError, match="tol"):
+        classify(np.eye(2), tol=-1)
+
+
+# ------------------------------------------------------------------ property-based
+@st.composite
+def canonical_forms(draw):
+    eigs: list[tuple[float, float]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        rate = draw(st.one_of(st.just(0.0), st.floats(-1.0, -0.05)))
+        freq = draw(st.one_of(st.just(0.0), st.floats(0.1, 3.0)))
+        eigs.append((rate, freq))
+    for i in range(len(eigs)):
+        for j in range(i):
+            gap = abs(eigs[i][0] - eigs[j][0]) + abs(eigs[i][1] - eigs[j][1])
+            assume(eigs[i] == eigs[j] or gap >= 0.1)
+    sizes = st.lists(st.integers(1, 3), min_size=1, max_size=2)
+    return [(r, w, n) for r, w in eigs for n in draw(sizes)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(blocks=canonical_forms(), cond=st.floats(1.0, 30.0), seed=st.integers(0, 2**31 - 1))
+def test_classification_is_basis_independent(blocks, cond, seed):
+    want = classify(generator_of(blocks))
+    got = classify(conjugated(blocks, cond=cond, seed=seed))
+    assert got.counts == want.counts
+    assert got.dims == want.dims
+    assert sorted(got.names) == sorted(want.names)
+
+
+def test_classification_dataclass_fields():
+    c = classify(generator_of([(0.0, 1.0, 1)]))
+    assert isinstance(c, Classification)
+    assert c.num_blocks == 1 and c.blocks == [(0.0, 1.0, 1)] and c.names == ["rotation"]

@@ -1,0 +1,181 @@
+"""The fast application path (liepos._fast) against the readable path and the dense reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import liepos as lp
+from liepos import _fast
+from liepos.encoding import apply_tables
+from liepos.generator import Generator, direct_sum
+
+
+def _mixed(dim: int = 20, layout: str = "interleaved") -> lp.Encoding:
+    """RoPE planes + decay + a 3×3 Jordan block + a damped complex Jordan block + NoPE."""
+    P = (dim - 10) // 2
+    g = direct_sum(
+        lp.rope(2 * P).generator,
+        Generator([-0.05], [0.3], [2]),
+        Generator([-0.1, -0.01, 0.0], [0.0, 0.0, 0.0], [1, 1, 3]),
+    )
+    if dim > g.dim:
+        g = direct_sum(g, lp.nope(dim - g.dim).generator)
+    return lp.Encoding(g, layout=layout, name="mixed")
+
+
+ENCODINGS = {
+    "rope": lambda: lp.rope(16),
+    "rope_half": lambda: lp.rope(16, layout="half"),
+    "xpos": lambda: lp.xpos(16),
+    "xpos_half": lambda: lp.xpos(16, layout="half"),
+    "retnet": lambda: lp.retnet(4, 16),
+    "nope": lambda: lp.nope(16),
+    "decay": lambda: lp.decay(torch.linspace(0.0, 0.1, 16)),
+    "jordan3": lambda: lp.jordan(3, -0.1),
+    "complex_jordan": lambda: lp.jordan(2, -0.1, 0.5),
+    "alibi": lambda: lp.alibi(4, 16),
+    "mixed": lambda: _mixed(),
+    "mixed_half": lambda: _mixed(layout="half"),
+}
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 0.0}
+
+
+def _eager(enc: lp.Encoding, x: torch.Tensor, pos, side: str) -> torch.Tensor:
+    """The readable path: slots by concatenation, then ``apply_tables``."""
+    p = torch.as_tensor(pos, dtype=torch.float64)
+    xs = enc._with_slots(x, enc.query_slots if side == "query" else enc.key_slots)
+    return apply_tables(xs, enc.tables(p, side))
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_fast_equals_eager_equals_dense(name, dtype, bshd):
+    enc = ENCODINGS[name]()
+    torch.manual_seed(0)
+    H, Hk = 4, 2  # grouped queries: keys have fewer heads (unless the parameters are per head)
+    if enc.num_heads is not None:
+        Hk = H
+    d = enc.content_dim
+    mk = lambda h: (torch.randn(2, 7, h, d, dtype=dtype).transpose(1, 2) if bshd  # noqa: E731
+                    else torch.randn(2, h, 7, d, dtype=dtype))
+    q, k = mk(H), mk(Hk)
+    pos = torch.arange(5, 12)
+    for side, x in (("query", q), ("key", k)):
+        fast = enc.query(x, pos) if side == "query" else enc.key(x, pos)
+        eager = _eager(enc, x, pos, side)
+        ref = (enc.query_reference if side == "query" else enc.key_reference)(x.double(), pos)
+        assert fast.dtype == eager.dtype and fast.shape == eager.shape
+        scale = ref.abs().amax().clamp_min(1.0)
+        if dtype == torch.bfloat16:
+            # both compute in float32 and round once; allow one bfloat16 ulp of disagreement
+            assert ((fast.double() - eager.double()).abs() <= 2**-7 * eager.double().abs() + 1e-6).all()
+            assert float((fast.double() - ref).abs().max() / scale) < 2e-2
+        else:
+            assert float((fast.double() - eager.double()).abs().max() / scale) <= TOL[dtype]
+            assert float((fast.double() - ref).abs().max() / scale) <= TOL[dtype] * 10
+        if bshd and enc.num_slots == 0 and enc.plan.partner != "gather":
+            # the output keeps the input's memory order (no .contiguous() copy)
+            assert fast.stride(2) > fast.stride(1)
+
+
+def test_per_batch_and_real_positions():
+    enc = _mixed()
+    x = torch.randn(2, 3, 6, enc.content_dim, dtype=torch.float64)
+    pos = torch.tensor([[0.5, 1.5, 2.0, 7.25, 9.0, 11.0], [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]], dtype=torch.float64)
+    assert torch.allclose(enc.query(x, pos), enc.query_reference(x, pos), atol=1e-12)
+    assert torch.allclose(enc.key(x, pos), enc.key_reference(x, pos), atol=1e-12)
+
+
+def test_transport_through_fast_path():
+    enc = lp.xpos(8)
+    k = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+    s = torch.arange(5)
+    assert torch.allclose(enc.key(k, s, origin=3.0), enc.transport(enc.key(k, s), 3.0), atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["rope", "rope_half", "mixed", "mixed_half", "alibi", "jordan3"])
+def test_backward_is_the_transpose(name):
+    enc = ENCODINGS[name]()
+    x = torch.randn(1, enc.num_heads or 2, 4, enc.content_dim, dtype=torch.float64, requires_grad=True)
+    pos = torch.arange(4)
+    assert torch.autograd.gradcheck(lambda x: enc.query(x, pos), (x,))
+    assert torch.autograd.gradcheck(lambda x: enc.key(x, pos), (x,))
+
+
+def test_backward_saves_only_tables():
+    enc = lp.rope(32)
+    x = torch.randn(1, 4, 64, 32, requires_grad=True)
+    y0 = x * 1.0
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y = enc.query(y0, torch.arange(64))
+    assert not any(t.numel() >= y0.numel() for t in saved)
+    y.sum().backward()
+    assert x.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_match_eager(dtype):
+    enc = _mixed(24)
+    torch.manual_seed(1)
+    x = torch.randn(2, 3, 8, 24, dtype=dtype, requires_grad=True)
+    g = torch.randn(2, 3, 8, 24, dtype=dtype)
+    pos = torch.arange(8)
+    (gf,) = torch.autograd.grad(enc.key(x, pos), x, g)
+    (ge,) = torch.autograd.grad(_eager(enc, x, pos, "key"), x, g)
+    assert gf.dtype == dtype
+    assert torch.allclose(gf.double(), ge.double(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
+
+
+def test_learnable_parameters_and_positions_get_gradients():
+    rates = torch.tensor([-0.1, -0.02], dtype=torch.float64, requires_grad=True)
+    freqs = torch.tensor([0.5, 0.25], dtype=torch.float64, requires_grad=True)
+    x = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+
+    def f(r, w, p):
+        return lp.Encoding(Generator(r, w, [1, 1])).query(x, p)
+
+    p = torch.tensor([0.0, 1.5, 3.0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (rates, freqs, p))
+
+
+def test_inplace_equals_out_of_place_and_backprops():
+    for enc in (lp.rope(16), lp.rope(16, layout="half"), _mixed(16), lp.xpos(16, layout="half")):
+        x = torch.randn(1, 2, 5, 16)
+        ref = enc.query(x, torch.arange(5))
+        y = x.clone()
+        out = enc.query(y, torch.arange(5), inplace=True)
+        assert out.data_ptr() == y.data_ptr()
+        assert torch.allclose(out, ref, atol=1e-6)
+        leaf = torch.randn(1, 2, 5, 16, requires_grad=True)
+        z = enc.key(leaf * 1.0, torch.arange(5), inplace=True)
+        z.square().sum().backward()
+        (ge,) = torch.autograd.grad(enc.key(leaf, torch.arange(5)).square().sum(), leaf)
+        assert torch.allclose(leaf.grad, ge, atol=1e-5)
+    with pytest.raises(ValueError, match="inplace"):
+        lp.alibi(2, 8).query(torch.randn(1, 2, 3, 8), inplace=True)
+
+
+def test_decode_reads_a_cached_row_and_the_cache_is_bounded():
+    _fast.CACHE.clear()
+    enc = lp.xpos(16)
+    k = torch.randn(1, 2, 1, 16)
+    enc.key(torch.randn(1, 2, 100, 16), torch.arange(100))
+    misses = _fast.CACHE.misses
+    for t in range(100, 120):  # one window serves every step
+        y = enc.key(k, [t])
+        assert torch.allclose(y, enc.key_reference(k.double(), [t]).float(), atol=1e-5)
+    assert _fast.CACHE.misses - misses <= 1
+    for n in range(1, 400, 7):  # many lengths, many windows: the cache stays bounded
+        enc.query(torch.randn(1, 1, n, 16), torch.arange(n) + 3 * n)
+    assert len(_fast.CACHE) <= _fast.CACHE.max_entries
+
+
+def test_cache_follows_the_generator_version():
+    _fast.CACHE.clear()
+    x = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    a, b = lp.rope(8, base=100.0), lp.rope(8, base=10000.0)
+    assert not torch.allclose(a.query(x), b.query(x))
+    assert torch.allclose(b.query(x), b.query_reference(x), atol=1e-12)
