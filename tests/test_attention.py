@@ -143,6 +143,10 @@ def test_bidirectional_is_refused_outside_the_family():
 
 
 # ---------------------------------------------------------------------- 3. re-centring
+# bfloat16 keeps 8 significant bits: q, k, v and the output are rounded to ~4e-3 relative, so the
+# documented bound for bfloat16 attention outputs (values ~N(0, 1)) is 3e-2 absolute.
+BF16_TOL = 3e-2
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xpos", "retnet", "decay", "alibi"])
 @pytest.mark.parametrize("where", ["1e6", "1e9-real"])
@@ -159,10 +163,15 @@ def test_long_sequences_far_from_zero_stay_exact(name, where):
     v = torch.randn(1, heads, S, 4, generator=gen)
     rows = torch.cat((torch.arange(0, 8), torch.arange(S // 2, S // 2 + 8), torch.arange(S - 16, S)))
     ref = lp.attention_reference(q[:, :, rows], k, v, enc, pos[rows], pos)
-    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
-        out = lp.attention(q.to(dtype), k.to(dtype), v.to(dtype), enc, pos, pos)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, BF16_TOL)):
+        if dtype == torch.float32 and name == "xpos":
+            # the whole 16 384 x 16 384 causal forward once (block-wise re-centring throughout)
+            out = lp.attention(q, k, v, enc, pos, pos)[:, :, rows]
+        else:
+            # the checked query rows attend over all 16 384 keys
+            out = lp.attention(q[:, :, rows].to(dtype), k.to(dtype), v.to(dtype), enc, pos[rows], pos)
         assert torch.isfinite(out).all()
-        err = float((out[:, :, rows].double() - ref).abs().max())
+        err = float((out.double() - ref).abs().max())
         assert err < tol, (dtype, err)
 
 
@@ -221,9 +230,18 @@ def test_full_equals_prefill_plus_decode_and_windows(name, dtype, tol):
     assert float((torch.cat(outs, 2) - full).abs().max()) < tol
 
 
+@pytest.fixture
+def one_thread():
+    """Token-by-token decoding is thousands of tiny ops: one intra-op thread avoids OpenMP barriers."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xpos", "retnet"])
-def test_ten_thousand_decode_steps_do_not_overflow_or_drift(name):
+def test_ten_thousand_decode_steps_do_not_overflow_or_drift(name, one_thread):
     steps, heads, dim = 10_000, 2, 8
     enc = encodings(heads, dim)[name]
     gen = torch.Generator().manual_seed(1)

@@ -86,8 +86,8 @@ def test_default_model_is_about_a_million_parameters():
 def test_decoder_is_causal_and_pluggable_per_layer_and_head():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=16, d_model=32, layers=3, heads=4)
-    m = Decoder(cfg, ["rope", "alibi|decay", lp.nope(8)])
-    assert [len(b.groups) for b in m.blocks] == [1, 2, 1]
+    m = Decoder(cfg, ["rope", "alibi|decay", (lp.nope(8), "jordan3")])
+    assert [len(b.groups) for b in m.blocks] == [1, 2, 2]
     x = torch.randint(16, (2, 20))
     y = m(x)
     x2 = x.clone()
@@ -209,3 +209,14 @@ def test_ddp_two_processes_equal_one_process(tmp_path):
             assert torch.allclose(s1[name], s2[name], atol=1e-5), name
         for L in ("16", "32"):
             assert r1["eval"][L]["loss"] == pytest.approx(r2["eval"][L]["loss"], abs=1e-5)
+
+
+def test_progress_without_tqdm_prints(monkeypatch, capsys):
+    from liepos.explore.train import _progress
+
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # import fails: plain prints instead
+    bar = _progress(10, "run", True)
+    for _ in range(10):
+        bar.update(1)
+    bar.close()
+    assert "run: 10/10" in capsys.readouterr().out

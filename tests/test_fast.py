@@ -86,6 +86,10 @@ def test_per_batch_and_real_positions():
     pos = torch.tensor([[0.5, 1.5, 2.0, 7.25, 9.0, 11.0], [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]], dtype=torch.float64)
     assert torch.allclose(enc.query(x, pos), enc.query_reference(x, pos), atol=1e-12)
     assert torch.allclose(enc.key(x, pos), enc.key_reference(x, pos), atol=1e-12)
+    alibi = lp.alibi(3, 8)
+    x = torch.randn(2, 3, 6, 8, dtype=torch.float64)
+    assert torch.allclose(alibi.query(x, pos), alibi.query_reference(x, pos), atol=1e-12)
+    assert torch.allclose(alibi.key(x, pos), alibi.key_reference(x, pos), atol=1e-12)
 
 
 def test_transport_through_fast_path():

@@ -20,6 +20,7 @@ from liepos.catalogue import (
     xpos,
 )
 from liepos.classify import Classification, classify
+from liepos.diagnose import Diagnosis, diagnose
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
 from liepos.interop.hf import from_hf
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CATALOGUE",
     "Classification",
+    "Diagnosis",
     "KVCache",
     "attention",
     "attention_reference",
@@ -39,6 +41,7 @@ __all__ = [
     "build",
     "classify",
     "decay",
+    "diagnose",
     "direct_sum",
     "from_hf",
     "jordan",

@@ -430,7 +430,7 @@ def _slot_values(enc, pos: torch.Tensor, side: str, work: torch.dtype) -> torch.
     if pos.dim() == 2:
         c = c.unsqueeze(0)  # (1, H|1, 1, n)
     S = pos.shape[-1]
-    x = c.expand(*c.shape[:-2], S, n)
+    x = c.expand(pos.shape[0], c.shape[1], S, n) if pos.dim() == 2 else c.expand(*c.shape[:-2], S, n)
     if x.dim() == 2:
         x = x.unsqueeze(0)
     while x.dim() < 4:

@@ -31,6 +31,9 @@ __all__ = ["attention", "attention_reference", "KVCache"]
 _LOW = (torch.float16, torch.bfloat16)
 # largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
 _MAX_EXPONENT = 30.0
+# largest time span of the polynomial parts (Jordan blocks, slots) around one origin: binomial terms
+# of (t - o) and (s - o) cancel, so the span bounds the rounding of near-lag scores
+_POLY_SPAN = 256.0
 
 
 class KVCache:
@@ -53,6 +56,7 @@ class KVCache:
         self.docs: torch.Tensor | None = None  # (B, S) long document ids
         self._enc_k: torch.Tensor | None = None
         self._enc_version: Any = None
+        self._origin: torch.Tensor | None = None  # (B,) origin of _enc_k for re-centred encodings
 
     def __len__(self) -> int:
         return 0 if self.k is None else int(self.k.shape[-2])
@@ -74,6 +78,19 @@ class KVCache:
                 raise ValueError(
                     f"k of shape {tuple(k.shape)} does not match the cached keys {tuple(self.k.shape)}"
                 )
+            if times.dim() != self.times.dim():
+                raise ValueError("key positions must keep one shape (with or without an axes dim) across calls")
+        if self.k is not None and times.dim() == 3:
+            # several axes (B, S, axes): no total order of times; the cache keeps token order
+            self.k = torch.cat((self.k, k), dim=-2)
+            self.v = torch.cat((self.v, v), dim=-2)
+            self.times = torch.cat((self.times, times), dim=-2)
+            self.keep = torch.cat((self.keep, keep), dim=-1)
+            if (self.docs is None) != (docs is None):
+                raise ValueError("document ids must be given on every call or on none")
+            if docs is not None:
+                self.docs = torch.cat((self.docs, docs), dim=-1)
+        elif self.k is not None:
             last = torch.where(self.keep, self.times, torch.full_like(self.times, -math.inf)).amax(-1)
             first = torch.where(keep, times, torch.full_like(times, math.inf)).amin(-1)
             if bool((first < last).any()):
@@ -94,11 +111,11 @@ class KVCache:
             self.k, self.v, self.times, self.keep, self.docs = k, v, times, keep, docs
 
 
-def _expand_batch(p: torch.Tensor, B: int) -> torch.Tensor:
-    """(S,) or (1|B, S) -> (B, S)."""
-    if p.dim() == 1:
+def _expand_batch(p: torch.Tensor, B: int, axes: int | None = None) -> torch.Tensor:
+    """(S,) or (1|B, S) -> (B, S); with several axes (S, A) or (1|B, S, A) -> (B, S, A)."""
+    if p.dim() == (1 if axes is None else 2):
         p = p.unsqueeze(0)
-    return p.expand(B, p.shape[-1])
+    return p.expand(B, *p.shape[1:])
 
 
 def _bool_mask(m: Any, name: str, shape: tuple[int, int]) -> torch.Tensor:
@@ -142,7 +159,11 @@ def attention(
             last ``q_seq`` key times (bottom-right aligned).
         key_positions: key times ``(k_seq,)`` or ``(batch, k_seq)``. Default ``0 … k_seq − 1``,
             continuing after the cached keys when ``cache`` is given.
-        causal: a key is visible to a query when ``s ≤ t`` (by time, not by index).
+        causal: a key is visible to a query when ``s ≤ t`` (by time, not by index). With several
+            position axes (an encoding with ``num_axes``; positions ``(…, seq, axes)``) times have no
+            total order and causal masks by token order instead (query i of q_seq sees keys
+            j ≤ k_seq_total − q_seq + i, cached keys first), as Qwen2-VL does; pass ``attn_mask`` for
+            any other visibility.
         attn_mask: optional boolean ``(q_seq, k_seq_total)`` or broadcastable 4-D mask, True = attend.
         key_padding_mask: ``(batch, k_seq)``, True for real tokens, False for padding.
         document_ids / key_document_ids: ``(batch, seq)`` ids for packed sequences; a query sees
@@ -187,17 +208,29 @@ def attention(
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     dev = q.device
+    axes = getattr(enc, "num_axes", None)  # several position axes: positions (…, seq, axes)
+
+    def _pos(p: Any, n: int, name: str) -> torch.Tensor:
+        if axes is None:
+            return as_positions(p, n, B, name)
+        from liepos.axes import as_axes_positions
+
+        return as_axes_positions(p, n, B, axes, name)
 
     # ---- times, padding, documents of the new keys
     past = len(cache) if cache is not None else 0
     if key_positions is None:
         kpos = torch.arange(past, past + k.shape[2], dtype=torch.float64)
         if cache is not None and cache.times is not None:
-            # continue each row after its own last cached time
-            kpos = cache.times.amax(-1, keepdim=True) + 1 + torch.arange(k.shape[2], dtype=torch.float64)
+            # continue each row after its own last cached time (several axes: after the largest
+            # coordinate, on every axis, as M-RoPE's text after an image)
+            last = cache.times.amax(-1, keepdim=True) if axes is None else cache.times.amax((-2, -1))[:, None]
+            kpos = last + 1 + torch.arange(k.shape[2], dtype=torch.float64)
+        if axes is not None:
+            kpos = kpos.unsqueeze(-1).expand(*kpos.shape, axes)
     else:
-        kpos = as_positions(key_positions, k.shape[2], B, "key_positions")
-    kpos = _expand_batch(kpos, B).to(dev)
+        kpos = _pos(key_positions, k.shape[2], "key_positions")
+    kpos = _expand_batch(kpos, B, axes).to(dev)
     keep = torch.ones(B, k.shape[2], dtype=torch.bool, device=dev)
     if key_padding_mask is not None:
         keep = _bool_mask(key_padding_mask, "key_padding_mask", (B, k.shape[2])).to(dev)
@@ -223,7 +256,7 @@ def attention(
             raise ValueError(f"{Sq} queries but only {Sk} keys: pass positions explicitly")
         qpos = kpos[:, Sk - Sq :]
     else:
-        qpos = _expand_batch(as_positions(positions, Sq, B, "positions"), B).to(dev)
+        qpos = _expand_batch(_pos(positions, Sq, "positions"), B, axes).to(dev)
     qdocs = None
     if document_ids is not None:
         if not isinstance(document_ids, torch.Tensor) or tuple(document_ids.shape) != (B, Sq):
@@ -267,16 +300,22 @@ def attention(
         and document_ids is None and key_document_ids is None and positions is None
         and key_positions is None and Sq == Sk
     )
+    # the order the causal mask follows: the times, or with several axes the token order
+    qord, kord = qpos, kpos
+    if axes is not None:
+        kord = torch.arange(Sk, dtype=torch.float64, device=dev).expand(B, Sk)
+        qord = kord[:, Sk - Sq :] if Sq <= Sk else torch.arange(Sk - Sq, Sk, dtype=torch.float64, device=dev).expand(B, Sq)
     if not enc.needs_recentring:
         qe = enc.query(q, qpos)
         ke = _cached_keys(enc, k_all, kpos, cache)
         if simple or (not causal and attn_mask is None and key_padding_mask is None and kdocs is None):
             return _sdpa(qe, ke, v_all, None, c, gqa, is_causal=simple)
-        return _blocked(qe, ke, v_all, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size)
+        return _blocked(qe, ke, v_all, qord, kord, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size)
 
     # ---- re-centred path: one origin per query block
     return _recentred(
-        q, k_all, v_all, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size
+        q, k_all, v_all, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size,
+        cache=cache, n_new=k.shape[2], qord=qord, kord=kord,
     )
 
 
@@ -295,11 +334,19 @@ def _cached_keys(enc: Encoding, k_all: torch.Tensor, kpos: torch.Tensor, cache: 
 
 
 def _sdpa(q, k, v, mask, c, gqa, is_causal=False):
+    out_dtype = v.dtype
+    if v.dtype != q.dtype:
+        # half-precision inputs with slots: encoded q and k stay float32 (bfloat16 cannot hold the
+        # slot values t and m·s exactly); values follow and the output is cast back once
+        v = v.to(q.dtype)
+    if mask is not None and mask.dtype == torch.bool:
+        # an additive float mask: SDPA on the CPU is ~100x slower with a boolean mask (torch 2.13)
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, -math.inf)
     if gqa:
         g = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(g, dim=1)
         v = v.repeat_interleave(g, dim=1)
-    return Fn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=c)
+    return Fn.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=c).to(out_dtype)
 
 
 def _visible(qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, rows: slice, H: int) -> torch.Tensor:
@@ -341,17 +388,38 @@ def _max_rate(g: Generator) -> float:
         return float(g.rates.detach().abs().max()) if g.rates.numel() else 0.0
 
 
-def _recentred(q, k, v, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size):
-    B, H, Sq, _ = q.shape
+def _budget(enc: Encoding, dtype: torch.dtype) -> tuple[float, float, float]:
+    """(max |λ|, exponent budget, time span allowed for polynomial parts) for re-centring."""
     rate = _max_rate(enc.generator)
-    sorted_keys = bool((kpos[:, 1:] >= kpos[:, :-1]).all()) if kpos.shape[1] > 1 else True
+    work = torch.float32 if dtype in _LOW else dtype
+    # e^{±budget} factors on both sides must stay far inside the dtype's range
+    budget = min(_MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
+    poly = enc.plan.has_coupling or enc.num_slots > 0
+    return rate, budget, (_POLY_SPAN if poly else math.inf)
+
+
+def _recentred(q, k, v, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, block_size,
+               cache=None, n_new=0, qord=None, kord=None):
+    B, H, Sq, _ = q.shape
+    # several axes: positions (B, S, axes), one origin per axis; the mask follows qord/kord
+    ax = qpos.dim() == 3
+    if qord is None:
+        qord, kord = qpos, kpos
+    rate, budget, poly_span = _budget(enc, q.dtype)
+    if cache is not None and not ax:
+        out = _from_cache_origin(q, k, v, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c,
+                                 gqa, cache, n_new, rate, budget, poly_span)
+        if out is not None:
+            return out
+    sorted_keys = bool((kord[:, 1:] >= kord[:, :-1]).all()) if kord.shape[1] > 1 else True
     outs = []
 
     def run(lo: int, hi: int) -> None:
         tq = qpos[:, lo:hi]
-        o = tq.amax(-1)  # (B,) origin per block: the latest query time
-        span = float((o - tq.amin(-1)).max())
-        if hi - lo > 1 and rate * span > _MAX_EXPONENT:
+        o = tq.amax(-2 if ax else -1)  # (B,) or (B, axes): origin per block, the latest query time
+        span = float((o - tq.amin(-2 if ax else -1)).detach().max())
+        oq = qord[:, lo:hi].amax(-1)  # (B,) the block's last query in mask order
+        if hi - lo > 1 and (rate * span > budget or span > poly_span):
             mid = (lo + hi) // 2
             run(lo, mid)
             run(mid, hi)
@@ -360,22 +428,68 @@ def _recentred(q, k, v, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, 
         n_keys = kpos.shape[1]
         if causal and sorted_keys:
             # keys after the block's last query are invisible: leave them out
-            n_keys = int(torch.searchsorted(kpos.contiguous(), o.unsqueeze(-1), right=True).max())
+            n_keys = int(torch.searchsorted(kord.contiguous(), oq.unsqueeze(-1), right=True).max())
             n_keys = max(n_keys, 1)
         kp = kpos[:, :n_keys]
-        rel = kp - o.unsqueeze(-1)  # (B, n_keys), ≤ 0 for every visible key when causal
+        oo = o.unsqueeze(-2) if ax else o.unsqueeze(-1)
+        rel = kp - oo  # (B, n_keys[, axes]), ≤ 0 for every visible key when causal by time
         if causal:
             # invisible future keys are masked anyway; encode them at the origin so they stay finite
-            rel = torch.where(rel > 0, torch.zeros_like(rel), rel)
-        qe = enc.query(q[:, :, rows], tq - o.unsqueeze(-1))
+            hidden = kord[:, :n_keys] > oq.unsqueeze(-1)  # (B, n_keys)
+            rel = torch.where(hidden.unsqueeze(-1) if ax else hidden, torch.zeros_like(rel), rel)
+        qe = enc.query(q[:, :, rows], tq - oo)
         ke = enc.key(k[:, :, :n_keys], rel)
-        m = _visible(qpos, kp, keep[:, :n_keys], qdocs, None if kdocs is None else kdocs[:, :n_keys],
+        m = _visible(qord, kord[:, :n_keys], keep[:, :n_keys], qdocs, None if kdocs is None else kdocs[:, :n_keys],
                      None if attn_mask is None else attn_mask[..., :n_keys], causal, rows, H)
         outs.append(_finish(_sdpa(qe, ke, v[:, :, :n_keys], m, c, gqa), m))
 
     for i in range(0, Sq, block_size):
         run(i, min(i + block_size, Sq))
+    if cache is not None and not ax:
+        _reset_cache_origin(enc, cache, k, kpos, qpos, rate, budget, poly_span)
     return torch.cat(outs, dim=2)
+
+
+def _within(times: torch.Tensor, origin: torch.Tensor, rate: float, budget: float, poly_span: float) -> bool:
+    """Whether every time is close enough to its row's origin for F/G factors to stay finite and exact."""
+    if times.numel() == 0:
+        return True
+    d = float((times - origin.unsqueeze(-1)).abs().max())
+    return rate * d <= budget and d <= poly_span
+
+
+def _reset_cache_origin(enc, cache, k, kpos, qpos, rate, budget, poly_span) -> None:
+    """Encode every cached key at a new origin (the latest query time of each row) for later steps."""
+    o = qpos.amax(-1)  # (B,)
+    ahead = torch.maximum(kpos, o.unsqueeze(-1))  # keys later than the origin grow: bound them
+    if not _within(ahead, o, rate, budget, poly_span):
+        cache._enc_k, cache._enc_version, cache._origin = None, None, None
+        return
+    cache._enc_k = enc.key(k, kpos - o.unsqueeze(-1))
+    cache._enc_version, cache._origin = enc.version, o
+
+
+def _from_cache_origin(q, k, v, enc, qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, c, gqa, cache,
+                       n_new, rate, budget, poly_span):
+    """Decode fast path: keys stay encoded at the cache's origin while the new times remain close to it.
+
+    Old keys are never re-encoded until a query moves ``budget/|λ|`` away from the origin (then every
+    key is encoded afresh from the stored raw keys, at the new origin: no transport, no drift).
+    """
+    o = cache._origin
+    if cache._enc_k is None or o is None or cache._enc_version != enc.version or k.shape[1] != cache.k.shape[1]:
+        return None
+    n_old = cache._enc_k.shape[-2]
+    if n_old + n_new != kpos.shape[1]:
+        return None
+    new_times = kpos[:, n_old:]
+    if not (_within(qpos, o, rate, budget, poly_span) and _within(new_times, o, rate, budget, poly_span)):
+        return None
+    ke = torch.cat((cache._enc_k, enc.key(k[:, :, n_old:], new_times - o.unsqueeze(-1))), dim=-2)
+    cache._enc_k = ke
+    qe = enc.query(q, qpos - o.unsqueeze(-1))
+    m = _visible(qpos, kpos, keep, qdocs, kdocs, attn_mask, causal, slice(None), q.shape[1])
+    return _finish(_sdpa(qe, ke, v, m, c, gqa), m)
 
 
 # ---------------------------------------------------------------------- reference

@@ -337,6 +337,17 @@ class Generator:
             basis = None
         return cls(rates, freqs, sizes, basis=basis, allow_growth=allow_growth)
 
+    @classmethod
+    def from_matrices(cls, matrices: Any, *, tol: float = 1e-9, allow_growth: bool = True) -> Any:
+        """Commuting generators, one per position axis -> :class:`liepos.axes.AxesGenerator`.
+
+        Refuses matrices whose commutator ``‖[X_a, X_b]‖ > tol·‖X_a‖‖X_b‖`` with a ``ValueError``
+        that reports its norm; see :meth:`liepos.axes.AxesGenerator.from_matrices`.
+        """
+        from liepos.axes import AxesGenerator
+
+        return AxesGenerator.from_matrices(matrices, tol=tol, allow_growth=allow_growth)
+
 
 def direct_sum(*generators: Generator) -> Generator:
     """Block-diagonal sum ``X = X_1 ⊕ X_2 ⊕ ...``; so ``exp(uX) = exp(uX_1) ⊕ exp(uX_2) ⊕ ...``.

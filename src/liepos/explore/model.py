@@ -6,7 +6,8 @@ embedding: the encoding is the only source of position (besides the causal mask)
 
 The encoding is pluggable per layer and per head: ``encoding`` is one spec (string such as
 ``"rope"``, ``"rope+decay"``, or an :class:`~liepos.Encoding`) for every layer, or a list with one
-spec per layer; a string ``"rope|alibi"`` splits a layer's heads into contiguous groups.
+spec per layer; within a layer, a string ``"rope|alibi"`` or a tuple ``("rope", lp.alibi(2, 32))``
+splits the heads into contiguous equal groups (an Encoding in a tuple must be built for its group).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ class Block(nn.Module):
         self.heads, self.head_dim = heads, d_model // heads
         if isinstance(encoding, Encoding):
             self.groups = [(0, heads, encoding)]
+        elif isinstance(encoding, (list, tuple)):
+            # one spec or Encoding per contiguous group of heads
+            n = len(encoding)
+            if not 1 <= n <= heads or heads % n:
+                raise ValueError(f"{n} head groups do not divide {heads} heads evenly")
+            w = heads // n
+            self.groups = [(i * w, (i + 1) * w, from_spec(e, self.head_dim, w)) for i, e in enumerate(encoding)]
         else:
             self.groups = [(a, b, from_spec(s, self.head_dim, b - a)) for a, b, s in split_heads(encoding, heads)]
         self._folded: list[dict] = [{} for _ in self.groups]

@@ -1,16 +1,29 @@
-"""Interoperability: Hugging Face transformers configs (:func:`liepos.interop.hf.from_hf`)."""
+"""Interoperability: Hugging Face transformers configs and models, q/k weight layouts.
+
+* :func:`from_hf` — the encoding a transformers config describes;
+* :func:`patch_model` / :func:`unpatch_model` — run a transformers Llama-family model on liepos;
+* :func:`permute_qk_weights` / :func:`layout_permutation` — layouts as a change of basis.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["from_hf"]
+__all__ = ["from_hf", "patch_model", "unpatch_model", "permute_qk_weights", "layout_permutation"]
+
+_WHERE = {
+    "from_hf": "liepos.interop.hf",
+    "patch_model": "liepos.interop.hf",
+    "unpatch_model": "liepos.interop.hf",
+    "permute_qk_weights": "liepos.interop.layouts",
+    "layout_permutation": "liepos.interop.layouts",
+}
 
 
 def __getattr__(name: str) -> Any:
     # lazy, so that importing liepos never imports the interop modules
-    if name == "from_hf":
-        from liepos.interop.hf import from_hf
+    if name in _WHERE:
+        import importlib
 
-        return from_hf
+        return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'liepos.interop' has no attribute {name!r}")

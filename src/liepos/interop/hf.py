@@ -30,7 +30,7 @@ from liepos import scaling
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
 
-__all__ = ["from_hf", "ROPE_TYPES", "PRECISIONS"]
+__all__ = ["from_hf", "patch_model", "unpatch_model", "SUPPORTED_ATTENTION", "ROPE_TYPES", "PRECISIONS"]
 
 PRECISIONS = ("precise", "compat")
 
@@ -523,3 +523,242 @@ def from_hf(
             raise ValueError(f"layer_type {layer_type!r} has no rope parameters; the config has {sorted(dicts)}")
         return build(layer_type, dicts[layer_type])
     return {lt: build(lt, params) for lt, params in dicts.items()}
+
+
+# ---------------------------------------------------------------------- patching a model
+# attention classes whose forward _forward reproduces (projections, optional per-head q/k norm,
+# rotary, cache update, attention interface, o_proj); others are refused rather than guessed
+SUPPORTED_ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
+_TIMES = "_liepos_times"
+
+
+def _layer_encoding(encoding: Any, module: Any, config: Any) -> Encoding:
+    if isinstance(encoding, Encoding):
+        return encoding
+    types = list(getattr(config, "layer_types", None) or ())
+    lt = getattr(module, "layer_type", None) or (types[module.layer_idx] if module.layer_idx < len(types) else None)
+    if lt not in encoding:
+        raise ValueError(
+            f"layer {module.layer_idx} has layer type {lt!r} but the encodings are given for {sorted(encoding)}"
+        )
+    return encoding[lt]
+
+
+def _check_layer(enc: Encoding, module: Any, config: Any) -> None:
+    if not isinstance(enc, Encoding):
+        raise TypeError(f"encoding must be a liepos.Encoding (or a dict of them by layer type), got {type(enc).__name__}")
+    if enc.content_dim != module.head_dim:
+        raise ValueError(
+            f"the encoding has {enc.content_dim} content dims but {type(module).__name__} (layer "
+            f"{module.layer_idx}) has head_dim={module.head_dim}"
+        )
+    heads = getattr(config, "num_attention_heads", None)
+    if enc.num_heads is not None and heads is not None and enc.num_heads != heads:
+        raise ValueError(
+            f"the encoding has per-head parameters for {enc.num_heads} heads but the model has "
+            f"num_attention_heads={heads}"
+        )
+
+
+def _stores_encoded_keys(enc: Encoding) -> bool:
+    """Pure rotations at a fixed generator: encoded keys are exact at absolute times, cache them."""
+    return not enc.needs_recentring and enc.length_rule is None
+
+
+def _key_times(cache: Any, layer_idx: int, new: torch.Tensor, n_keys: int, seen: int) -> torch.Tensor:
+    """Times (B, n_keys) of the keys ``cache.update`` returned: kept beside the cache, per layer.
+
+    ``seen`` is the layer's token count before the update: a smaller count than recorded means
+    the cache was cropped, and the latest times are dropped with it.
+    """
+    store = cache.__dict__.setdefault(_TIMES, {})
+    old, total = store.get(layer_idx, (None, 0))
+    if old is not None and seen < total:
+        old = old[:, : old.shape[-1] - (total - seen)] if total - seen < old.shape[-1] else None
+    n_old = n_keys - new.shape[-1]
+    if n_old > 0:
+        if old is None or old.shape[-1] < n_old:
+            raise RuntimeError(
+                f"layer {layer_idx}: the cache holds {n_old} keys whose times liepos did not record "
+                "(a cache filled by the unpatched model, or reordered/cropped); start from an empty cache"
+            )
+        old = old[:, -n_old:]
+        B = max(old.shape[0], new.shape[0])
+        times = torch.cat((old.expand(B, -1), new.expand(B, -1)), dim=-1)
+    else:
+        times = new[:, new.shape[-1] - n_keys:]
+    store[layer_idx] = (times, seen + new.shape[-1])
+    return times
+
+
+def _bool_mask(mask: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """HF's attention mask -> (attn_mask (B|1, 1|H, Sq, Sk) bool, key_padding_mask (B, Sk) bool)."""
+    if mask is None:
+        return None, None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(
+            f"an attention mask of type {type(mask).__name__} (flex attention's BlockMask?) is not supported "
+            "for encodings that need re-centring; use attn_implementation='sdpa' or 'eager'"
+        )
+    if mask.dim() == 2:  # flash-attention style padding mask (B, Sk), 1 = token
+        return None, mask.bool()
+    if mask.dtype != torch.bool:  # additive: 0 = attend, dtype min = masked
+        mask = mask > torch.finfo(mask.dtype).min / 2
+    return mask, None
+
+
+def _forward(self: Any, hidden_states: torch.Tensor, position_embeddings: Any = None,
+             attention_mask: Any = None, cache: Any = None, past_key_values: Any = None,
+             **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """The patched attention forward: HF's, with liepos in place of ``apply_rotary_pos_emb``."""
+    import sys
+
+    from liepos.attention import attention
+
+    if cache is None:
+        cache = past_key_values
+    enc: Encoding = self._liepos_encoding
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    q = self.q_proj(hidden_states).view(hidden_shape)  # (B, S, H, D)
+    k = self.k_proj(hidden_states).view(hidden_shape)  # (B, S, Hk, D)
+    if getattr(self, "q_norm", None) is not None:  # Qwen3: per-head RMSNorm before the rotation
+        q, k = self.q_norm(q), self.k_norm(k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H|Hk, S, D)
+    v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)  # (B, Hk, S, D)
+    S = q.shape[2]
+
+    seen = int(cache.get_seq_length(self.layer_idx)) if cache is not None else 0
+    pos = kwargs.get("position_ids")
+    if pos is None:
+        pos = kwargs.get("cache_position")
+    if pos is None:
+        pos = torch.arange(seen, seen + S, device=q.device)
+    if pos.dim() == 1:
+        pos = pos.unsqueeze(0)
+    if pos.dim() != 2:
+        raise ValueError(
+            f"position_ids of shape {tuple(pos.shape)}: patch_model handles one position axis (batch, seq)"
+        )
+    pos = pos.to(torch.float64)  # (1|B, S)
+
+    if self._liepos_encoded_cache:
+        # pure rotation: the encoded keys are exact at absolute times, so HF's cache of rotated keys
+        # and every attention backend work unchanged; the temperature goes into the scaling
+        q, k = enc.query(q, pos), enc.key(k, pos)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        eager = getattr(sys.modules[type(self).__module__], "eager_attention_forward", None)
+        if eager is None:
+            from transformers.models.llama.modeling_llama import eager_attention_forward as eager
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
+        window = getattr(self, "sliding_window", getattr(self.config, "sliding_window", None))
+        out, weights = interface(
+            self, q, k, v, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling * enc.logit_scale, sliding_window=window, **kwargs,
+        )
+    else:
+        # re-centred (decay, xPos, slots) or length-dependent: the cache holds raw keys, their
+        # times are kept beside it, and liepos.attention encodes them relative to each query block
+        if self.training and self.attention_dropout:
+            raise NotImplementedError(
+                f"attention_dropout={self.attention_dropout} is not applied by the liepos attention path; "
+                "set config.attention_dropout = 0.0"
+            )
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+            kpos = _key_times(cache, self.layer_idx, pos, k.shape[2], seen)
+        else:
+            kpos = pos
+        attn_mask, padding = _bool_mask(attention_mask)
+        B = q.shape[0]
+        out = attention(
+            q, k, v, enc, positions=pos.expand(B, -1), key_positions=kpos.expand(B, -1), causal=True,
+            attn_mask=attn_mask, key_padding_mask=padding, scale=self.scaling,
+        ).transpose(1, 2)  # (B, S, H, D)
+        weights = None
+    out = out.reshape(*input_shape, -1).contiguous()
+    return self.o_proj(out), weights
+
+
+def _attention_modules(model: Any) -> list[Any]:
+    found, other = [], set()
+    for m in model.modules():
+        name = type(m).__name__
+        if name in SUPPORTED_ATTENTION:
+            found.append(m)
+        elif name.endswith("Attention") and hasattr(m, "q_proj") and hasattr(m, "k_proj"):
+            other.add(name)
+    if other:
+        raise ValueError(
+            f"{type(model).__name__} has attention layers of classes {sorted(other)} that patch_model does not "
+            f"reproduce; supported: {list(SUPPORTED_ATTENTION)}"
+        )
+    if not found:
+        raise ValueError(
+            f"{type(model).__name__} has no attention layer of a supported class {list(SUPPORTED_ATTENTION)}"
+        )
+    return found
+
+
+def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None = None, *,
+                precision: str = "precise") -> Any:
+    """Run every attention layer of a transformers Llama-family model on liepos; returns ``model``.
+
+    Each attention module of a supported class (:data:`SUPPORTED_ATTENTION`: Llama, Mistral,
+    Qwen2, Qwen3) gets a forward that computes the projections as upstream and applies
+    ``encoding`` instead of ``apply_rotary_pos_emb``; positions are the model's ``position_ids``.
+
+    * ``encoding=None``: :func:`from_hf` of the model's config (``precision`` passed on), so the
+      patched model computes what the unpatched one does (same weights, ``"half"`` layout, the
+      YaRN/LongRoPE temperature in ``logit_scale``).
+    * Pure rotations with a fixed generator (RoPE and its static scalings) cache the *encoded*
+      keys in HF's cache, exactly like upstream, and use the model's attention backend
+      (``sdpa``, ``eager``, …) with ``scaling · logit_scale``.
+    * Every other encoding (xPos, RetNet, decay, ALiBi's slots, Jordan blocks, and the
+      length-dependent ``dynamic``/``longrope``) caches *raw* keys; their times are kept beside
+      the cache, and :func:`liepos.attention` encodes them relative to each query block, with
+      HF's mask (padding, sliding window) applied on top of the causal order of times. Decoding
+      therefore equals the full forward, also when dynamic NTK or LongRoPE change the generator
+      with the length (upstream keeps keys rotated under the old one: transformers #25104).
+
+    ``encoding`` may be a dict ``{layer_type: Encoding}`` (what :func:`from_hf` returns for
+    per-layer-type configs). Patching a patched model replaces its encoding;
+    :func:`unpatch_model` restores the upstream forward.
+
+    Limits: one position axis (no M-RoPE); on the raw-key path no attention dropout, no
+    ``output_attentions``, and a cache that is reordered (beam search) or filled by the unpatched
+    model is not supported (a cropped one is).
+    """
+    if encoding is None:
+        encoding = from_hf(model.config, precision=precision)
+    elif not isinstance(encoding, (Encoding, Mapping)):
+        raise TypeError(
+            f"encoding must be a liepos.Encoding, a dict of them by layer type, or None, got {type(encoding).__name__}"
+        )
+    config = model.config
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    modules = _attention_modules(model)
+    plan = []
+    for m in modules:
+        enc = _layer_encoding(encoding, m, config)
+        _check_layer(enc, m, config)
+        plan.append((m, enc))
+    for m, enc in plan:  # validate everything before touching any layer
+        m._liepos_encoding = enc
+        m._liepos_encoded_cache = _stores_encoded_keys(enc)
+        m.forward = _forward.__get__(m, type(m))
+    return model
+
+
+def unpatch_model(model: Any) -> Any:
+    """Undo :func:`patch_model`: every attention layer runs its upstream forward again."""
+    for m in model.modules():
+        if "_liepos_encoding" in m.__dict__:
+            for attr in ("forward", "_liepos_encoding", "_liepos_encoded_cache"):
+                m.__dict__.pop(attr, None)
+    return model
