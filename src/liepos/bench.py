@@ -2,15 +2,17 @@
 
 Every provider gets the same ``q`` and ``k`` (``(batch, heads, seq, dim)``, keys with ``kv_heads``)
 in the same process and is timed with ``torch.utils.benchmark.Timer.blocked_autorange`` (median and
-interquartile range). Peak memory is the growth of the process's peak resident set (``VmHWM`` after
-resetting it through ``/proc/self/clear_refs``) over the resident set before the call: large tensors
-are ``mmap``-ed by the allocator, so this counts every temporary and every tensor saved for backward.
+interquartile range). Peak memory is the peak of glibc's allocated bytes (``mallinfo2``: heap plus
+``mmap``-ed blocks) sampled after every aten op of the call, forward and backward, above the bytes
+allocated before it: every output, temporary and tensor saved for backward, but not scratch memory a
+single kernel allocates and frees inside itself (see :func:`peak_allocated`).
 
 Providers: ``clone`` (q.clone(), k.clone(): the bandwidth yardstick), liepos eager (interleaved and
 half layouts, in place, a mixed generator), liepos under ``torch.compile``, Hugging Face's
 ``apply_rotary_pos_emb`` (tables given, and with ``LlamaRotaryEmbedding`` building them),
 rotary-embedding-torch, x-transformers, torchtune (when installed) and a dense per-position matrix
-``x ↦ M(t) x`` (how LieRE-style learned generators are applied).
+``x ↦ M(t) x`` with the matrices precomputed, and the same with ``M(t) = matrix_exp(t·X)`` built on
+every call, which is how LieRE-style learned generators are applied.
 
 ``liepos bench --quick`` runs the target shape only (under a minute); ``liepos bench`` the suite.
 """
@@ -18,6 +20,7 @@ rotary-embedding-torch, x-transformers, torchtune (when installed) and a dense p
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import math
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.benchmark import Timer
 
 import liepos as lp
@@ -46,7 +50,68 @@ def _rss_kib(field: str) -> int:
     return 0
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
+    )]
+
+
+def _malloc_bytes() -> Callable[[], int] | None:
+    """glibc's count of bytes currently allocated (heap + mmap), or None where unavailable."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        f = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+    f.restype = _MallInfo2
+
+    def allocated() -> int:
+        m = f()
+        return int(m.uordblks + m.hblkhd)
+
+    return allocated
+
+
+class _PeakAllocated(TorchDispatchMode):
+    """Samples glibc's allocated bytes after every aten op (forward and backward): the peak of
+    live tensors, saved tensors and temporaries between ops. Scratch memory that one kernel
+    allocates and frees internally is not seen."""
+
+    def __init__(self, allocated: Callable[[], int]) -> None:
+        super().__init__()
+        self.allocated = allocated
+        self.base = allocated()
+        self.peak = self.base
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, self.allocated())
+        return out
+
+
+def peak_allocated(fn: Callable[[], Any]) -> int | None:
+    """Peak bytes allocated above the starting point while ``fn()`` runs (glibc ``mallinfo2``
+    sampled after every aten op, including backward ops), or ``None`` off glibc."""
+    allocated = _malloc_bytes()
+    if allocated is None:
+        return None
+    gc.collect()
+    with _PeakAllocated(allocated) as probe:
+        out = fn()
+        del out
+    return max(0, probe.peak - probe.base)
+
+
 def peak_memory(fn: Callable[[], Any]) -> int | None:
+    """Peak allocation while ``fn()`` runs (:func:`peak_allocated`); the growth of the peak
+    resident set (``VmHWM``) where glibc's counters are unavailable."""
+    b = peak_allocated(fn)
+    if b is not None:
+        return b
+    return peak_rss(fn)
+
+
+def peak_rss(fn: Callable[[], Any]) -> int | None:
     """Bytes the peak resident set grows by while ``fn()`` runs (Linux), else ``None``."""
     try:
         gc.collect()
@@ -169,6 +234,15 @@ def providers(B: int, H: int, Hk: int, S: int, D: int, dtype: torch.dtype, offse
             return (M @ xs).reshape(S_, D_, B_, H_).permute(2, 3, 0, 1).to(x.dtype)
 
         out["dense_matrix"] = lambda q, k: (dense(q, M), dense(k, MK))
+        X = rope_i.generator.matrix().to(M.dtype)  # interleaved layout: storage order = canonical
+        tpos = pos.to(M.dtype)
+
+        def lie_re(q, k):
+            # LieRE: the per-position matrices are exp(t·X) of the (learned) generator, built each call
+            A = torch.linalg.matrix_exp(tpos[:, None, None] * X)  # (S, D, D) = A(t)
+            return dense(q, A.transpose(-1, -2)), dense(k, torch.linalg.matrix_exp(-tpos[:, None, None] * X))
+
+        out["dense_matrix_exp"] = lie_re
     return out
 
 
@@ -286,7 +360,8 @@ def targets(rows: list[dict]) -> list[dict]:
     add("throughput vs HF apply_rotary_pos_emb (x, >=)", f("hf"), f("liepos"), "median_s", 2.5, ">=")
     add("time vs clone of q and k (x, <=)", f("liepos"), f("clone"), "median_s", 1.5, "<=")
     add("mixed generator time vs RoPE (x, <=)", f("liepos_mixed"), f("liepos"), "median_s", 1.3, "<=")
-    add("speed-up vs dense per-position matrix (x, >=)", f("dense_matrix"), f("liepos"), "median_s", 10.0, ">=")
+    add("speed-up vs dense per-position matrix, precomputed (x, >=)", f("dense_matrix"), f("liepos"), "median_s", 10.0, ">=")
+    add("speed-up vs dense matrix_exp per position, LieRE (x, >=)", f("dense_matrix_exp"), f("liepos"), "median_s", 10.0, ">=")
     add("fwd+bwd peak memory vs HF (x, <=)", f("liepos", "fwd+bwd"), f("hf", "fwd+bwd"), "peak_bytes", 0.6, "<=")
     a, b = _find(rows, "liepos_alibi_slots"), _find(rows, "sdpa_float_bias")
     add("ALiBi slots time vs SDPA float bias (x, <=)", a, b, "median_s", 1.2, "<=")
@@ -302,7 +377,7 @@ def run_suite(quick: bool = False, log: Callable[[str], None] = print) -> dict:
     B, H, S, D = TARGET["B"], TARGET["H"], TARGET["S"], TARGET["D"]
     log(f"target shape (batch {B}, heads {H}, seq {S}, dim {D}), float32, forward")
     rows += bench_case(B, H, H, S, D, torch.float32, min_run_time=mrt, compiled=not quick,
-                       only=["clone", "liepos", "liepos_mixed", "hf", "dense_matrix"] if quick else None)
+                       only=["clone", "liepos", "liepos_inplace", "liepos_mixed", "hf", "dense_matrix", "dense_matrix_exp"] if quick else None)
     log("  forward+backward with peak memory")
     rows += bench_case(B, H, H, S, D, torch.float32, backward=True, min_run_time=mrt, memory=True,
                        only=["clone", "liepos", "hf"] if quick else ["clone", "liepos", "liepos_half", "liepos_mixed",
