@@ -483,7 +483,4 @@ def test_yarn_nested_truncate_is_ignored_as_upstream():
 
 
 def test_exported_at_top_level():
-    fn = getattr(lp, "from_hf", None)
-    if fn is None:
-        pytest.skip("liepos.from_hf not exported yet")
-    assert fn is from_hf
+    assert lp.from_hf is from_hf

@@ -287,9 +287,7 @@ def test_longrope_and_llama3_boundaries():
 
 def test_scaled_attention_through_length_rule():
     """attention() uses enc.at_length(max position + 1): the dynamic rule is honoured end to end."""
-    attention = getattr(lp, "attention", None)
-    if attention is None:
-        pytest.skip("liepos.attention not available yet")
+    attention = lp.attention
     enc = scaling.dynamic(lp.rope(8), factor=2.0, original_max_position_embeddings=4)
     q = torch.randn(1, 1, 10, 8, dtype=torch.float64)
     k = torch.randn(1, 1, 10, 8, dtype=torch.float64)

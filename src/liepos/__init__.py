@@ -5,6 +5,15 @@ points of one space, chosen by one generator X. See the README for a tour.
 """
 
 from liepos import scaling
+from liepos.axes import (
+    AXES_CATALOGUE,
+    AxesEncoding,
+    AxesGenerator,
+    axial_rope,
+    decay_axial_rope,
+    mrope,
+    rope_mixed,
+)
 from liepos.attention import KVCache, attention, attention_reference
 from liepos.catalogue import (
     CATALOGUE,
@@ -19,21 +28,30 @@ from liepos.catalogue import (
     rope_freqs,
     xpos,
 )
+from liepos.clock import Clock
 from liepos.classify import Classification, classify
 from liepos.diagnose import Diagnosis, diagnose
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
 from liepos.interop.hf import from_hf
+from liepos.learnable import LearnableEncoding, LearnableGenerator
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AXES_CATALOGUE",
+    "AxesEncoding",
+    "AxesGenerator",
     "CATALOGUE",
+    "Clock",
     "Classification",
     "Diagnosis",
     "KVCache",
+    "LearnableEncoding",
+    "LearnableGenerator",
     "attention",
     "attention_reference",
+    "axial_rope",
     "Encoding",
     "Generator",
     "alibi",
@@ -41,14 +59,17 @@ __all__ = [
     "build",
     "classify",
     "decay",
+    "decay_axial_rope",
     "diagnose",
     "direct_sum",
     "from_hf",
     "jordan",
+    "mrope",
     "nope",
     "retnet",
     "rope",
     "rope_freqs",
+    "rope_mixed",
     "scaling",
     "xpos",
     "__version__",

@@ -40,9 +40,9 @@ class ModelConfig:
 def _fold_batch(enc: Encoding, batch: int) -> Encoding:
     """The same encoding for ``batch * heads`` heads: per-head slots and parameters tiled ``batch`` times.
 
-    Work-around: at the time of writing, ``lp.attention`` fails for slot encodings (ALiBi) when the
-    batch is larger than 1 (the re-centred path passes (batch, seq) positions and the slot tables
-    do not broadcast over the batch). Folding the batch into the heads is the same computation.
+    Folding the batch into the heads is the same computation (tested). It was written around a
+    since-fixed ``lp.attention`` failure for slot encodings (ALiBi) with batch > 1, and is kept
+    because it is exact and costs nothing.
     """
     g = enc.generator
     if g.num_heads is not None:
