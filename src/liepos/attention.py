@@ -454,7 +454,7 @@ def _within(times: torch.Tensor, origin: torch.Tensor, rate: float, budget: floa
     """Whether every time is close enough to its row's origin for F/G factors to stay finite and exact."""
     if times.numel() == 0:
         return True
-    d = float((times - origin.unsqueeze(-1)).abs().max())
+    d = float((times - origin.unsqueeze(-1)).detach().abs().max())
     return rate * d <= budget and d <= poly_span
 
 
