@@ -265,6 +265,11 @@ def test_cache_refuses_out_of_order_times():
     lp.attention(q, k, v, enc, torch.arange(10, 14), torch.arange(10, 14), cache=cache)
     with pytest.raises(ValueError, match="go back in time.*time 3.0 after a cached key at time 13.0"):
         lp.attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], enc, [3], [3], cache=cache)
+    # a refused call leaves the cache as it was
+    with pytest.raises(ValueError, match="attn_mask of shape"):
+        lp.attention(q[:, :, :1], k[:, :, :1], v[:, :, :1], enc, [14], [14], cache=cache,
+                     attn_mask=torch.ones(3, 3, dtype=torch.bool))
+    assert len(cache) == 4 and cache.times.tolist() == [[10.0, 11.0, 12.0, 13.0]]
 
 
 @pytest.mark.parametrize("name", ["rope_half", "xpos", "retnet", "alibi", "jordan"])

@@ -248,7 +248,7 @@ def test_other_encodings_run_train_and_generate(name, family):
 
 def test_alibi_matches_a_dense_bias_model():
     """The patched ALiBi model equals the same attention written with an explicit bias -m(t-s)."""
-    model, x = tiny(std=0.2), ids(batch=1, seq=40)
+    model = tiny(std=0.2)
     patch_model(model, lp.alibi(4, 16))
     attn = model.model.layers[0].self_attn
     h = torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(3))

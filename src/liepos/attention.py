@@ -74,6 +74,8 @@ class KVCache:
     ) -> None:
         """Append keys ``(B, H, S, D)``, values and their times ``(B, S)``; times must not go back."""
         if self.k is not None:
+            if (self.docs is None) != (docs is None):
+                raise ValueError("document ids must be given on every call to a KVCache or on none")
             if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1]:
                 raise ValueError(
                     f"k of shape {tuple(k.shape)} does not match the cached keys {tuple(self.k.shape)}"
@@ -86,8 +88,6 @@ class KVCache:
             self.v = torch.cat((self.v, v), dim=-2)
             self.times = torch.cat((self.times, times), dim=-2)
             self.keep = torch.cat((self.keep, keep), dim=-1)
-            if (self.docs is None) != (docs is None):
-                raise ValueError("document ids must be given on every call or on none")
             if docs is not None:
                 self.docs = torch.cat((self.docs, docs), dim=-1)
         elif self.k is not None:
@@ -103,8 +103,6 @@ class KVCache:
             self.v = torch.cat((self.v, v), dim=-2)
             self.times = torch.cat((self.times, times), dim=-1)
             self.keep = torch.cat((self.keep, keep), dim=-1)
-            if (self.docs is None) != (docs is None):
-                raise ValueError("document ids must be given on every call or on none")
             if docs is not None:
                 self.docs = torch.cat((self.docs, docs), dim=-1)
         else:
@@ -244,19 +242,11 @@ def attention(
                              f"{tuple(getattr(kd, 'shape', ()))}")
         kdocs = kd.to(dev)
 
-    if cache is not None:
-        cache.append(k, v, kpos, keep, kdocs)
-        k_all, v_all, kpos, keep, kdocs = cache.k, cache.v, cache.times, cache.keep, cache.docs
-    else:
-        k_all, v_all = k, v
-    Sk = k_all.shape[2]
-
-    if positions is None:
-        if Sq > Sk:
-            raise ValueError(f"{Sq} queries but only {Sk} keys: pass positions explicitly")
-        qpos = kpos[:, Sk - Sq :]
-    else:
-        qpos = _expand_batch(_pos(positions, Sq, "positions"), B, axes).to(dev)
+    # validate everything before the cache is touched: a refused call leaves it unchanged
+    Sk = past + k.shape[2]
+    if positions is None and Sq > Sk:
+        raise ValueError(f"{Sq} queries but only {Sk} keys: pass positions explicitly")
+    qpos = None if positions is None else _expand_batch(_pos(positions, Sq, "positions"), B, axes).to(dev)
     qdocs = None
     if document_ids is not None:
         if not isinstance(document_ids, torch.Tensor) or tuple(document_ids.shape) != (B, Sq):
@@ -274,6 +264,14 @@ def attention(
             raise ValueError(
                 f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(B, H, Sq, Sk)}"
             ) from err
+
+    if cache is not None:
+        cache.append(k, v, kpos, keep, kdocs)
+        k_all, v_all, kpos, keep, kdocs = cache.k, cache.v, cache.times, cache.keep, cache.docs
+    else:
+        k_all, v_all = k, v
+    if qpos is None:
+        qpos = kpos[:, Sk - Sq :]
 
     # ---- the generator for this length (dynamic NTK, longrope, ...)
     length = int(math.floor(max(float(qpos.detach().max()), float(kpos.detach().max())))) + 1

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from liepos.encoding import Encoding, apply_tables
+from liepos.encoding import Encoding, apply_in_basis, apply_tables
 from liepos.generator import Generator, _as_param
 from liepos.tables import Plan, Tables, make_plan, reduced_angle
 
@@ -510,21 +510,6 @@ def build_axes_tables(g: AxesGenerator, plan: Plan, pos: torch.Tensor, side: str
         a=a, b=b, coef=coef, dst=dst, src=src, partner=plan.partner,
         partner_index=plan.partner_index.to(dev), planes=plan.planes,
     )
-
-
-def apply_in_basis(x: torch.Tensor, basis: torch.Tensor, inv: torch.Tensor, t: Tables, side: str) -> torch.Tensor:
-    """F or G of ``x`` for ``X = P J P^{-1}`` from the tables ``t`` of the canonical J, in O(d²) per token.
-
-    In storage order (``Q = Π P Πᵀ``): ``F(t) = Q^{-T} F_J(t) Qᵀ`` and ``G(s) = Q G_J(s) Q^{-1}``;
-    differentiable in P (the dense path builds a d×d matrix per position instead).
-    """
-    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    Q = basis.index_select(0, inv.to(basis.device)).index_select(1, inv.to(basis.device)).to(device=x.device, dtype=work)
-    Qi = torch.linalg.inv(Q)
-    xw = x.to(work)
-    if side == "query":
-        return (apply_tables(xw @ Q, t) @ Qi).to(x.dtype)
-    return (apply_tables(xw @ Qi.transpose(-1, -2), t) @ Q.transpose(-1, -2)).to(x.dtype)
 
 
 # ---------------------------------------------------------------------- the encoding

@@ -22,7 +22,7 @@ import torch
 from liepos.generator import Generator
 from liepos.tables import Plan, Tables, build_tables, make_plan
 
-__all__ = ["Encoding", "apply_tables", "as_positions"]
+__all__ = ["Encoding", "apply_in_basis", "apply_tables", "as_positions"]
 
 LAYOUTS = ("interleaved", "half")
 _LOW = (torch.float16, torch.bfloat16)
@@ -93,6 +93,21 @@ def apply_tables(x: torch.Tensor, t: Tables) -> torch.Tensor:
         # y[dst] += c · z[src] (sparse lower/upper triangular part of the Jordan blocks)
         z = z.index_add(-1, t.dst, t.coef * z.index_select(-1, t.src))
     return z.to(out_dtype)
+
+
+def apply_in_basis(x: torch.Tensor, basis: torch.Tensor, inv: torch.Tensor, t: Tables, side: str) -> torch.Tensor:
+    """F or G of ``x`` for ``X = P J P^{-1}`` from the tables ``t`` of the canonical J, in O(d²) per token.
+
+    In storage order (``Q = Π P Πᵀ``): ``F(t) = Q^{-T} F_J(t) Qᵀ`` and ``G(s) = Q G_J(s) Q^{-1}``;
+    differentiable in P (the dense reference path builds a d×d matrix per position instead).
+    """
+    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    Q = basis.index_select(0, inv.to(basis.device)).index_select(1, inv.to(basis.device)).to(device=x.device, dtype=work)
+    Qi = torch.linalg.inv(Q)
+    xw = x.to(work)
+    if side == "query":
+        return (apply_tables(xw @ Q, t) @ Qi).to(x.dtype)
+    return (apply_tables(xw @ Qi.transpose(-1, -2), t) @ Q.transpose(-1, -2)).to(x.dtype)
 
 
 class Encoding:
@@ -321,11 +336,12 @@ class Encoding:
             raise ValueError("inplace=True needs the fast path (canonical basis, tables without gradient, eager)")
         if slots:
             x = self._with_slots(x, self.query_slots if side == "query" else self.key_slots)
-        if self.generator.basis is not None:
-            return self._apply_dense(x, pos, side)
         t = self.tables(pos, side)
         if not torch.compiler.is_compiling():
             self._check_finite(t, x.dtype, pos, side)
+        if self.generator.basis is not None:
+            # a fixed change of basis around the canonical tables: O(d²) per token, no per-position matrix
+            return apply_in_basis(x, self.generator.basis, self.plan.inv, t, side)
         return apply_tables(x, t)
 
     def _check_finite(self, t: Tables, dtype: torch.dtype, pos: torch.Tensor, side: str) -> None:

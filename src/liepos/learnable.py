@@ -33,10 +33,9 @@ import torch
 from torch import nn
 from torch.nn import functional as Fn
 
-from liepos.axes import AxesEncoding, AxesGenerator, apply_in_basis
+from liepos.axes import AxesEncoding, AxesGenerator
 from liepos.encoding import Encoding
 from liepos.generator import Generator
-from liepos.tables import build_tables
 
 __all__ = ["LearnableGenerator", "LearnableEncoding"]
 
@@ -173,21 +172,6 @@ class LearnableGenerator(nn.Module):
         return AxesGenerator(r, w, [1] * P, complex=cplx, basis=self.basis())
 
 
-class _LearnedEncoding(Encoding):
-    """An :class:`Encoding` whose basis is applied around the canonical tables (O(d²) per token,
-    differentiable in the basis) instead of through a dense matrix per position."""
-
-    def _apply(self, x, pos, side, slots=False, inplace=False):  # noqa: ANN001, ANN202
-        g = self.generator
-        if g.basis is None or inplace:
-            return super()._apply(x, pos, side, slots=slots, inplace=inplace)
-        if slots:
-            x = self._with_slots(x, self.query_slots if side == "query" else self.key_slots)
-        t = build_tables(g.with_basis(None), self.plan, pos, side)
-        self._check_finite(t, x.dtype, pos, side)
-        return apply_in_basis(x, g.basis, self.plan.inv, t, side)
-
-
 class LearnableEncoding(nn.Module):
     """A :class:`LearnableGenerator` with a layout: ``forward()`` returns the current encoding.
 
@@ -205,7 +189,7 @@ class LearnableEncoding(nn.Module):
         g = self.generator()
         if isinstance(g, AxesGenerator):
             return AxesEncoding(g, layout=self.layout, name="learnable")
-        return _LearnedEncoding(g, layout=self.layout, name="learnable")
+        return Encoding(g, layout=self.layout, name="learnable")
 
     def query(self, q: torch.Tensor, positions: Any = None) -> torch.Tensor:
         return self().query(q, positions)

@@ -324,7 +324,7 @@ def collect(out: Path, cfg: TrainConfig, encodings, seeds, info) -> dict:
 def table(results: dict, metric: str = "loss") -> str:
     cfg = results["config"]
     lens = cfg["eval_lens"]
-    head = f"| encoding | " + " | ".join(f"{L}{'*' if L == cfg['train_len'] else ''}" for L in lens) + " |"
+    head = "| encoding | " + " | ".join(f"{L}{'*' if L == cfg['train_len'] else ''}" for L in lens) + " |"
     rows = [head, "|" + "---|" * (len(lens) + 1)]
     many = len(results["seeds"]) > 1
     for enc, row in results["summary"].items():
