@@ -261,7 +261,10 @@ def _couple(out: torch.Tensor, cp, transpose: bool, pick) -> None:
     coef = pick(coef)
     cols = sorted(set(src))
     where = {c: i for i, c in enumerate(cols)}
-    z = out[..., cols]  # a copy of the source columns only (…, pairs): C reads z = D x, not y
+    if cols == list(range(cols[0], cols[-1] + 1)):
+        z = out[..., cols[0] : cols[-1] + 1].clone()  # contiguous source columns: a slice, no gather
+    else:
+        z = out[..., cols]  # a copy of the source columns only (…, pairs): C reads z = D x, not y
     for p, (d, s) in enumerate(zip(dst, src)):
         out[..., d].addcmul_(z[..., where[s]], coef[..., p])
 

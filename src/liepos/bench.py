@@ -259,17 +259,28 @@ def _inputs(B, H, Hk, S, D, dtype, grad=False, seed=0):
 def bench_case(
     B: int, H: int, Hk: int, S: int, D: int, dtype: torch.dtype, *, offset: int = 0, backward: bool = False,
     compiled: bool = False, min_run_time: float = 0.5, only: list[str] | None = None, memory: bool = False,
+    projected: bool = False,
 ) -> list[dict]:
-    """Time every provider on one shape; returns one row per provider."""
+    """Time every provider on one shape; returns one row per provider.
+
+    ``projected``: forward+backward where q and k come out of an op inside the step (``x * 1.0``, a
+    stand-in for the q/k projections of a layer), as in a model: every provider pays the same
+    allocation, and in-place application becomes possible (a leaf cannot be modified in place)."""
     rows = []
     provs = providers(B, H, Hk, S, D, dtype, offset, compiled)
     for name, fn in provs.items():
         if only is not None and name not in only:
             continue
-        if backward and name == "liepos_inplace":
+        if backward and name == "liepos_inplace" and not projected:
             continue
         q, k = _inputs(B, H, Hk, S, D, dtype, grad=backward)
-        if backward:
+        if backward and projected:
+
+            def step(fn=fn, q=q, k=k):
+                yq, yk = fn(q * 1.0, k * 1.0)
+                (yq.sum() + yk.sum()).backward()
+                q.grad = k.grad = None
+        elif backward:
             gq, gk = torch.ones_like(q), torch.ones_like(k)
 
             def step(fn=fn, q=q, k=k, gq=gq, gk=gk):
@@ -295,7 +306,8 @@ def bench_case(
         elems = (B * H + B * Hk) * S * D
         r.update(
             provider=name, batch=B, heads=H, kv_heads=Hk, seq=S, dim=D, offset=offset,
-            dtype=str(dtype).replace("torch.", ""), pass_="fwd+bwd" if backward else "fwd",
+            dtype=str(dtype).replace("torch.", ""),
+            pass_=("proj+fwd+bwd" if projected else "fwd+bwd") if backward else "fwd",
             warmup_s=warm, peak_bytes=mem,
             gbps=elems * torch.finfo(dtype).bits / 8 * 2 / r["median_s"] / 1e9,
         )
@@ -363,6 +375,8 @@ def targets(rows: list[dict]) -> list[dict]:
     add("speed-up vs dense per-position matrix, precomputed (x, >=)", f("dense_matrix"), f("liepos"), "median_s", 10.0, ">=")
     add("speed-up vs dense matrix_exp per position, LieRE (x, >=)", f("dense_matrix_exp"), f("liepos"), "median_s", 10.0, ">=")
     add("fwd+bwd peak memory vs HF (x, <=)", f("liepos", "fwd+bwd"), f("hf", "fwd+bwd"), "peak_bytes", 0.6, "<=")
+    add("fwd+bwd peak memory vs HF after a projection, liepos in place (x, <=)", f("liepos_inplace", "proj+fwd+bwd"),
+        f("hf", "proj+fwd+bwd"), "peak_bytes", 0.6, "<=")
     a, b = _find(rows, "liepos_alibi_slots"), _find(rows, "sdpa_float_bias")
     add("ALiBi slots time vs SDPA float bias (x, <=)", a, b, "median_s", 1.2, "<=")
     add("ALiBi slots peak memory vs SDPA float bias (x, <=)", a, b, "peak_bytes", 0.25, "<=")
@@ -378,6 +392,9 @@ def run_suite(quick: bool = False, log: Callable[[str], None] = print) -> dict:
     log(f"target shape (batch {B}, heads {H}, seq {S}, dim {D}), float32, forward")
     rows += bench_case(B, H, H, S, D, torch.float32, min_run_time=mrt, compiled=not quick,
                        only=["clone", "liepos", "liepos_inplace", "liepos_mixed", "hf", "dense_matrix", "dense_matrix_exp"] if quick else None)
+    log("  forward+backward after a projection, with peak memory (in place possible)")
+    rows += bench_case(B, H, H, S, D, torch.float32, backward=True, projected=True, min_run_time=mrt, memory=True,
+                       only=["liepos", "liepos_inplace", "hf"])
     log("  forward+backward with peak memory")
     rows += bench_case(B, H, H, S, D, torch.float32, backward=True, min_run_time=mrt, memory=True,
                        only=["clone", "liepos", "hf"] if quick else ["clone", "liepos", "liepos_half", "liepos_mixed",
