@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from liepos.encoding import Encoding, apply_in_basis, apply_tables
-from liepos.generator import Generator, _as_param
+from liepos.generator import Generator, _as_param, conjugate, fill_exp_block
 from liepos.tables import Plan, Tables, make_plan, reduced_angle
 
 __all__ = [
@@ -265,26 +265,11 @@ class AxesGenerator:
             om = freqs[..., i].reshape(self.num_axes, *(1,) * len(lead), *hs)
             nu = nus[:, i].reshape(self.num_axes, *(1,) * (len(lead) + len(hs)))
             E, th, tau = (lam * uu).sum(0), (om * uu).sum(0), (nu * uu).sum(0)  # (*lead, *heads)
-            scale = torch.exp(E)
-            c, s = torch.cos(th), torch.sin(th)
-            for k in range(n):
-                poly = scale * tau**k / math.factorial(k)
-                for j in range(n - k):
-                    if cplx:
-                        a, b = off + 2 * j, off + 2 * (j + k)
-                        out[..., a, b] = poly * c
-                        out[..., a, b + 1] = poly * s
-                        out[..., a + 1, b] = -poly * s
-                        out[..., a + 1, b + 1] = poly * c
-                    else:
-                        out[..., off + j, off + j + k] = poly
+            fill_exp_block(out, off, n, cplx, torch.exp(E), tau, torch.cos(th), torch.sin(th))
         return out
 
     def _conjugate(self, m: torch.Tensor) -> torch.Tensor:
-        if self.basis is None:
-            return m
-        P = self.basis.to(m.dtype)
-        return P @ m @ torch.linalg.inv(P)
+        return conjugate(self.basis, m)
 
     def matrices(self) -> torch.Tensor:
         """The dense generators ``X_a = P J_a P^{-1}``, shape ``(axes, *heads, d, d)``."""

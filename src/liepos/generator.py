@@ -51,6 +51,37 @@ def _as_param(x: Tensorish, name: str) -> torch.Tensor:
     return t
 
 
+def fill_exp_block(
+    out: torch.Tensor, off: int, n: int, cplx: bool, scale: torch.Tensor, tau: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor,
+) -> None:
+    """Write one canonical block of ``exp(uJ) = e^{λu} Σ_k τ^k/k! N^k (⊗ R(−ωu))`` into ``out``.
+
+    ``out``: (..., d, d); the block starts at ``off``; ``scale = e^{λu}``, ``tau`` the polynomial time
+    (u), ``cos``/``sin`` of ωu, each broadcastable to ``out[..., 0, 0]``.
+    """
+    for k in range(n):  # superdiagonal k carries τ^k / k!
+        poly = scale * tau**k / math.factorial(k)
+        for j in range(n - k):
+            if cplx:
+                a, b = off + 2 * j, off + 2 * (j + k)
+                # R(-ωu) = [[cos, sin], [-sin, cos]]
+                out[..., a, b] = poly * cos
+                out[..., a, b + 1] = poly * sin
+                out[..., a + 1, b] = -poly * sin
+                out[..., a + 1, b + 1] = poly * cos
+            else:
+                out[..., off + j, off + j + k] = poly
+
+
+def conjugate(P: torch.Tensor | None, m: torch.Tensor) -> torch.Tensor:
+    """``P m P^{-1}`` (``m`` unchanged when ``P`` is ``None``, the canonical basis)."""
+    if P is None:
+        return m
+    P = P.to(m.dtype)
+    return P @ m @ torch.linalg.inv(P)
+
+
 class Generator:
     """A real generator ``X = P J P^{-1}`` in canonical real Jordan form.
 
@@ -266,27 +297,11 @@ class Generator:
                         if j + 1 < n:
                             out[..., off + j, off + j + 1] = 1.0
                 continue
-            scale = torch.exp(lam * uu)  # (*u, *heads)
-            for k in range(n):  # superdiagonal k carries u^k / k!
-                poly = scale * uu**k / math.factorial(k)
-                for j in range(n - k):
-                    if cplx:
-                        c, s = torch.cos(om * uu), torch.sin(om * uu)
-                        a, b = off + 2 * j, off + 2 * (j + k)
-                        # R(-ωu) = [[cos, sin], [-sin, cos]]
-                        out[..., a, b] = poly * c
-                        out[..., a, b + 1] = poly * s
-                        out[..., a + 1, b] = -poly * s
-                        out[..., a + 1, b + 1] = poly * c
-                    else:
-                        out[..., off + j, off + j + k] = poly
+            fill_exp_block(out, off, n, cplx, torch.exp(lam * uu), uu, torch.cos(om * uu), torch.sin(om * uu))
         return out
 
     def _conjugate(self, m: torch.Tensor) -> torch.Tensor:
-        if self.basis is None:
-            return m
-        P = self.basis.to(m.dtype)
-        return P @ m @ torch.linalg.inv(P)
+        return conjugate(self.basis, m)
 
     def matrix(self) -> torch.Tensor:
         """The dense generator X = P J P^{-1}, shape ``(*heads, d, d)``."""
