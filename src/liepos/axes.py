@@ -36,7 +36,7 @@ import torch
 
 from liepos.encoding import Encoding, apply_in_basis, apply_tables
 from liepos.generator import Generator, _as_param, conjugate, fill_exp_block
-from liepos.tables import Plan, Tables, make_plan, reduced_angle
+from liepos.tables import Plan, Tables, assemble_tables, make_plan, reduced_angle
 
 __all__ = [
     "AxesGenerator",
@@ -467,33 +467,19 @@ def build_axes_tables(g: AxesGenerator, plan: Plan, pos: torch.Tensor, side: str
     freq_d = freqs.index_select(-1, block_of).index_select(-1, inv)
     if g.num_heads is not None:
         rate_d, freq_d = rate_d.unsqueeze(-3), freq_d.unsqueeze(-3)
-    sign = plan.sign.to(dev).index_select(-1, inv)
-    sgn = 1.0 if side == "query" else -1.0
     with torch.no_grad():
         any_rate = True if torch.compiler.is_compiling() else bool((rates != 0).any())
-    a = b = None
-    scale = torch.exp(sgn * (rate_d * pp).sum(-2)) if any_rate else None  # (…, seq, d)
-    if plan.planes > 0:
-        ang = reduced_angle(freq_d, pp).sum(-2)  # each axis reduced exactly, then summed
-        cos, sin = torch.cos(ang), torch.sin(ang)
-        a = cos if scale is None else scale * cos
-        b = sign * sin if scale is None else scale * sign * sin
-    elif scale is not None:
-        a = scale
-    coef = None
-    dst, src = plan.dst.to(dev), plan.src.to(dev)
+    tau = None
     if plan.has_coupling:
-        k = plan.power.to(dev).to(F64)
+        dst = plan.dst.to(dev)
         blk = block_of.index_select(0, inv.index_select(0, dst))  # block of every coupling pair
         nu_p = g.nus.to(F64).to(dev).index_select(-1, blk)  # (axes, pairs)
         tau = (nu_p * pp).sum(-2)  # (…, seq, pairs)
-        base = tau if side == "query" else -tau
-        coef = base**k / torch.exp(torch.lgamma(k + 1.0))
-        if side == "key":
-            dst, src = src, dst
-    return Tables(
-        a=a, b=b, coef=coef, dst=dst, src=src, partner=plan.partner,
-        partner_index=plan.partner_index.to(dev), planes=plan.planes,
+    return assemble_tables(
+        plan, side, dev,
+        exponent=(rate_d * pp).sum(-2) if any_rate else None,  # (…, seq, d)
+        angle=reduced_angle(freq_d, pp).sum(-2) if plan.planes > 0 else None,  # each axis reduced exactly
+        tau=tau,
     )
 
 

@@ -24,7 +24,7 @@ import torch
 
 from liepos.generator import Generator
 
-__all__ = ["Plan", "Tables", "make_plan", "build_tables", "reduced_angle"]
+__all__ = ["Plan", "Tables", "assemble_tables", "make_plan", "build_tables", "reduced_angle"]
 
 # 2π = _C1 + _C2 + _C3, with _C1 and _C2 holding 26 significant bits each so that k·_C1 and k·_C2
 # are exact for |k| < 2^27 (angles up to ~8e8 rad, i.e. positions past 2^31 at ω ≤ 0.4).
@@ -256,20 +256,32 @@ def build_tables(generator: Generator, plan: Plan, pos: torch.Tensor, side: str)
     # storage order
     rate_d = rate_d.index_select(-1, inv)
     freq_d = freq_d.index_select(-1, inv)
-    sign = plan.sign.to(dev).index_select(-1, inv)
-    sgn = 1.0 if side == "query" else -1.0
     with torch.no_grad():
         # inside torch.compile the scale is always built (e^0 = 1 exactly): no data-dependent branch
         any_rate = True if torch.compiler.is_compiling() else bool((rates != 0).any())
-        any_freq = plan.planes > 0
+    return assemble_tables(
+        plan, side, dev,
+        exponent=rate_d * pp if any_rate else None,
+        angle=reduced_angle(freq_d, pp) if plan.planes > 0 else None,
+        tau=pp if plan.has_coupling else None,
+    )
+
+
+def assemble_tables(
+    plan: Plan, side: str, dev: torch.device, *, exponent: torch.Tensor | None, angle: torch.Tensor | None,
+    tau: torch.Tensor | None,
+) -> Tables:
+    """Tables from per-dimension float64 exponents ``λt`` and angles ``ωt`` (storage order) and the
+    polynomial time ``τ`` of the Jordan couplings (``None`` where absent).
+
+    Query: ``a = e^{λt} cos ωt``, ``b = ∓e^{λt} sin ωt``, ``c_k = τ^k/k!``; key: ``e^{−λs}``, the same
+    angle, ``(−τ)^k/k!`` on the transposed pairs. Shared by one and several position axes.
+    """
+    sign = plan.sign.to(dev).index_select(-1, plan.inv.to(dev))
+    scale = None if exponent is None else torch.exp(exponent if side == "query" else -exponent)
     a = b = None
-    if any_rate:
-        scale = torch.exp(sgn * rate_d * pp)  # (…, seq, d)
-    else:
-        scale = None
-    if any_freq:
-        ang = reduced_angle(freq_d, pp)
-        cos, sin = torch.cos(ang), torch.sin(ang)
+    if angle is not None:
+        cos, sin = torch.cos(angle), torch.sin(angle)
         a = cos if scale is None else scale * cos
         b = sign * sin if scale is None else scale * sign * sin
     elif scale is not None:
@@ -278,9 +290,8 @@ def build_tables(generator: Generator, plan: Plan, pos: torch.Tensor, side: str)
     dst, src = plan.dst.to(dev), plan.src.to(dev)
     if plan.has_coupling:
         k = plan.power.to(dev).to(torch.float64)
-        base = pp if side == "query" else -pp
-        fact = torch.exp(torch.lgamma(k + 1.0))
-        coef = base**k / fact  # (…, seq, pairs)
+        base = tau if side == "query" else -tau
+        coef = base**k / torch.exp(torch.lgamma(k + 1.0))  # (…, seq, pairs)
         if side == "key":
             dst, src = src, dst
     return Tables(a, b, coef, dst, src, plan.partner, plan.partner_index.to(dev), plan.planes)
