@@ -179,6 +179,14 @@ def attention(
     The identity it implements, checked against :func:`attention_reference`::
 
         attention(q, k, v, enc, t, s)[i] = Σ_j softmax_j(c · q_iᵀ exp((t_i − s_j) X) k_j) v_j
+
+    >>> import torch, liepos as lp
+    >>> q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float64) for _ in range(3))
+    >>> far = torch.arange(5) + 10**6                      # xPos far from 0, re-centred ...
+    >>> out = lp.attention(q, k, v, lp.xpos(8), far, far)
+    >>> ref = lp.attention_reference(q, k, v, lp.xpos(8), torch.arange(5), torch.arange(5))
+    >>> bool(torch.allclose(out, ref))                      # ... equals the lag reference at 0
+    True
     """
     if not isinstance(enc, Encoding):
         raise TypeError(f"enc must be a liepos.Encoding, got {type(enc).__name__}")
