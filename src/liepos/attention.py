@@ -183,8 +183,8 @@ def attention(
     >>> import torch, liepos as lp
     >>> q, k, v = (torch.randn(1, 2, 5, 8, dtype=torch.float64) for _ in range(3))
     >>> far = torch.arange(5) + 10**6                      # xPos far from 0, re-centred ...
-    >>> out = lp.attention(q, k, v, lp.xpos(8), far, far)
-    >>> ref = lp.attention_reference(q, k, v, lp.xpos(8), torch.arange(5), torch.arange(5))
+    >>> out = attention(q, k, v, lp.xpos(8), far, far)
+    >>> ref = attention_reference(q, k, v, lp.xpos(8), torch.arange(5), torch.arange(5))
     >>> bool(torch.allclose(out, ref))                      # ... equals the lag reference at 0
     True
     """
