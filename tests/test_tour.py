@@ -129,44 +129,22 @@ def test_numbers_json_has_every_figures_data(numbers):
     assert len(s["spectrum"]["entries"]) >= 7
 
 
-def test_scaling_and_classification_are_used_when_present(numbers):
+def test_scaling_and_classification_are_used(numbers):
     s = numbers["sections"]
-    try:
-        import liepos.scaling  # noqa: F401
-    except ImportError:
-        assert not s["scaling"]["available"]
-    else:
-        assert s["scaling"]["available"]
-        assert set(s["scaling"]["after"]) == {"linear", "ntk", "yarn", "llama3"}
-        assert all(v is not None for v in s["scaling"]["after"].values())
-    try:
-        import liepos.classify  # noqa: F401
-    except ImportError:
-        assert any("classify" in n for n in numbers["notes"])
-    else:
-        for name, row in s["rows"]["rows"].items():
-            counts = row["classification"]["counts"]
-            assert counts[name] >= 1 and sum(counts.values()) == counts[name], (name, counts)
+    assert set(s["scaling"]["after"]) == {"linear", "ntk", "yarn", "llama3"}
+    w = s["scaling"]["before"]
+    for name, after in s["scaling"]["after"].items():
+        assert len(after) == len(w) and after != w, name  # every map changes the spectrum
+    assert s["scaling"]["logit_scale"]["yarn"] > 1.0 and s["scaling"]["logit_scale"]["linear"] == 1.0
+    for name, row in s["rows"]["rows"].items():
+        counts = row["classification"]["counts"]
+        assert counts[name] >= 1 and sum(counts.values()) == counts[name], (name, counts)
 
 
 def test_inline_images_are_data_uris(tour_dir):
     out, _ = tour_dir
     tag = report._img("figures/spectrum.png", out, True, "spectrum")
     assert "src='data:image/png;base64," in tag
-
-
-def test_missing_capabilities_are_noted_not_fatal(monkeypatch):
-    monkeypatch.setitem(sys.modules, "liepos.classify", None)
-    monkeypatch.setitem(sys.modules, "liepos.scaling", None)
-    import liepos
-
-    monkeypatch.delattr(liepos, "scaling", raising=False)
-    c = T.classification(T.toy_generators()["rotation"])
-    assert c["available"] is False and "classify" in c["note"]
-    d = T.context_extension()
-    assert d["available"] is False
-    html = report._text_scaling(d) + report._text_rows(T.six_rows())
-    assert "skipped" in html
 
 
 def test_help_lists_examples_for_every_subcommand():

@@ -95,15 +95,13 @@ def catalogue_examples(head_dim: int = 8, num_heads: int = 4) -> dict[str, Encod
 
 
 def classification(x: Any) -> dict[str, Any]:
-    """``liepos.classify(x)`` as data, or ``{"available": False, "note": …}`` while it is missing."""
-    try:
-        from liepos.classify import classify
-    except ImportError as err:  # written by another capability; the report says so
-        return {"available": False, "note": f"liepos.classify is not available ({err})"}
+    """``liepos.classify(x)`` as data: counts, blocks and the table."""
+    from liepos.classify import classify
+
     c = classify(x)
     counts = {k: int(v) for k, v in dict(c.counts).items()}
     blocks = [tuple(float(v) if i < 2 else int(v) for i, v in enumerate(b)) for b in getattr(c, "blocks", [])]
-    return {"available": True, "counts": counts, "blocks": [list(b) for b in blocks], "table": str(c)}
+    return {"counts": counts, "blocks": [list(b) for b in blocks], "table": str(c)}
 
 
 # ---------------------------------------------------------------------- 1. where position enters
@@ -334,10 +332,8 @@ def spectrum(head_dim: int = 16, num_heads: int = 4) -> dict[str, Any]:
 # ---------------------------------------------------------------------- 7. context extension
 def context_extension(dim: int = 128, base: float = 500000.0, factor: float = 8.0, original: int = 8192) -> dict[str, Any]:
     """RoPE frequencies before and after linear, NTK, YaRN and Llama 3 scaling (``liepos.scaling``)."""
-    try:
-        from liepos import scaling
-    except ImportError as err:
-        return {"available": False, "note": f"liepos.scaling is not available ({err})"}
+    from liepos import scaling
+
     enc = rope(dim, base)
     w = enc.generator.freqs
     maps = {
@@ -346,17 +342,11 @@ def context_extension(dim: int = 128, base: float = 500000.0, factor: float = 8.
         "yarn": lambda e: scaling.yarn(e, factor=factor, original_max_position_embeddings=original),
         "llama3": lambda e: scaling.llama3(e, factor=factor, original_max_position_embeddings=original),
     }
-    out: dict[str, Any] = {"available": True, "dim": dim, "base": base, "factor": factor,
+    out: dict[str, Any] = {"dim": dim, "base": base, "factor": factor,
                            "original_max_position_embeddings": original, "before": w.tolist(), "after": {},
                            "logit_scale": {}, "wavelength": (2 * math.pi / w).tolist()}
     for name, f in maps.items():
-        try:
-            e2 = f(enc)
-        except Exception as err:  # noqa: BLE001 - a scaling still being written must not stop the tour
-            out["after"][name] = None
-            out["logit_scale"][name] = f"unavailable: {err}"
-            continue
-        e2 = e2.at_length(original * int(factor))
+        e2 = f(enc).at_length(original * int(factor))
         out["after"][name] = e2.generator.freqs.tolist()
         out["logit_scale"][name] = float(e2.logit_scale)
     return out

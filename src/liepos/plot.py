@@ -146,8 +146,7 @@ def draw_trajectories(d: dict[str, Any]):
         ax.axvline(0, color="#999999", lw=0.6)
         X = r["X"]
         xs = "X = [[{:g}, {:g}], [{:g}, {:g}]]".format(X[0][0], X[0][1], X[1][0], X[1][1])
-        cls = r["classification"]
-        cl = ", ".join(f"{k}={v}" for k, v in cls["counts"].items() if v) if cls.get("available") else "classify: n/a"
+        cl = ", ".join(f"{k}={v}" for k, v in r["classification"]["counts"].items() if v)
         ax.set_title(f"{r['label']}: {r['picture']}\n{xs}", fontsize=10, color=c)
         ax.text(0.02, 0.02, cl, transform=ax.transAxes, fontsize=8, color="#333333")
         ax.set_xlabel("coordinate 1")
@@ -279,14 +278,8 @@ def draw_scaling(d: dict[str, Any]):
     """Context extension as maps on the spectrum."""
     import numpy as np
 
-    fig = _new(13, 4.8, f"Context extension ×{d.get('factor', '?'):g}: maps on RoPE's frequencies" if d.get("available")
-               else "Context extension: liepos.scaling unavailable")
+    fig = _new(13, 4.8, f"Context extension ×{d['factor']:g}: maps on RoPE's frequencies")
     axes = fig.subplots(1, 2)
-    if not d.get("available"):
-        for ax in axes:
-            ax.text(0.5, 0.5, d.get("note", "unavailable"), ha="center", va="center", wrap=True)
-            ax.set_axis_off()
-        return fig
     w = np.array(d["before"])
     wl = np.array(d["wavelength"])
     styles = {"linear": ("#0072B2", "-"), "ntk": ("#D55E00", "--"), "yarn": ("#009E73", "-."), "llama3": ("#CC79A7", ":")}

@@ -128,14 +128,9 @@ Worst error over all {sum(len(r) for r in rows.values())} checks: <b>{_num(worst
 def _text_rows(d: dict[str, Any]) -> str:
     cards = []
     for name, r in d["rows"].items():
-        cls = r["classification"]
-        if cls.get("available"):
-            counts = ", ".join(f"{k} = {v}" for k, v in cls["counts"].items() if v)
-            ex = r["example"]["classification"]
-            ex_counts = ", ".join(f"{k} = {v}" for k, v in ex["counts"].items() if v) if ex.get("available") else "n/a"
-            cl = f"<code>classify(X)</code>: {_e(counts)}<br><small>{_e(r['example']['encoding'])}: {_e(ex_counts)}</small>"
-        else:
-            cl = f"<span class='note'>classification skipped: {_e(cls['note'])}</span>"
+        counts = ", ".join(f"{k} = {v}" for k, v in r["classification"]["counts"].items() if v)
+        ex_counts = ", ".join(f"{k} = {v}" for k, v in r["example"]["classification"]["counts"].items() if v)
+        cl = f"<code>classify(X)</code>: {_e(counts)}<br><small>{_e(r['example']['encoding'])}: {_e(ex_counts)}</small>"
         norm = r["norm"]
         cards.append(
             f"<div class='card' style='border-top: 4px solid {_color(name)}'><h4 style='color:{_color(name)}'>"
@@ -184,26 +179,22 @@ def _text_spectrum(d: dict[str, Any]) -> str:
     rows = []
     for name, e in d["entries"].items():
         cls = e["classification"]
-        counts = ", ".join(f"{k} = {v}" for k, v in cls["counts"].items() if v) if cls.get("available") else "n/a"
+        counts = ", ".join(f"{k} = {v}" for k, v in cls["counts"].items() if v)
         rows.append(f"<tr><td>{_e(name)}</td><td style='color:{_color(e['row'])}'>{_e(T.ROW_LABELS.get(e['row'], e['row']))}</td>"
                     f"<td>{len(e['points'])}</td><td>{_e(counts)}</td></tr>")
-    missing = [n for n, e in d["entries"].items() if not e["classification"].get("available")]
-    note = _note(d["entries"][missing[0]]["classification"]["note"] + "; the classification column is empty.") if missing else ""
     return f"""
 <p>Since only the eigenvalues survive a change of basis, an encoding is a cloud of points λ ± iω. Put the rate λ
 (fate) across and the frequency ω (rhythm) up, and the catalogue becomes a map: RoPE is a column on λ = 0, xPos
 and RetNet lean into the fading half, decay sits on the ω = 0 axis, NoPE and ALiBi's slide at the origin (the slide
 is a size-2 block there), and the right half is growth, which liepos refuses unless asked. Built with head dim
-{d['head_dim']} and {d['num_heads']} heads; one point per distinct block.</p>{note}
+{d['head_dim']} and {d['num_heads']} heads; one point per distinct block.</p>
 <table><thead><tr><th>entry</th><th>row</th><th>distinct blocks</th><th><code>classify</code> counts</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"""
 
 
 def _text_scaling(d: dict[str, Any]) -> str:
-    if not d.get("available"):
-        return _note(d["note"] + " — this section is skipped.")
     rows = "".join(
-        f"<tr><td>{_e(k)}</td><td class='n'>{_num(d['after'][k][0]) if d['after'][k] else '—'}</td>"
-        f"<td class='n'>{_num(d['after'][k][-1]) if d['after'][k] else '—'}</td><td class='n'>{_e(d['logit_scale'][k] if isinstance(d['logit_scale'][k], str) else _num(d['logit_scale'][k]))}</td></tr>"
+        f"<tr><td>{_e(k)}</td><td class='n'>{_num(d['after'][k][0])}</td>"
+        f"<td class='n'>{_num(d['after'][k][-1])}</td><td class='n'>{_num(d['logit_scale'][k])}</td></tr>"
         for k in d["after"]
     )
     return f"""
@@ -233,9 +224,7 @@ mpmath reference with the exact frequency base<sup>−2k/d</sup>, at {len(d['pos
 
 
 def _text_alibi(d: dict[str, Any]) -> str:
-    cls = d["classification"]
-    cl = (", ".join(f"{k} = {v}" for k, v in cls["counts"].items() if v) if cls.get("available")
-          else f"n/a ({cls['note']})")
+    cl = ", ".join(f"{k} = {v}" for k, v in d["classification"]["counts"].items() if v)
     return f"""
 <p>ALiBi adds −m·(t−s) to each score and looks like it sits outside the family. It does not. Take the nilpotent
 block N = [[0, 1], [0, 0]], whose exponential stops after two terms, exp(uN) = I + uN: the hockey puck, position
@@ -372,11 +361,6 @@ def tour(out: str | Path = "liepos-tour", *, inline: bool = False, dpi: int = 10
     errors = T.measured_errors(data)
     checked = {k: v for k, v in errors.items() if v.get("ok") is not None}
     failed = [k for k, v in checked.items() if not v["ok"]]
-    notes = []
-    if not T.classification(liepos.nope(1)).get("available"):
-        notes.append("liepos.classify is not available: classifications are skipped in this report.")
-    if not data["scaling"].get("available"):
-        notes.append("liepos.scaling is not available: the context-extension section is skipped.")
     elapsed = time.perf_counter() - start
     numbers = {
         "liepos_version": liepos.__version__,
@@ -386,12 +370,11 @@ def tour(out: str | Path = "liepos-tour", *, inline: bool = False, dpi: int = 10
         "timings": {k: round(v, 4) for k, v in timings.items()},
         "errors": errors,
         "failed": failed,
-        "notes": notes,
         "figures": figures,
         "sections": data,
     }
     (out / "numbers.json").write_text(json.dumps(_clean(numbers), indent=1, ensure_ascii=False, allow_nan=False))
-    page = _html(data, figures, checked, failed, notes, elapsed, inline, out)
+    page = _html(data, figures, checked, failed, elapsed, inline, out)
     index = out / "index.html"
     index.write_text(page, encoding="utf-8")
     bar.update(1)
@@ -408,7 +391,7 @@ def _img(src_rel: str, out: Path, inline: bool, alt: str) -> str:
     return f"<img src='{src}' alt='{_e(alt)}' loading='eager'>"
 
 
-def _html(data, figures, checked, failed, notes, elapsed, inline, out) -> str:
+def _html(data, figures, checked, failed, elapsed, inline, out) -> str:
     import liepos
 
     nav = " ".join(f"<a href='#{k}'>{_e(T.SECTIONS[k][0])}</a>" for k in SECTION_ORDER)
@@ -427,7 +410,6 @@ def _html(data, figures, checked, failed, notes, elapsed, inline, out) -> str:
                f"identities within their bounds</b>{'' if ok else ': over bound: ' + _e(', '.join(failed))}. "
                f"Generated in {elapsed:.1f} s by liepos {liepos.__version__}; every number and figure here was "
                f"computed by this run and is in <a href='numbers.json'>numbers.json</a>.</div>")
-    note_html = "".join(_note(n) for n in notes)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>liepos tour: every relative positional encoding is exp(uX)</title><style>{CSS}</style></head>
@@ -436,7 +418,7 @@ def _html(data, figures, checked, failed, notes, elapsed, inline, out) -> str:
 <p class="sub">Every positional encoding that is linear in the query and key, depends only on the gap, is the
 identity at gap zero and varies continuously, is a one-parameter group <code>A(u) = exp(uX)</code>. This report
 walks that argument with liepos doing every computation.</p>
-{summary}{note_html}
+{summary}
 <nav>{nav}</nav>
 {''.join(sections)}
 <hr><p class="sub">Reproduce: <code>pip install "liepos[plot]" &amp;&amp; liepos tour</code>.
@@ -467,8 +449,6 @@ def run(args: argparse.Namespace) -> int:
     numbers = json.loads((index.parent / "numbers.json").read_text())
     failed = numbers["failed"]
     print(f"wrote {index} ({len(numbers['figures'])} figures, numbers.json) in {numbers['seconds']:.1f} s")
-    for n in numbers["notes"]:
-        print(f"note: {n}")
     if failed:
         print(f"liepos tour: {len(failed)} measured identities over their bounds: {', '.join(failed)}", file=sys.stderr)
     if args.open:
