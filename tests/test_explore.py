@@ -14,7 +14,7 @@ import torch
 
 import liepos as lp
 from liepos.explore import from_spec, split_heads
-from liepos.explore.model import Decoder, ModelConfig, _attend
+from liepos.explore.model import Decoder, ModelConfig
 from liepos.explore.tasks import IGNORE, CopyTask, CountTask, RecallTask, make_task
 from liepos.explore.train import TrainConfig, evaluate, train_run
 
@@ -50,7 +50,7 @@ def test_alibi_bias_is_press_et_al():
     """score = q·k/√d − m_h (t − s): the bias is added after the 1/√d scaling."""
     H, d, S = 4, 8, 12
     q, k, v = torch.randn(3, 2, H, S, d, dtype=torch.float64)
-    out = _attend(q, k, v, from_spec("alibi", d, H), {})  # what the decoder calls
+    out = lp.attention(q, k, v, from_spec("alibi", d, H))  # what the decoder calls
     t = torch.arange(S, dtype=torch.float64)
     bias = -lp.alibi_slopes(H)[:, None, None] * (t[:, None] - t[None, :])  # (H, S, S)
     s = q @ k.transpose(-1, -2) / math.sqrt(d) + bias
@@ -59,11 +59,11 @@ def test_alibi_bias_is_press_et_al():
 
 
 @pytest.mark.parametrize("spec", ["alibi", "rope+alibi", "retnet+alibi", "rope"])
-def test_batch_folding_equals_one_sequence_at_a_time(spec):
+def test_a_batch_equals_one_sequence_at_a_time(spec):
     enc = from_spec(spec, 16, 4)
     q, k, v = torch.randn(3, 3, 4, 70, 16, dtype=torch.float64)
     ref = torch.cat([lp.attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], enc) for i in range(3)])
-    assert torch.allclose(_attend(q, k, v, enc, {}), ref, atol=1e-12)
+    assert torch.allclose(lp.attention(q, k, v, enc), ref, atol=1e-12)
 
 
 def test_bad_specs_are_refused_clearly():

@@ -19,7 +19,6 @@ from torch import nn
 
 import liepos as lp
 from liepos.encoding import Encoding
-from liepos.generator import Generator
 from liepos.explore.spec import from_spec, split_heads
 
 __all__ = ["ModelConfig", "Decoder", "Block"]
@@ -35,34 +34,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _fold_batch(enc: Encoding, batch: int) -> Encoding:
-    """The same encoding for ``batch * heads`` heads: per-head slots and parameters tiled ``batch`` times.
-
-    Folding the batch into the heads is the same computation (tested). It was written around a
-    since-fixed ``lp.attention`` failure for slot encodings (ALiBi) with batch > 1, and is kept
-    because it is exact and costs nothing.
-    """
-    g = enc.generator
-    if g.num_heads is not None:
-        g = Generator(g.rates.repeat(batch, 1), g.freqs.repeat(batch, 1), g.sizes, complex=g.complex,
-                      basis=g.basis, allow_growth=g.allow_growth)
-    qs, ks = enc.query_slots, enc.key_slots
-    if qs is not None and qs.dim() == 2:
-        qs, ks = qs.repeat(batch, 1), ks.repeat(batch, 1)  # (B*H, slots)
-    return enc.replace(generator=g, query_slots=qs, key_slots=ks)
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Encoding, folded: dict) -> torch.Tensor:
-    B, H, S, hd = q.shape
-    if not enc.num_slots or B == 1:
-        return lp.attention(q, k, v, enc, causal=True)
-    if B not in folded:
-        folded[B] = _fold_batch(enc, B)
-    fold = lambda x: x.reshape(1, B * H, S, hd)  # noqa: E731  (B, H, S, hd) -> (1, B*H, S, hd)
-    out = lp.attention(fold(q), fold(k), fold(v), folded[B], causal=True)
-    return out.reshape(B, H, S, hd)
 
 
 class Block(nn.Module):
@@ -82,7 +53,6 @@ class Block(nn.Module):
             self.groups = [(i * w, (i + 1) * w, from_spec(e, self.head_dim, w)) for i, e in enumerate(encoding)]
         else:
             self.groups = [(a, b, from_spec(s, self.head_dim, b - a)) for a, b, s in split_heads(encoding, heads)]
-        self._folded: list[dict] = [{} for _ in self.groups]
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
@@ -96,9 +66,7 @@ class Block(nn.Module):
         qkv = self.qkv(self.ln1(x)).view(B, S, 3, self.heads, self.head_dim)  # (B, S, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, S, hd)
         # positions default to arange(S) (bottom-right aligned, causal): the fast path of lp.attention
-        outs = [
-            _attend(q[:, a:b], k[:, a:b], v[:, a:b], enc, f) for (a, b, enc), f in zip(self.groups, self._folded)
-        ]
+        outs = [lp.attention(q[:, a:b], k[:, a:b], v[:, a:b], enc, causal=True) for a, b, enc in self.groups]
         y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, H, S, hd)
         y = y.transpose(1, 2).reshape(B, S, D)  # (B, S, D)
         x = x + self.proj(y)

@@ -8,11 +8,8 @@ ALiBi is NoPE content dims plus two constant slots; in a sum its content share s
 slot block goes last (slots must be the trailing dims), so ``rope+alibi`` is half RoPE planes, half
 plain dims, plus the ALiBi bias. At most one ``alibi`` per sum.
 
-ALiBi slopes: Press et al. add the bias ``−m_h (t − s)`` *after* the ``1/√d`` scaling of ``q·k``.
-:func:`from_spec` measures, once per head dim, the bias that :func:`liepos.attention` actually
-applies for a unit slope (a two-token probe) and divides the slopes by it, so the bias is Press et
-al.'s whether or not the attention scales the slots (earlier versions of ``liepos.attention``
-scaled them by ``1/√d``).
+ALiBi slopes are Press et al.'s; :func:`liepos.attention` adds the slots' bias ``−m_h (t − s)``
+after the ``1/√d`` scaling of ``q·k``, as they do.
 
 >>> enc = from_spec("rope+decay", 16, 2)
 >>> enc.content_dim, enc.name
@@ -21,11 +18,8 @@ scaled them by ``1/√d``).
 
 from __future__ import annotations
 
-import functools
-import math
 import re
 
-import torch
 
 import liepos as lp
 from liepos.catalogue import _jordan_bank, default_decay_rates
@@ -58,23 +52,9 @@ def parse_spec(spec: str) -> list[str]:
     return parts
 
 
-@functools.lru_cache(maxsize=None)
-def slot_gain(head_dim: int) -> float:
-    """The bias per unit lag that ``lp.attention`` applies for an ALiBi slope of 1 (a probe).
-
-    Zero queries and keys leave only the bias: the query at t = 1 weighs the key at s = 1 against
-    the one at s = 0 by ``e^{gain}``, so ``gain = logit(weight of s = 1)``.
-    """
-    enc = lp.alibi(1, head_dim, slopes=[1.0])
-    q = torch.zeros(1, 1, 2, head_dim, dtype=torch.float64)
-    v = torch.tensor([0.0, 1.0], dtype=torch.float64).reshape(1, 1, 2, 1)
-    w = float(lp.attention(q, q, v, enc)[0, 0, 1, 0])  # weight of the key at s = 1
-    return math.log(w / (1.0 - w))
-
-
 def _press_alibi(num_heads: int, head_dim: int) -> Encoding:
-    slopes = lp.alibi_slopes(num_heads) / slot_gain(head_dim)  # bias exactly −m_h (t − s)
-    return lp.alibi(num_heads, head_dim, slopes=slopes)
+    """Press et al.'s ALiBi: ``lp.attention`` adds the slots' bias ``−m_h (t − s)`` unscaled."""
+    return lp.alibi(num_heads, head_dim)
 
 
 def _single(name: str, dim: int, num_heads: int) -> Encoding:
