@@ -331,46 +331,12 @@ def _generator_from_matrix(X: np.ndarray, snap: float):
     from liepos.generator import Generator
 
     Xs = np.where(np.abs(X) < snap * 1e-3, 0.0, X)  # clean round-off entries
-    try:
-        g = Generator.from_matrix(torch.as_tensor(Xs), tol=max(snap, 1e-9), exact=False)
-    except ImportError:
-        g = _eigen_generator(Xs, snap)
+    g = Generator.from_matrix(torch.as_tensor(Xs), tol=max(snap, 1e-9), exact=False)
     rates = g.rates.detach().clone()
     freqs = g.freqs.detach().clone()
     rates[rates.abs() < snap] = 0.0
     # a complex block whose frequency is noise stays complex (its basis was built that way)
     return g.with_params(rates=rates, freqs=freqs)
-
-
-def _eigen_generator(X: np.ndarray, snap: float):
-    """Fallback for a diagonalizable X: real blocks from its eigenvectors (X = P J P^{-1})."""
-    from liepos.generator import Generator
-
-    ev, V = np.linalg.eig(X)
-    rates, freqs, cplx, cols = [], [], [], []
-    used = np.zeros(len(ev), dtype=bool)
-    for i in np.argsort(-np.abs(ev.imag)):
-        if used[i]:
-            continue
-        z = ev[i]
-        if abs(z.imag) > snap:
-            j = min((k for k in range(len(ev)) if not used[k] and k != i),
-                    key=lambda k: abs(ev[k] - np.conj(z)))
-            used[i] = used[j] = True
-            v = V[:, i] if z.imag > 0 else V[:, j]
-            rates.append(float(z.real))
-            freqs.append(float(abs(z.imag)))
-            cplx.append(True)
-            cols += [v.real, v.imag]
-        else:
-            used[i] = True
-            rates.append(float(z.real))
-            freqs.append(0.0)
-            cplx.append(False)
-            cols.append(np.real(V[:, i]))
-    P = np.stack(cols, axis=1)
-    return Generator(rates, freqs, [1] * len(rates), complex=cplx, basis=torch.as_tensor(P),
-                     allow_growth=True)
 
 
 # ---------------------------------------------------------------------- the diagnosis
@@ -647,12 +613,9 @@ class _Diagnoser:
             snap = max(1e-7, 10 * max(trans, gl, fit, 1e-9) / max(ladder[-1], 1.0))
             snap = min(snap, 1e-4)
             generator = _generator_from_matrix(X, snap)
-            try:
-                from liepos.classify import classify
+            from liepos.classify import classify
 
-                classification = classify(generator)
-            except ImportError:
-                classification = None
+            classification = classify(generator)
 
         # ---- sequence length
         self._lengths(fq, fk)
