@@ -36,7 +36,7 @@ import torch
 
 from liepos.encoding import Encoding, apply_in_basis, apply_tables
 from liepos.generator import Generator, _as_param, conjugate, fill_exp_block
-from liepos.tables import Plan, Tables, assemble_tables, make_plan, reduced_angle
+from liepos.tables import Plan, Tables, assemble_tables, reduced_angle
 
 __all__ = [
     "AxesGenerator",
@@ -502,6 +502,7 @@ class AxesEncoding(Encoding):
         key_slots: Any = None,
         logit_scale: float = 1.0,
         name: str | None = None,
+        length_rule: Any = None,
     ) -> None:
         if not isinstance(generator, AxesGenerator):
             raise TypeError(f"generator must be a liepos.AxesGenerator, got {type(generator).__name__}")
@@ -509,6 +510,7 @@ class AxesEncoding(Encoding):
         super().__init__(
             generator.along(torch.ones(generator.num_axes, dtype=F64)), layout,
             query_slots=query_slots, key_slots=key_slots, logit_scale=logit_scale, name=name,
+            length_rule=length_rule,
         )
 
     @property
@@ -520,29 +522,8 @@ class AxesEncoding(Encoding):
         return self.axes_generator.is_orthogonal and self.num_slots == 0
 
     @property
-    def plan(self) -> Plan:
-        if self._plan is None:
-            self._plan = make_plan(self.axes_generator.structure, self.layout, self.num_slots)
-        return self._plan
-
-    @property
-    def version(self) -> tuple:
-        slots = None
-        if self.query_slots is not None:
-            slots = (tuple(self.query_slots.reshape(-1).tolist()), tuple(self.key_slots.reshape(-1).tolist()))
-        return (self.axes_generator.key(), self.layout, slots, self.logit_scale)
-
-    def replace(self, **changes: Any) -> AxesEncoding:
-        fields = dict(
-            generator=self.axes_generator, layout=self.layout, query_slots=self.query_slots,
-            key_slots=self.key_slots, logit_scale=self.logit_scale, name=self.name,
-        )
-        unknown = set(changes) - set(fields)
-        if unknown:
-            raise TypeError(f"AxesEncoding.replace got unknown fields {sorted(unknown)}")
-        fields.update(changes)
-        g = fields.pop("generator")
-        return AxesEncoding(g, **fields)
+    def _source(self) -> AxesGenerator:
+        return self.axes_generator
 
     def __repr__(self) -> str:
         name = f"{self.name!r}, " if self.name else ""

@@ -229,9 +229,15 @@ class Encoding:
         return not self.is_relative_everywhere
 
     @property
+    def _source(self) -> Any:
+        """The generator the constructor took (subclasses with several axes keep theirs)."""
+        return self.generator
+
+    @property
     def plan(self) -> Plan:
         if self._plan is None:
-            self._plan = make_plan(self.generator, self.layout, self.num_slots)
+            structure = getattr(self._source, "structure", self._source)
+            self._plan = make_plan(structure, self.layout, self.num_slots)
         return self._plan
 
     @property
@@ -240,21 +246,21 @@ class Encoding:
         slots = None
         if self.query_slots is not None:
             slots = (tuple(self.query_slots.reshape(-1).tolist()), tuple(self.key_slots.reshape(-1).tolist()))
-        return (self.generator.key(), self.layout, slots, self.logit_scale)
+        return (self._source.key(), self.layout, slots, self.logit_scale)
 
     def replace(self, **changes: Any) -> Encoding:
         """A copy with the given constructor fields replaced (``generator``, ``layout``, …)."""
         fields = dict(
-            generator=self.generator, layout=self.layout, query_slots=self.query_slots,
+            generator=self._source, layout=self.layout, query_slots=self.query_slots,
             key_slots=self.key_slots, logit_scale=self.logit_scale, name=self.name,
             length_rule=self.length_rule,
         )
         unknown = set(changes) - set(fields)
         if unknown:
-            raise TypeError(f"Encoding.replace got unknown fields {sorted(unknown)}")
+            raise TypeError(f"{type(self).__name__}.replace got unknown fields {sorted(unknown)}")
         fields.update(changes)
         g = fields.pop("generator")
-        return Encoding(g, **fields)
+        return type(self)(g, **fields)
 
     def at_length(self, length: int) -> Encoding:
         """The encoding used for sequences of ``length`` positions (length-dependent generators)."""
