@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from liepos.encoding import Encoding, apply_in_basis, apply_tables
-from liepos.generator import Generator, _as_param, conjugate, fill_exp_block
+from liepos.generator import Generator, _as_param, check_params, conjugate, fill_exp_block
 from liepos.tables import Plan, Tables, assemble_tables, reduced_angle
 
 __all__ = [
@@ -84,33 +84,12 @@ class AxesGenerator:
     ) -> None:
         rates = _as_param(rates, "rates")
         freqs = _as_param(freqs, "freqs")
-        if rates.dim() not in (2, 3) or freqs.dim() not in (2, 3):
-            raise ValueError(
-                f"rates and freqs must have shape (axes, blocks) or (heads, axes, blocks), got rates "
-                f"{tuple(rates.shape)} and freqs {tuple(freqs.shape)}"
-            )
-        if rates.shape != freqs.shape:
-            try:
-                shape = torch.broadcast_shapes(rates.shape, freqs.shape)
-            except RuntimeError as err:
-                raise ValueError(
-                    f"rates shape {tuple(rates.shape)} and freqs shape {tuple(freqs.shape)} differ"
-                ) from err
-            rates, freqs = rates.expand(shape), freqs.expand(shape)
-        sizes = tuple(int(n) for n in sizes)
+        rates, freqs, sizes = check_params(
+            rates, freqs, sizes, (2, 3), "(axes, blocks) or (heads, axes, blocks)", allow_growth
+        )
         A, nb = int(rates.shape[-2]), int(rates.shape[-1])
-        if len(sizes) != nb:
-            raise ValueError(f"sizes has {len(sizes)} entries but rates/freqs have {nb} blocks")
         if A < 1:
             raise ValueError("an AxesGenerator needs at least one axis")
-        with torch.no_grad():
-            if not bool(torch.isfinite(rates).all()) or not bool(torch.isfinite(freqs).all()):
-                raise ValueError("rates and freqs must be finite")
-            if not allow_growth and bool((rates > 0).any()):
-                raise ValueError(
-                    f"rates must be <= 0 on every axis (a positive rate is growth); got positive rates "
-                    f"{rates[rates > 0].tolist()}. Pass allow_growth=True to build it anyway."
-                )
         if nus is None:
             nus = torch.ones(A, nb, dtype=F64)
         nus = _as_param(nus, "nus")

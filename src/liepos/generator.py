@@ -82,6 +82,39 @@ def conjugate(P: torch.Tensor | None, m: torch.Tensor) -> torch.Tensor:
     return P @ m @ torch.linalg.inv(P)
 
 
+def check_params(
+    rates: torch.Tensor, freqs: torch.Tensor, sizes: Sequence[int], dims: tuple[int, ...], shapes: str,
+    allow_growth: bool,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """Validate block parameters (shapes, sizes, finiteness, no growth unless allowed); broadcast rates and freqs."""
+    if rates.dim() not in dims or freqs.dim() not in dims:
+        raise ValueError(
+            f"rates and freqs must have shape {shapes}, got rates {tuple(rates.shape)} and freqs {tuple(freqs.shape)}"
+        )
+    if rates.shape != freqs.shape:
+        try:
+            shape = torch.broadcast_shapes(rates.shape, freqs.shape)
+        except RuntimeError as err:
+            raise ValueError(f"rates shape {tuple(rates.shape)} and freqs shape {tuple(freqs.shape)} differ") from err
+        rates, freqs = rates.expand(shape), freqs.expand(shape)
+    sizes = tuple(int(n) for n in sizes)
+    if len(sizes) != rates.shape[-1]:
+        raise ValueError(f"sizes has {len(sizes)} entries but rates/freqs have {rates.shape[-1]} blocks")
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"sizes must be positive integers, got {sizes}")
+    with torch.no_grad():
+        if not bool(torch.isfinite(rates).all()):
+            raise ValueError(f"rates must be finite, got {rates.tolist()}")
+        if not bool(torch.isfinite(freqs).all()):
+            raise ValueError(f"freqs must be finite, got {freqs.tolist()}")
+        if not allow_growth and bool((rates > 0).any()):
+            raise ValueError(
+                f"rates must be <= 0 (a positive rate is growth, which explodes with the lag); "
+                f"got positive rates {rates[rates > 0].tolist()}. Pass allow_growth=True to build it anyway."
+            )
+    return rates, freqs, sizes
+
+
 class Generator:
     """A real generator ``X = P J P^{-1}`` in canonical real Jordan form.
 
@@ -115,37 +148,7 @@ class Generator:
             rates = rates.reshape(1)
         if freqs.dim() == 0:
             freqs = freqs.reshape(1)
-        if rates.dim() > 2 or freqs.dim() > 2:
-            raise ValueError(
-                f"rates and freqs must have shape (blocks,) or (heads, blocks), got rates "
-                f"{tuple(rates.shape)} and freqs {tuple(freqs.shape)}"
-            )
-        if rates.shape != freqs.shape:
-            try:
-                shape = torch.broadcast_shapes(rates.shape, freqs.shape)
-            except RuntimeError as err:
-                raise ValueError(
-                    f"rates shape {tuple(rates.shape)} and freqs shape {tuple(freqs.shape)} differ"
-                ) from err
-            rates, freqs = rates.expand(shape), freqs.expand(shape)
-        sizes = tuple(int(n) for n in sizes)
-        if len(sizes) != rates.shape[-1]:
-            raise ValueError(
-                f"sizes has {len(sizes)} entries but rates/freqs have {rates.shape[-1]} blocks"
-            )
-        if any(n < 1 for n in sizes):
-            raise ValueError(f"sizes must be positive integers, got {sizes}")
-        with torch.no_grad():
-            if not bool(torch.isfinite(rates).all()):
-                raise ValueError(f"rates must be finite, got {rates.tolist()}")
-            if not bool(torch.isfinite(freqs).all()):
-                raise ValueError(f"freqs must be finite, got {freqs.tolist()}")
-            if not allow_growth and bool((rates > 0).any()):
-                bad = rates[rates > 0].tolist()
-                raise ValueError(
-                    f"rates must be <= 0 (a positive rate is growth, which explodes with the lag); "
-                    f"got positive rates {bad}. Pass allow_growth=True to build it anyway."
-                )
+        rates, freqs, sizes = check_params(rates, freqs, sizes, (1, 2), "(blocks,) or (heads, blocks)", allow_growth)
         if complex is None:
             with torch.no_grad():
                 nz = (freqs != 0).reshape(-1, len(sizes)).any(dim=0)
