@@ -5,8 +5,13 @@ so a skip there means a comparison silently did not happen.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# tests/helpers.py holds helpers shared by several test files (import mode is importlib)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.hookimpl(hookwrapper=True)

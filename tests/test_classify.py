@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import conjugated
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -22,19 +23,6 @@ SEED_ROWS = {
     "damped_rotation": (-0.2, 0.9, 1),
     "polynomial": (0.0, 0.0, 2),
 }
-
-
-def random_basis(d: int, cond: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    U, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    return U @ np.diag(np.logspace(0, np.log10(cond), d)) @ V.T
-
-
-def conjugated(blocks, cond: float, seed: int) -> np.ndarray:
-    J = canonical_form(blocks)
-    P = random_basis(J.shape[0], cond, seed)
-    return P @ J @ np.linalg.inv(P)
 
 
 def generator_of(blocks) -> Generator:

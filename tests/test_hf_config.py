@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import Torch64
 
 transformers = pytest.importorskip("transformers")
 mru = pytest.importorskip("transformers.modeling_rope_utils")
@@ -51,27 +52,6 @@ transformers.logging.set_verbosity_error()
 
 
 # ---------------------------------------------------------------------- the upstream, in float64
-class _F64(torch.Tensor):
-    def float(self, *args, **kwargs):  # noqa: A003
-        return self.double(*args, **kwargs)
-
-
-class _Torch64:
-    """``torch`` with float32 replaced by float64, for running upstream float32 code in float64."""
-
-    float = torch.float64
-    float32 = torch.float64
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    def arange(self, *args, **kwargs):
-        return torch.arange(*args, **kwargs).as_subclass(_F64)
-
-    def tensor(self, *args, **kwargs):
-        return torch.tensor(*args, **kwargs).as_subclass(_F64)
-
-
 def upstream(cfg, *, seq_len=None, f64=False, monkeypatch=None):
     """(inv_freq, attention_factor) of transformers for ``cfg`` (default rope: the model's own)."""
     kind = cfg.rope_parameters["rope_type"]
@@ -84,7 +64,7 @@ def upstream(cfg, *, seq_len=None, f64=False, monkeypatch=None):
     if not f64:
         return fn(cfg, seq_len=seq_len)
     with monkeypatch.context() as m:
-        m.setattr(module, "torch", _Torch64())
+        m.setattr(module, "torch", Torch64())
         w, af = fn(cfg, seq_len=seq_len)
     return w.as_subclass(torch.Tensor), af
 

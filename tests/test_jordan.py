@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import sympy as sp
 import torch
+from helpers import conjugated
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -29,20 +30,6 @@ MIXTURE = (
     + ROPE16
     + [(0.0, 0.0, 3), (-0.3, 0.0, 3), (-0.1, 0.7, 2)]
 )
-
-
-def random_basis(d: int, cond: float, seed: int) -> np.ndarray:
-    """A random invertible d×d matrix with condition number ``cond``."""
-    rng = np.random.default_rng(seed)
-    U, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    return U @ np.diag(np.logspace(0, np.log10(cond), d)) @ V.T
-
-
-def conjugated(blocks, cond: float, seed: int) -> np.ndarray:
-    J = canonical_form(blocks)
-    P = random_basis(J.shape[0], cond, seed)
-    return P @ J @ np.linalg.inv(P)
 
 
 def _key(b):

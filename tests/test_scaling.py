@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from helpers import Torch64
 
 import liepos as lp
 from liepos import scaling
@@ -24,29 +25,6 @@ def freqs(enc):
 
 
 # ---------------------------------------------------------------------- the upstream, in float64
-class _F64(torch.Tensor):
-    """A tensor whose ``.float()`` stays float64."""
-
-    def float(self, *args, **kwargs):  # noqa: A003
-        return self.double(*args, **kwargs)
-
-
-class _Torch64:
-    """``torch`` with float32 replaced by float64, for running upstream float32 code in float64."""
-
-    float = torch.float64
-    float32 = torch.float64
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    def arange(self, *args, **kwargs):
-        return torch.arange(*args, **kwargs).as_subclass(_F64)
-
-    def tensor(self, *args, **kwargs):
-        return torch.tensor(*args, **kwargs).as_subclass(_F64)
-
-
 @pytest.fixture
 def upstream64(monkeypatch):
     mru = pytest.importorskip("transformers.modeling_rope_utils")
@@ -59,7 +37,7 @@ def upstream64(monkeypatch):
             rope_theta=base, rope_scaling=dict(rope_scaling), **kw,
         )
         with monkeypatch.context() as m:
-            m.setattr(mru, "torch", _Torch64())
+            m.setattr(mru, "torch", Torch64())
             w, af = mru.ROPE_INIT_FUNCTIONS[rope_scaling["rope_type"]](cfg, seq_len=seq_len)
         return w.as_subclass(torch.Tensor), af
 

@@ -52,7 +52,10 @@ ROPES = {
 @pytest.mark.parametrize("name", list(ROPES))
 def test_transformers_attention_every_rope_type(name):
     transformers = pytest.importorskip("transformers")
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+    from transformers.models.llama.modeling_llama import (
+        LlamaRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
 
     cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=128,
                                    rope_theta=10000.0, rope_scaling=ROPES[name])

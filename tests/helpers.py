@@ -1,0 +1,46 @@
+"""Helpers shared by several test files (importable because tests/conftest.py puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def random_basis(d: int, cond: float, seed: int) -> np.ndarray:
+    """A random invertible d×d matrix with condition number ``cond``."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    V, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    return U @ np.diag(np.logspace(0, np.log10(cond), d)) @ V.T
+
+
+def conjugated(blocks, cond: float, seed: int) -> np.ndarray:
+    """``P J P⁻¹`` for the canonical form J of ``blocks`` and a random P of condition ``cond``."""
+    from liepos._jordan import canonical_form
+
+    J = canonical_form(blocks)
+    P = random_basis(J.shape[0], cond, seed)
+    return P @ J @ np.linalg.inv(P)
+
+
+class F64Tensor(torch.Tensor):
+    """A tensor whose ``.float()`` stays float64."""
+
+    def float(self, *args, **kwargs):  # noqa: A003
+        return self.double(*args, **kwargs)
+
+
+class Torch64:
+    """``torch`` with float32 replaced by float64, for running upstream float32 code in float64."""
+
+    float = torch.float64
+    float32 = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def arange(self, *args, **kwargs):
+        return torch.arange(*args, **kwargs).as_subclass(F64Tensor)
+
+    def tensor(self, *args, **kwargs):
+        return torch.tensor(*args, **kwargs).as_subclass(F64Tensor)
