@@ -1,4 +1,7 @@
-"""The README's Python examples run as written (in order, sharing one namespace)."""
+"""The README's and the guides' Python examples run as written.
+
+The README's blocks run in order in one namespace; each guide under docs/guide runs after them, in a
+copy of that namespace."""
 
 import re
 from pathlib import Path
@@ -7,10 +10,11 @@ import pytest
 import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDES = sorted((README.parent / "docs" / "guide").glob("*.md"))
 
 
-def blocks():
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def blocks(path: Path = README):
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
 def test_readme_has_the_two_setup_commands_and_ci_runs_the_test_command():
@@ -27,8 +31,14 @@ def test_readme_has_the_two_setup_commands_and_ci_runs_the_test_command():
 def test_readme_python_examples_run():
     torch.manual_seed(0)
     ns: dict = {}
-    for i, code in enumerate(blocks()):
+    _run(README, ns)
+    for guide in GUIDES:
+        _run(guide, dict(ns))
+
+
+def _run(path: Path, ns: dict) -> None:
+    for i, code in enumerate(blocks(path)):
         try:
-            exec(compile(code, f"README.md python block {i}", "exec"), ns)  # noqa: S102 - our own README
+            exec(compile(code, f"{path.name} python block {i}", "exec"), ns)  # noqa: S102 - our own docs
         except Exception as err:  # pragma: no cover - the message names the block
-            raise AssertionError(f"README python block {i} failed: {type(err).__name__}: {err}\n{code}") from err
+            raise AssertionError(f"{path.name} python block {i} failed: {type(err).__name__}: {err}\n{code}") from err
