@@ -211,6 +211,22 @@ def default_decay_rates(dim: int) -> torch.Tensor:
     return 2.0 ** -torch.linspace(1.0, 11.0, dim, dtype=torch.float64)
 
 
+def _decay_rates(head_dim: int, rates=None, rate: float | None = None) -> torch.Tensor:
+    """The registry's decay rates: ``rates`` as given, one ``rate`` for every dim, or the default bank."""
+    if rates is not None and rate is not None:
+        raise ValueError(f"give `rates` or `rate`, not both; got rates={rates!r} and rate={rate!r}")
+    if rate is not None:
+        return torch.full((head_dim,), float(rate), dtype=torch.float64)
+    return default_decay_rates(head_dim) if rates is None else rates
+
+
+def _growth(head_dim: int, rate: float = 0.05) -> Encoding:
+    """Growth, ``A(u) = e^{+rate·u} I`` with rate > 0: the forbidden row, built only on explicit request."""
+    rate = _check_positive(rate, "rate")
+    enc = decay(torch.full((head_dim,), -rate, dtype=torch.float64), allow_growth=True)
+    return enc.replace(name="growth")
+
+
 def _jordan_bank(head_dim: int, num_heads: int = 1, size: int = 3, rate: float | None = None) -> Encoding:
     """head_dim // size decaying Jordan blocks of ``size`` (rates spread like decay), the rest NoPE."""
     nb = head_dim // size
@@ -230,8 +246,12 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         "Kazemnejad et al., 2023 (NoPE)", "A(u) = I", "nope",
     ),
     "decay": CatalogueEntry(
-        lambda head_dim, num_heads=1, rates=None: decay(default_decay_rates(head_dim) if rates is None else rates),
+        lambda head_dim, num_heads=1, rates=None, rate=None: decay(_decay_rates(head_dim, rates, rate)),
         "linear attention / SSMs", "A(u) = diag(e^{-r u})", "decay",
+    ),
+    "growth": CatalogueEntry(
+        lambda head_dim, num_heads=1, rate=0.05: _growth(head_dim, rate),
+        "the row the theory calls forbidden", "A(u) = diag(e^{+r u}), r > 0 (explicitly allowed)", "growth",
     ),
     "rope": CatalogueEntry(
         lambda head_dim, num_heads=1, base=10000.0, layout="interleaved": rope(head_dim, base, layout),
