@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import liepos as lp
+from liepos.apply import dense_transform
 from liepos.generator import Generator, direct_sum
 
 F64 = torch.float64
@@ -76,7 +77,7 @@ def test_F_transpose_G_is_A_of_lag(kind, layout):
         Fq = enc.query(eye, [ti])[:, 0, 0, :]  # rows: F(t) e_i in storage order
         Gk = enc.key(eye, [si])[:, 0, 0, :]
         M = Fq @ Gk.T  # M_ij = e_iᵀ F(t)ᵀ G(s) e_j
-        A = enc._dense(torch.tensor([ti - si], dtype=F64), "query")[0].T  # A(t - s) in storage order
+        A = dense_transform(enc.generator, enc.plan, torch.tensor([ti - si], dtype=F64), "query")[0].T  # A(t - s), storage order
         assert rel_err(M, A) < 1e-10
         # and against the dense matrix exponential of the storage-order generator
         perm = enc.plan.perm
@@ -199,6 +200,8 @@ def test_catalogue_entries_build_and_satisfy_the_identity():
         q = torch.randn(1, 4, 3, 8, dtype=F64)
         k = torch.randn(1, 4, 3, 8, dtype=F64)
         t = torch.tensor([2.0, 3.0, 4.5], dtype=F64)
+        if enc.num_axes is not None:  # several position axes: a different time on each axis
+            t = t[:, None] * torch.arange(1.0, enc.num_axes + 1, dtype=F64)  # (seq,) -> (seq, axes)
         s1 = enc.query(q, t) @ enc.key(k, t).transpose(-1, -2)
         s2 = enc.query(q, t + 17.25) @ enc.key(k, t + 17.25).transpose(-1, -2)
         assert rel_err(s2, s1) < 1e-10, name
@@ -246,14 +249,14 @@ def test_xpos_and_retnet_parameters():
 
 # ---------------------------------------------------------------------- bad input
 def test_errors_name_the_argument_and_value():
-    with pytest.raises(ValueError, match="dim must be even.*7"):
+    with pytest.raises(ValueError, match="`dim` must be even, got 7"):
         lp.rope(7)
-    with pytest.raises(ValueError, match=r"rates must be >= 0.*-0.5"):
+    with pytest.raises(ValueError, match=r"`rates` must be >= 0.*-0.5"):
         lp.decay([0.1, -0.5])
     lp.decay([0.1, -0.5], allow_growth=True)  # explicit opt-in
-    with pytest.raises(ValueError, match="rates must be <= 0"):
+    with pytest.raises(ValueError, match="`rates` must be <= 0"):
         Generator([0.2], [0.0], [1])
-    with pytest.raises(ValueError, match="layout.*'diagonal'"):
+    with pytest.raises(ValueError, match="`layout`.*'diagonal'"):
         lp.rope(8, layout="diagonal")
     enc = lp.rope(8)
     with pytest.raises(ValueError, match="positions has length 3 but the sequence has 4"):
@@ -264,9 +267,9 @@ def test_errors_name_the_argument_and_value():
         lp.retnet(2, 8).query(torch.randn(1, 3, 2, 8), torch.arange(2))
     with pytest.raises(ValueError, match="last dim 6 but the encoding expects 8"):
         enc.query(torch.randn(1, 1, 2, 6), torch.arange(2))
-    with pytest.raises(ValueError, match="rates must be finite"):
+    with pytest.raises(ValueError, match="`rates` must be finite"):
         Generator([float("inf")], [0.0], [1])
-    with pytest.raises(ValueError, match="sizes has 2 entries"):
+    with pytest.raises(ValueError, match="`sizes` has 2 entries"):
         Generator([0.0], [0.0], [1, 1])
 
 

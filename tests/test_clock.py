@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos.clock import Clock
+from liepos.nn import Clock
 
 F64 = torch.float64
 H, D = 2, 8

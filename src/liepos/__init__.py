@@ -1,76 +1,114 @@
 """liepos: every relative positional encoding is a one-parameter group A(u) = exp(uX).
 
-RoPE, xPos, RetNet, ALiBi, NoPE, decay, Jordan blocks and every context-extension trick are
-points of one space, chosen by one generator X. See the README for a tour.
+RoPE, xPos, RetNet, ALiBi, NoPE, decay, Jordan blocks, several position axes and every
+context-extension trick are points of one space, chosen by one generator X. See the README for a
+tour and ARCHITECTURE.md for the map of the package. ``import liepos`` loads torch and numpy only:
+the Hugging Face bridge and the diagnosis load on first use.
+
+>>> import torch, liepos as lp
+>>> enc = lp.rope(8)
+>>> q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+>>> s = (enc.query(q, [7]) * enc.key(k, [3])).sum()
+>>> bool(torch.allclose(s, (q[0, 0, 0] @ enc.generator.exp(4.0) @ k[0, 0, 0])))  # qᵀ A(t − s) k
+True
 """
 
-from liepos import scaling
-from liepos.axes import (
-    AXES_CATALOGUE,
-    AxesEncoding,
-    AxesGenerator,
-    axial_rope,
-    decay_axial_rope,
-    mrope,
-    rope_mixed,
-)
-from liepos.attention import KVCache, attention, attention_reference
-from liepos.catalogue import (
-    CATALOGUE,
-    alibi,
-    alibi_slopes,
-    build,
-    decay,
-    jordan,
-    nope,
-    retnet,
-    rope,
-    rope_freqs,
-    xpos,
-)
-from liepos.clock import Clock
-from liepos.classify import Classification, classify
-from liepos.diagnose import Diagnosis, diagnose
-from liepos.encoding import Encoding
-from liepos.generator import Generator, direct_sum
-from liepos.interop.hf import from_hf
-from liepos.learnable import LearnableEncoding, LearnableGenerator
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+# the algebra
+from liepos.generator import Generator as Generator
+from liepos.generator import direct_sum as direct_sum
+from liepos.classify import Classification as Classification
+from liepos.classify import classify as classify
+
+# the catalogue
+from liepos.encoding import Encoding as Encoding
+from liepos.catalogue import nope as nope
+from liepos.catalogue import decay as decay
+from liepos.catalogue import rope as rope
+from liepos.catalogue import xpos as xpos
+from liepos.catalogue import retnet as retnet
+from liepos.catalogue import alibi as alibi
+from liepos.catalogue import jordan as jordan
+from liepos.catalogue import growth as growth
+from liepos.catalogue import axial_rope as axial_rope
+from liepos.catalogue import rope_mixed as rope_mixed
+from liepos.catalogue import mrope as mrope
+from liepos.catalogue import decay_axial_rope as decay_axial_rope
+from liepos.catalogue import CATALOGUE as CATALOGUE
+from liepos.catalogue import build as build
+from liepos.catalogue import alibi_slopes as alibi_slopes
+from liepos.catalogue import rope_freqs as rope_freqs
+
+# attention
+from liepos.attention import attention as attention
+from liepos.attention import attention_reference as attention_reference
+from liepos.attention import KVCache as KVCache
+
+# learned time and generators
+from liepos.nn import Clock as Clock
+from liepos.nn import LearnableGenerator as LearnableGenerator
+from liepos.nn import LearnableEncoding as LearnableEncoding
+
+# context extension
+from liepos import scaling as scaling
 
 __version__ = "0.1.0"
 
+# the ecosystem and the analysis, loaded on first use (transformers, the diagnosis' probes)
+_LAZY = {"from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None, "Diagnosis": "liepos.diagnose"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'liepos' has no attribute {name!r}")
+    where = _LAZY[name]
+    value = importlib.import_module(f"liepos.{name}") if where is None else getattr(importlib.import_module(where), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | {"diagnose"})
+
+
+class _Package(types.ModuleType):
+    """``liepos.diagnose`` names both a submodule and its function: the attribute is always the function.
+
+    (Importing the submodule makes the import system set the package attribute to the module; this
+    property keeps ``lp.diagnose(...)`` callable whatever was imported first.)
+    """
+
+    @property
+    def diagnose(self) -> Any:
+        return importlib.import_module("liepos.diagnose").diagnose
+
+    @diagnose.setter
+    def diagnose(self, module: Any) -> None:  # the import system recording the submodule: the function wins
+        pass
+
+
+sys.modules[__name__].__class__ = _Package
+
+
 __all__ = [
-    "AXES_CATALOGUE",
-    "AxesEncoding",
-    "AxesGenerator",
-    "CATALOGUE",
-    "Clock",
-    "Classification",
-    "Diagnosis",
-    "KVCache",
-    "LearnableEncoding",
-    "LearnableGenerator",
-    "attention",
-    "attention_reference",
-    "axial_rope",
-    "Encoding",
-    "Generator",
-    "alibi",
-    "alibi_slopes",
-    "build",
-    "classify",
-    "decay",
-    "decay_axial_rope",
-    "diagnose",
-    "direct_sum",
-    "from_hf",
-    "jordan",
-    "mrope",
-    "nope",
-    "retnet",
-    "rope",
-    "rope_freqs",
-    "rope_mixed",
-    "scaling",
-    "xpos",
+    # the algebra
+    "Generator", "direct_sum", "classify", "Classification",
+    # the catalogue
+    "Encoding", "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
+    "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
+    # attention
+    "attention", "attention_reference", "KVCache",
+    # learned time and generators
+    "Clock", "LearnableGenerator", "LearnableEncoding",
+    # the ecosystem
+    "from_hf", "to_hf", "interop", "scaling",
+    # the analysis
+    "diagnose", "Diagnosis",
     "__version__",
 ]

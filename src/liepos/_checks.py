@@ -23,6 +23,7 @@ import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -148,9 +149,9 @@ def check_real_tensor(
     else:
         if isinstance(value, (str, bytes)):
             raise TypeError(f"`{name}` must be real numbers, got {describe(value)}")
-        try:
-            t = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError) as err:
+        try:  # through numpy: Python floats stay float64 (torch.as_tensor would round them to float32)
+            t = torch.as_tensor(np.asarray(value))
+        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
             raise TypeError(f"`{name}` must be real numbers, got {describe(value)}") from err
     if t.dtype.is_complex or t.dtype == torch.bool or not (t.dtype.is_floating_point or _is_int_dtype(t.dtype)):
         raise TypeError(f"`{name}` must be real numbers, got {describe(value)}")

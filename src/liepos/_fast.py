@@ -42,7 +42,7 @@ import torch
 
 from liepos.tables import Tables
 
-__all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast", "encode_fast"]
+__all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast"]
 
 _LOW = (torch.float16, torch.bfloat16)
 # float32 scratch per chunk when a half-precision input is processed (elements)
@@ -412,107 +412,3 @@ def _arange_start(pos: torch.Tensor) -> int | None:
         if not bool(torch.equal(pos, ref)):
             return None
     return int(p0)
-
-
-def _slot_values(enc, pos: torch.Tensor, side: str, work: torch.dtype) -> torch.Tensor | None:
-    """Encoded slot values ``(…, S, slots)``: the slot block's transform of the constant slots."""
-    if not enc.num_slots:
-        return None
-    from liepos.encoding import apply_tables
-    from liepos.generator import Generator
-    from liepos.tables import build_tables, make_plan
-
-    g, n = enc.generator, enc.num_slots
-    first = next(i for i, off in enumerate(g.offsets) if off >= g.dim - n)
-    sub = Generator(g.rates[..., first:], g.freqs[..., first:], g.sizes[first:],
-                    complex=g.complex[first:], allow_growth=True)
-    t = build_tables(sub, make_plan(sub, "interleaved"), pos, side)
-    consts = enc.query_slots if side == "query" else enc.key_slots
-    c = consts.to(device=pos.device, dtype=torch.float64)
-    c = c.reshape(-1, 1, n) if c.dim() == 2 else c.reshape(1, n)  # (H|1, 1, n) or (1, n)
-    if pos.dim() == 2:
-        c = c.unsqueeze(0)  # (1, H|1, 1, n)
-    S = pos.shape[-1]
-    x = c.expand(pos.shape[0], c.shape[1], S, n) if pos.dim() == 2 else c.expand(*c.shape[:-2], S, n)
-    if x.dim() == 2:
-        x = x.unsqueeze(0)
-    while x.dim() < 4:
-        x = x.unsqueeze(0)
-    y = apply_tables(x, t)  # float64, (…, S, n)
-    return y.to(work)
-
-
-def _build(enc, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables | None:
-    t = enc.tables(pos, side)
-    ft = fast_tables(t, enc.content_dim if with_slots else enc.dim, work)
-    if ft is None:
-        return None
-    if with_slots and enc.num_slots:
-        sv = _slot_values(enc, pos, side, work)
-        ft.slot_vals = sv if sv.dim() <= 3 or sv.shape[0] > 1 else sv[0]
-        ft.width = enc.dim
-        if ft.identity:
-            ft.identity = False
-    return ft
-
-
-def tables_for(enc, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables | None:
-    """Fast tables at positions ``pos`` (cached windows for integer ranges)."""
-    p0 = _arange_start(pos)
-    if p0 is None:
-        return _build(enc, pos, side, work, with_slots)
-    S = pos.shape[-1]
-    base, end = _window(p0, S)
-    key = (pos.device, work, enc.version, side, with_slots, base, end)
-
-    def build():
-        ft = _build(enc, torch.arange(base, end, dtype=torch.float64, device=pos.device), side, work, with_slots)
-        return ft if ft is not None else _NOFAST
-
-    ft = CACHE.get(key, build)
-    if ft is _NOFAST:
-        return None
-    return ft.rows(p0 - base, p0 - base + S)
-
-
-_NOFAST = FastTables(0, 0, [], None, None, None, torch.float32)
-
-
-def check_finite(ft: FastTables, dtype: torch.dtype, pos: torch.Tensor, side: str) -> None:
-    if ft.rowmax is None or ft.rowmax.numel() == 0:
-        return
-    lim = torch.finfo(torch.float32 if dtype in _LOW else dtype).max
-    m = float(ft.rowmax.max())
-    if not m < lim:
-        raise OverflowError(
-            f"the {side} scale table overflows {dtype} (max {m:.3g}) at positions up to "
-            f"{float(pos.detach().abs().max()):.6g}: re-centre with origin= (scores do not "
-            f"change) or use liepos.attention, which re-centres per query block"
-        )
-
-
-def usable(enc, x: torch.Tensor, pos: torch.Tensor) -> bool:
-    """The fast path applies: canonical basis, no gradient into the tables, not being traced."""
-    g = enc.generator
-    if g.basis is not None or torch.compiler.is_compiling():
-        return False
-    if pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad:
-        return False
-    if x.dim() != 4 or x.is_complex():
-        return False
-    return True
-
-
-def encode_fast(enc, x: torch.Tensor, pos: torch.Tensor, side: str, slots: bool, inplace: bool = False) -> torch.Tensor | None:
-    """``F``/``G`` of ``x`` (content only when ``slots``), or ``None`` when the fast path does not apply."""
-    if not usable(enc, x, pos):
-        return None
-    work = torch.float32 if x.dtype in _LOW else x.dtype
-    ft = tables_for(enc, pos, side, work, slots)
-    if ft is None:
-        return None
-    check_finite(ft, x.dtype, pos, side)
-    # slots stay float32 for half-precision inputs (as Encoding._with_slots does): ALiBi's slot values
-    # need more than bfloat16's 8 bits
-    out_dtype = work if (slots and enc.num_slots and x.dtype in _LOW) else x.dtype
-    return apply_fast(x, ft, inplace=inplace, out_dtype=out_dtype)

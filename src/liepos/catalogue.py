@@ -1,9 +1,10 @@
-"""The catalogue: named points of the design space, each an :class:`~liepos.Encoding`.
+"""The catalogue: named points of the design space, each an :class:`~liepos.Encoding`, one or several axes.
 
 Every entry is a generator X (plus slots for ALiBi); every one satisfies the same identity
-``enc.query(q, t)ᵀ enc.key(k, s) = qᵀ exp((t − s) X) k``. :data:`CATALOGUE` is a plain dict with
-one signature, ``build(head_dim, num_heads=1, **options) -> Encoding``; the functions below keep
-their natural signatures.
+``enc.query(q, t)ᵀ enc.key(k, s) = qᵀ exp((t − s) X) k`` (with several position axes,
+``exp(Σ_a (t_a − s_a) X_a)``). :data:`CATALOGUE` is a plain dict with one signature,
+``build(head_dim, num_heads=1, **options) -> Encoding``; the functions below keep their natural
+signatures. Each function's doctest checks its defining identity.
 """
 
 from __future__ import annotations
@@ -11,56 +12,76 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from liepos._checks import check_bool, check_choice, check_int, check_ints, check_real, check_real_tensor
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
+from liepos.tables import LAYOUTS
 
 __all__ = [
-    "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan",
-    "alibi_slopes", "rope_freqs", "CATALOGUE", "CatalogueEntry", "build",
+    "CATALOGUE", "CatalogueEntry", "build",
+    "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
+    "axial_rope", "rope_mixed", "mrope", "decay_axial_rope",
+    "alibi_slopes", "default_decay_rates", "rope_freqs",
 ]
 
+F64 = torch.float64
 
-def _check_dim(dim: int, name: str = "dim", even: bool = False) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{name} must be an int, got {dim!r}")
-    if dim < 1:
-        raise ValueError(f"{name} must be positive, got {dim}")
-    if even and dim % 2:
-        raise ValueError(f"{name} must be even (rotation planes come in pairs of dims), got {dim}")
-    return dim
+# xPos (Sun et al. 2022, torchscale): plane k decays at ζ_k = (2k + γ·d)/((1 + γ)·d) per scale_base
+# tokens, with γ = 0.4 fixed by the paper (the slowest plane ζ → 1, the fastest ζ = 0.4/1.4)
+_XPOS_GAMMA = 0.4
+# RetNet (Sun et al. 2023): head h keeps γ_h = 1 − 2^(−5−h) of its memory per token
+_RETNET_FIRST_EXPONENT = 5.0
+# the default decay bank: rates 2^-1 … 2^-11, memories of 2 to ~2000 tokens
+_DECAY_EXPONENTS = (1.0, 11.0)
 
 
-def _check_positive(x: float, name: str) -> float:
-    x = float(x)
-    if not (x > 0 and math.isfinite(x)):
-        raise ValueError(f"{name} must be positive and finite, got {x}")
-    return x
+def _layout(layout: str) -> str:
+    return check_choice("layout", layout, LAYOUTS)
+
+
+def _zeros(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=F64)
 
 
 def rope_freqs(dim: int, base: float = 10000.0) -> torch.Tensor:
     """RoPE frequencies ``ω_k = base^(−2k/dim)``, k = 0 … dim/2 − 1, in float64.
 
-    >>> [round(float(w), 4) for w in rope_freqs(16)[:3]]
-    [1.0, 0.3162, 0.1]
+    >>> import torch
+    >>> w = rope_freqs(16, base=100.0)
+    >>> bool(torch.allclose(w[1:] / w[:-1], torch.full((7,), 100.0 ** (-2 / 16), dtype=torch.float64)))
+    True
     """
-    _check_dim(dim, even=True)
-    base = _check_positive(base, "base")
-    k = torch.arange(dim // 2, dtype=torch.float64)
+    dim = check_int("dim", dim, min=2, even=True)
+    base = check_real("base", base, positive=True)
+    k = torch.arange(dim // 2, dtype=F64)
     return base ** (-2.0 * k / dim)
+
+
+def default_decay_rates(dim: int) -> torch.Tensor:
+    """Geometric rates from 1/2 to 1/2048 across ``dim`` dims: memories of 2 to ~2000 tokens.
+
+    >>> r = default_decay_rates(11)
+    >>> float(r[0]), float(r[-1]), bool(((r[1:] / r[:-1]) - 0.5).abs().max() < 1e-15)
+    (0.5, 0.00048828125, True)
+    """
+    dim = check_int("dim", dim, min=1)
+    return 2.0 ** -torch.linspace(*_DECAY_EXPONENTS, dim, dtype=F64)
 
 
 def nope(dim: int) -> Encoding:
     """NoPE: X = 0, A(u) = I. Scores ignore position (a causal mask still reveals order).
 
-    >>> nope(4).generator.is_orthogonal
+    >>> import torch
+    >>> q = torch.randn(1, 1, 3, 4, dtype=torch.float64)
+    >>> bool(torch.equal(nope(4).query(q, [7, 8, 9]), q))
     True
     """
-    _check_dim(dim)
-    z = torch.zeros(dim, dtype=torch.float64)
-    return Encoding(Generator(z, z, [1] * dim), name="nope")
+    dim = check_int("dim", dim, min=1)
+    return Encoding(Generator(_zeros(dim), _zeros(dim), [1] * dim), name="nope")
 
 
 def decay(rates: Sequence[float] | torch.Tensor, *, allow_growth: bool = False) -> Encoding:
@@ -69,25 +90,30 @@ def decay(rates: Sequence[float] | torch.Tensor, *, allow_growth: bool = False) 
     ``rates`` ≥ 0 (a negative rate grows with the lag and is refused unless ``allow_growth``).
     Shape ``(dim,)`` or ``(heads, dim)``. Linear attention, SSMs, the fade.
 
-    >>> enc = decay([0.1])
-    >>> float(enc.generator.exp(10.0)[0, 0])  # e^{-1}
-    0.36787944117144233
+    >>> import math, torch
+    >>> g = decay([0.1, 0.5]).generator
+    >>> bool(torch.allclose(g.exp(10.0), torch.diag(torch.tensor([math.exp(-1.0), math.exp(-5.0)], dtype=torch.float64))))
+    True
     """
-    r = torch.as_tensor(rates, dtype=torch.float64)
-    if r.dim() == 0:
-        r = r.reshape(1)
-    if r.numel() == 0:
-        raise ValueError("rates must not be empty")
-    if not bool(torch.isfinite(r).all()):
-        raise ValueError(f"rates must be finite, got {r.tolist()}")
-    if not allow_growth and bool((r < 0).any()):
-        raise ValueError(
-            f"rates must be >= 0 (e^(-rate*u) with a negative rate grows with the lag), got "
-            f"{r[r < 0].tolist()}; pass allow_growth=True to build it anyway"
-        )
-    return Encoding(
-        Generator(-r, torch.zeros_like(r), [1] * r.shape[-1], allow_growth=allow_growth), name="decay"
-    )
+    allow_growth = check_bool("allow_growth", allow_growth)
+    r = check_real_tensor("rates", rates, ndim=(0, 1, 2), nonnegative=not allow_growth)
+    r = r.reshape(1) if r.dim() == 0 else r
+    if r.shape[-1] == 0:
+        raise ValueError("`rates` must hold at least one rate, got none")
+    return Encoding(Generator(-r, torch.zeros_like(r), [1] * r.shape[-1], allow_growth=allow_growth), name="decay")
+
+
+def growth(dim: int, rate: float = 0.05) -> Encoding:
+    """Growth, ``A(u) = e^{+rate·u} I`` with rate > 0: the row the theory calls forbidden, built on request.
+
+    >>> import math, torch
+    >>> g = growth(2, rate=0.1).generator
+    >>> g.allow_growth, bool(torch.allclose(g.exp(10.0), math.e * torch.eye(2, dtype=torch.float64)))
+    (True, True)
+    """
+    dim = check_int("dim", dim, min=1)
+    rate = check_real("rate", rate, positive=True)
+    return decay(torch.full((dim,), -rate, dtype=F64), allow_growth=True).replace(name="growth")
 
 
 def rope(dim: int, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
@@ -95,9 +121,15 @@ def rope(dim: int, base: float = 10000.0, layout: str = "interleaved") -> Encodi
 
     ``A(u) = ⊕_k R(−ω_k u)``; query and key both rotate counter-clockwise by ω_k·position, so
     ``ω_k`` equals Hugging Face's ``inv_freq``. ``layout="half"`` is the Hugging Face / NeoX order.
+
+    >>> import torch
+    >>> u, w = 3.0, rope_freqs(4)
+    >>> R = lambda a: torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]], dtype=torch.float64)
+    >>> bool(torch.allclose(rope(4).generator.exp(u), torch.block_diag(R(w[0] * u), R(w[1] * u))))
+    True
     """
-    w = rope_freqs(_check_dim(dim, even=True), base)
-    return Encoding(Generator(torch.zeros_like(w), w, [1] * (dim // 2)), layout=layout, name="rope")
+    w = rope_freqs(dim, base)
+    return Encoding(Generator(torch.zeros_like(w), w, [1] * (dim // 2)), layout=_layout(layout), name="rope")
 
 
 def xpos(dim: int, base: float = 10000.0, scale_base: float = 512.0, layout: str = "interleaved") -> Encoding:
@@ -107,13 +139,20 @@ def xpos(dim: int, base: float = 10000.0, scale_base: float = 512.0, layout: str
     ``λ_k = ln(ζ_k)/scale_base`` with ``ζ_k = (2k + 0.4·dim)/(1.4·dim)``, so the score carries
     ``ζ_k^{(t−s)/scale_base}``: the query is scaled by ``ζ^{t/scale_base}``, the key by
     ``ζ^{−s/scale_base}`` (torchscale and rotary-embedding-torch), here re-centred to stay finite.
+
+    >>> import torch
+    >>> q = torch.ones(1, 1, 1, 4, dtype=torch.float64)
+    >>> zeta = torch.tensor([0.4 / 1.4, 2.4 / 5.6], dtype=torch.float64)
+    >>> norms = xpos(4, scale_base=8.0).query(q, [16]).reshape(2, 2).norm(dim=-1)  # one norm per plane
+    >>> bool(torch.allclose(norms, 2**0.5 * zeta ** (16 / 8)))
+    True
     """
-    _check_dim(dim, even=True)
-    scale_base = _check_positive(scale_base, "scale_base")
+    dim = check_int("dim", dim, min=2, even=True)
+    scale_base = check_real("scale_base", scale_base, positive=True)
     w = rope_freqs(dim, base)
-    k = torch.arange(dim // 2, dtype=torch.float64)
-    zeta = (2 * k + 0.4 * dim) / (1.4 * dim)
-    return Encoding(Generator(torch.log(zeta) / scale_base, w, [1] * (dim // 2)), layout=layout, name="xpos")
+    k = torch.arange(dim // 2, dtype=F64)
+    zeta = (2 * k + _XPOS_GAMMA * dim) / ((1 + _XPOS_GAMMA) * dim)
+    return Encoding(Generator(torch.log(zeta) / scale_base, w, [1] * (dim // 2)), layout=_layout(layout), name="xpos")
 
 
 def retnet(num_heads: int, head_dim: int, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
@@ -123,17 +162,24 @@ def retnet(num_heads: int, head_dim: int, base: float = 10000.0, layout: str = "
     ``ω_k = base^(−linspace(0, 1, head_dim/2)_k)`` (torchscale's schedule, not RoPE's 2k/d), so the
     score is ``γ_h^{t−s} · qᵀ R(−ω(t−s)) k`` — the retention decay mask D_nm = γ^{n−m} (RetNet's
     separate normalisations are not part of the encoding).
+
+    >>> import torch
+    >>> q = torch.randn(1, 2, 1, 4, dtype=torch.float64)
+    >>> gamma = 1 - 2.0 ** -torch.tensor([5.0, 6.0], dtype=torch.float64)
+    >>> ratio = retnet(2, 4).query(q, [10]).norm(dim=-1) / q.norm(dim=-1)  # (1, heads, 1)
+    >>> bool(torch.allclose(ratio.flatten(), gamma**10))
+    True
     """
-    _check_dim(num_heads, "num_heads")
-    _check_dim(head_dim, "head_dim", even=True)
-    base = _check_positive(base, "base")
+    num_heads = check_int("num_heads", num_heads, min=1)
+    head_dim = check_int("head_dim", head_dim, min=2, even=True)
+    base = check_real("base", base, positive=True)
     P = head_dim // 2
-    w = base ** (-torch.linspace(0.0, 1.0, P, dtype=torch.float64))
-    h = torch.arange(num_heads, dtype=torch.float64)
-    lam = torch.log1p(-(2.0 ** (-5.0 - h)))  # (H,)
-    rates = lam.unsqueeze(-1).expand(num_heads, P).clone()
-    freqs = w.unsqueeze(0).expand(num_heads, P).clone()
-    return Encoding(Generator(rates, freqs, [1] * P), layout=layout, name="retnet")
+    w = base ** (-torch.linspace(0.0, 1.0, P, dtype=F64))
+    h = torch.arange(num_heads, dtype=F64)
+    lam = torch.log1p(-(2.0 ** (-_RETNET_FIRST_EXPONENT - h)))  # (H,)
+    rates = lam.unsqueeze(-1).expand(num_heads, P).clone()  # (H,) -> (H, P)
+    freqs = w.unsqueeze(0).expand(num_heads, P).clone()  # (P,) -> (H, P)
+    return Encoding(Generator(rates, freqs, [1] * P), layout=_layout(layout), name="retnet")
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -143,10 +189,12 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     otherwise the slopes of the closest lower power of two are followed by every other slope of
     twice that power, as in the paper's reference code.
 
-    >>> alibi_slopes(8).tolist()
-    [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625]
+    >>> import torch
+    >>> m = alibi_slopes(8)
+    >>> bool(torch.equal(m, 2.0 ** -torch.arange(1.0, 9.0, dtype=torch.float64)))  # r = 2^(-8/8)
+    True
     """
-    _check_dim(num_heads, "num_heads")
+    num_heads = check_int("num_heads", num_heads, min=1)
 
     def power_of_two(n: int) -> list[float]:
         start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
@@ -158,7 +206,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
         p = 2 ** math.floor(math.log2(n))
         return power_of_two(p) + slopes(2 * p)[0::2][: n - p]
 
-    return torch.tensor(slopes(num_heads), dtype=torch.float64)
+    return torch.tensor(slopes(num_heads), dtype=F64)
 
 
 def alibi(num_heads: int, head_dim: int, slopes: Sequence[float] | torch.Tensor | None = None) -> Encoding:
@@ -166,17 +214,24 @@ def alibi(num_heads: int, head_dim: int, slopes: Sequence[float] | torch.Tensor 
 
     Content dims are NoPE; two slots carry the nilpotent block ``N = [[0, 1], [0, 0]]`` with
     query slots ``(1, 0)`` and key slots ``(0, −m_h)``, so ``(1, 0) exp((t−s)N) (0, −m_h)ᵀ = −m_h (t − s)``
-    and the score is ``qᵀk − m_h (t − s)``: no bias matrix is ever built.
+    and the score is ``qᵀk − m_h (t − s)``: no bias matrix is ever built. ``slopes`` ``m_h ≥ 0``.
+
+    >>> import torch
+    >>> enc, m = alibi(2, 4), alibi_slopes(2)
+    >>> q, k = torch.randn(1, 2, 1, 4, dtype=torch.float64), torch.randn(1, 2, 1, 4, dtype=torch.float64)
+    >>> score = (enc.query(q, [9]) * enc.key(k, [2])).sum(-1).flatten()
+    >>> bool(torch.allclose(score, (q * k).sum(-1).flatten() - m * (9 - 2)))
+    True
     """
-    _check_dim(num_heads, "num_heads")
-    _check_dim(head_dim, "head_dim")
-    m = alibi_slopes(num_heads) if slopes is None else torch.as_tensor(slopes, dtype=torch.float64)
+    num_heads = check_int("num_heads", num_heads, min=1)
+    head_dim = check_int("head_dim", head_dim, min=1)
+    m = alibi_slopes(num_heads) if slopes is None else check_real_tensor("slopes", slopes, ndim=1, nonnegative=True)
     if m.shape != (num_heads,):
-        raise ValueError(f"slopes must have shape ({num_heads},), got {tuple(m.shape)}")
-    z = torch.zeros(head_dim, dtype=torch.float64)
+        raise ValueError(f"`slopes` must have shape ({num_heads},), got {tuple(m.shape)}")
+    z = _zeros(head_dim)
     g = direct_sum(Generator(z, z, [1] * head_dim), Generator([0.0], [0.0], [2]))
-    qs = torch.tensor([1.0, 0.0], dtype=torch.float64).expand(num_heads, 2).clone()
-    ks = torch.stack([torch.zeros_like(m), -m], dim=-1)
+    qs = torch.tensor([1.0, 0.0], dtype=F64).expand(num_heads, 2).clone()  # (2,) -> (H, 2)
+    ks = torch.stack([torch.zeros_like(m), -m], dim=-1)  # (H, 2)
     return Encoding(g, query_slots=qs, key_slots=ks, name="alibi")
 
 
@@ -185,20 +240,152 @@ def jordan(size: int, rate: float = 0.0, freq: float = 0.0, *, allow_growth: boo
 
     Size 2 at rate 0 is the slide (the hockey puck); size 3 adds acceleration.
 
-    >>> enc = jordan(3)
-    >>> enc.generator.exp(2.0)[0].tolist()  # the first row is (1, u, u^2/2)
-    [1.0, 2.0, 2.0]
+    >>> import torch
+    >>> N = torch.diag(torch.ones(2, dtype=torch.float64), 1)
+    >>> bool(torch.allclose(jordan(3).generator.exp(2.0), torch.eye(3, dtype=torch.float64) + 2 * N + 2 * N @ N))
+    True
     """
-    _check_dim(size, "size")
-    return Encoding(
-        Generator([float(rate)], [float(freq)], [size], allow_growth=allow_growth), name=f"jordan{size}"
-    )
+    size = check_int("size", size, min=1)
+    rate, freq = check_real("rate", rate), check_real("freq", freq)
+    return Encoding(Generator([rate], [freq], [size], allow_growth=check_bool("allow_growth", allow_growth)),
+                    name=f"jordan{size}")
+
+
+def _jordan_bank(head_dim: int, num_heads: int = 1, size: int = 3, rate: float | None = None) -> Encoding:
+    """head_dim // size decaying Jordan blocks of ``size`` (rates spread like decay), the rest NoPE."""
+    head_dim = check_int("head_dim", head_dim, min=1)
+    size = check_int("size", size, min=1, max=head_dim)
+    nb = head_dim // size
+    rates = -default_decay_rates(nb) if rate is None else torch.full((nb,), check_real("rate", rate), dtype=F64)
+    gens = [Generator(rates, _zeros(nb), [size] * nb)]
+    if head_dim - nb * size:
+        gens.append(nope(head_dim - nb * size).generator)
+    return Encoding(direct_sum(*gens), name=f"jordan{size}")
+
+
+# ---------------------------------------------------------------------- several position axes
+def _rotations(freqs: torch.Tensor, axes: int) -> Generator:
+    """Pure rotation planes with per-axis frequencies ``(…, axes, planes)``."""
+    P = freqs.shape[-1]
+    return Generator(torch.zeros_like(freqs), freqs, [1] * P, complex=[True] * P, axes=axes)
+
+
+def axial_rope(dim: int, axes: int = 2, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+    """Axial RoPE: axis ``a`` owns the planes ``[a·P, (a+1)·P)``, ``P = dim/(2·axes)``, with
+    ``ω_k = base^(−2k/(dim/axes))``. torchtune's ``VisionRotaryPositionalEmbeddings(dim=head_dim/2)``
+    with (x + 1, y + 1) patch positions for ``axes=2`` (its CLS token sits at (0, 0)); CogVideo-style 3D
+    with ``axes=3`` (equal thirds). Along one axis it is RoPE of ``dim/axes`` on that axis's planes.
+
+    >>> import torch
+    >>> q = torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    >>> x_only = axial_rope(8, axes=2).query(q, [[3.0, 0.0]])
+    >>> bool(torch.allclose(x_only[..., :4], rope(4).query(q[..., :4], [3.0]))), bool(torch.equal(x_only[..., 4:], q[..., 4:]))
+    (True, True)
+    """
+    axes = check_int("axes", axes, min=1)
+    dim = check_int("dim", dim, min=2 * axes, multiple_of=2 * axes)
+    P = dim // (2 * axes)
+    w = rope_freqs(dim // axes, base)  # (P,)
+    freqs = _zeros(axes, axes * P)
+    for a in range(axes):
+        freqs[a, a * P : (a + 1) * P] = w
+    return Encoding(_rotations(freqs, axes), layout=_layout(layout), name=f"axial_rope{axes}d")
+
+
+def rope_mixed(
+    dim: int, num_heads: int, base: float = 10.0, *, angles: Any = None, seed: int = 0, layout: str = "interleaved",
+) -> Encoding:
+    """RoPE-Mixed (Heo et al., 2024, naver-ai/rope-vit ``init_2d_freqs``): 2D frequency vectors.
+
+    Head h has a direction angle φ_h; plane k < dim/4 rotates along ``(cos φ_h, sin φ_h)`` and plane
+    ``k + dim/4`` along ``(cos(φ_h + π/2), sin(φ_h + π/2))``, both with magnitude ``base^(−4k/dim)``.
+    ``angles``: the φ_h ``(num_heads,)``; default uniform on [0, 2π) from ``seed``. The generators of x
+    and y are diagonal in the same planes, so they commute: exactly relative in 2D. Learned in
+    :class:`liepos.nn.LearnableEncoding` (``init="mixed"``).
+
+    >>> import torch
+    >>> enc = rope_mixed(8, num_heads=2, angles=[0.0, 0.5])
+    >>> w = enc.generator.freqs  # (heads, axes, planes): the plane-k vectors of both halves are orthogonal
+    >>> bool(torch.allclose((w[:, :, :2] * w[:, :, 2:]).sum(1), torch.zeros(2, 2, dtype=torch.float64)))
+    True
+    """
+    dim = check_int("dim", dim, min=4, multiple_of=4)
+    num_heads = check_int("num_heads", num_heads, min=1)
+    base = check_real("base", base, positive=True)
+    if angles is None:
+        rng = torch.Generator().manual_seed(check_int("seed", seed, min=0))
+        angles = torch.rand(num_heads, generator=rng, dtype=F64) * 2 * math.pi
+    phi = check_real_tensor("angles", angles, ndim=1)
+    if phi.shape != (num_heads,):
+        raise ValueError(f"`angles` must have shape ({num_heads},), got {tuple(phi.shape)}")
+    phi = phi.reshape(num_heads, 1)  # (H,) -> (H, 1)
+    mag = rope_freqs(dim // 2, base)  # base^(−4k/dim), (dim/4,)
+    fx = torch.cat([mag * torch.cos(phi), mag * torch.cos(math.pi / 2 + phi)], dim=-1)  # (H, dim/2)
+    fy = torch.cat([mag * torch.sin(phi), mag * torch.sin(math.pi / 2 + phi)], dim=-1)
+    freqs = torch.stack([fx, fy], dim=1)  # (H, 2, dim/2)
+    return Encoding(_rotations(freqs, 2), layout=_layout(layout), name="rope_mixed")
+
+
+def mrope(dim: int, sections: Sequence[int] = (16, 24, 24), base: float = 10000.0, layout: str = "half") -> Encoding:
+    """M-RoPE (Qwen2-VL): RoPE's planes split into sections; section i follows axis ``i % 3`` (t, h, w).
+
+    Plane k keeps RoPE's ``ω_k = base^(−2k/dim)`` and rotates with the axis of the section holding
+    it, as in transformers' ``Qwen2VLRotaryEmbedding`` (``sum(sections) == dim/2``; Hugging Face's
+    half layout by default). Positions ``(…, seq, 3)``; a text token has equal axes, so text-only input
+    is exactly ``rope(dim, base, layout)``.
+
+    >>> import torch
+    >>> q, t = torch.randn(1, 1, 3, 16, dtype=torch.float64), torch.tensor([4.0, 5.0, 6.0], dtype=torch.float64)
+    >>> text = t.unsqueeze(-1).expand(3, 3)  # every axis at the token's time
+    >>> bool(torch.allclose(mrope(16, (2, 3, 3)).query(q, text), rope(16, layout="half").query(q, t)))
+    True
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    sections = check_ints("sections", sections, min=0)
+    if sum(sections) != dim // 2:
+        raise ValueError(f"`sections` must sum to dim/2 = {dim // 2}, got {sections}")
+    w = rope_freqs(dim, base)
+    freqs = _zeros(3, dim // 2)
+    start = 0
+    for i, s in enumerate(sections):
+        freqs[i % 3, start : start + s] = w[start : start + s]
+        start += s
+    return Encoding(_rotations(freqs, 3), layout=_layout(layout), name="mrope")
+
+
+def decay_axial_rope(
+    dim: int, axes: int = 3, base: float = 10000.0, rates: Any = None, decay_axis: int = 0, layout: str = "interleaved",
+) -> Encoding:
+    """Decay along one axis, rotation along all: axial RoPE whose every plane also fades along
+    ``decay_axis`` (e.g. time in a video) at rate ``rates[k] ≥ 0`` (default: from 1/2 to 1/2048).
+
+    The generators commute (each is diagonal in the same planes), so scores are relative in every
+    axis; along ``decay_axis`` plane k weighs a lag u by ``e^{−rate_k u}``. Causal along that axis
+    keeps it in the family (a key later on the decay axis grows instead of fading).
+
+    >>> import torch
+    >>> enc = decay_axial_rope(4, axes=2, rates=[0.1, 0.2])
+    >>> q = torch.randn(1, 1, 1, 4, dtype=torch.float64)
+    >>> norms = enc.query(q, [[5.0, 9.0]]).reshape(2, 2).norm(dim=-1) / q.reshape(2, 2).norm(dim=-1)
+    >>> bool(torch.allclose(norms, torch.exp(-5.0 * torch.tensor([0.1, 0.2], dtype=torch.float64))))
+    True
+    """
+    enc = axial_rope(dim, axes, base, layout)
+    decay_axis = check_int("decay_axis", decay_axis, min=0, max=axes - 1)
+    P = dim // 2
+    r = default_decay_rates(P) if rates is None else check_real_tensor("rates", rates, ndim=1, nonnegative=True)
+    if r.shape != (P,):
+        raise ValueError(f"`rates` must have {P} entries (one per plane), got shape {tuple(r.shape)}")
+    R = _zeros(axes, P)
+    R[decay_axis] = -r
+    g = Generator(R, enc.generator.freqs, [1] * P, complex=[True] * P, axes=axes)
+    return Encoding(g, layout=layout, name="decay_axial_rope")
 
 
 # ---------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class CatalogueEntry:
-    """A registry entry: ``build(head_dim, num_heads=1, **options)``, its paper and identity."""
+    """A registry entry: ``build(head_dim, num_heads=1, **options)``, its paper, identity and seeds' row."""
 
     build: Callable[..., Encoding]
     paper: str
@@ -206,51 +393,23 @@ class CatalogueEntry:
     row: str
 
 
-def default_decay_rates(dim: int) -> torch.Tensor:
-    """Geometric rates from 1/2 to 1/2048 across ``dim`` dims: memories of 2 to ~2000 tokens."""
-    return 2.0 ** -torch.linspace(1.0, 11.0, dim, dtype=torch.float64)
-
-
-def _decay_rates(head_dim: int, rates=None, rate: float | None = None) -> torch.Tensor:
-    """The registry's decay rates: ``rates`` as given, one ``rate`` for every dim, or the default bank."""
+def _decay_entry(head_dim: int, num_heads: int = 1, rates: Any = None, rate: float | None = None) -> Encoding:
+    """The registry's decay: ``rates`` as given, one ``rate`` for every dim, or the default bank."""
     if rates is not None and rate is not None:
         raise ValueError(f"give `rates` or `rate`, not both; got rates={rates!r} and rate={rate!r}")
+    head_dim = check_int("head_dim", head_dim, min=1)
     if rate is not None:
-        return torch.full((head_dim,), float(rate), dtype=torch.float64)
-    return default_decay_rates(head_dim) if rates is None else rates
-
-
-def _growth(head_dim: int, rate: float = 0.05) -> Encoding:
-    """Growth, ``A(u) = e^{+rate·u} I`` with rate > 0: the forbidden row, built only on explicit request."""
-    rate = _check_positive(rate, "rate")
-    enc = decay(torch.full((head_dim,), -rate, dtype=torch.float64), allow_growth=True)
-    return enc.replace(name="growth")
-
-
-def _jordan_bank(head_dim: int, num_heads: int = 1, size: int = 3, rate: float | None = None) -> Encoding:
-    """head_dim // size decaying Jordan blocks of ``size`` (rates spread like decay), the rest NoPE."""
-    nb = head_dim // size
-    if nb < 1:
-        raise ValueError(f"head_dim {head_dim} is smaller than the Jordan size {size}")
-    rates = -default_decay_rates(nb) if rate is None else torch.full((nb,), float(rate), dtype=torch.float64)
-    gens = [Generator(rates, torch.zeros(nb, dtype=torch.float64), [size] * nb)]
-    rest = head_dim - nb * size
-    if rest:
-        gens.append(nope(rest).generator)
-    return Encoding(direct_sum(*gens), name=f"jordan{size}")
+        return decay(torch.full((head_dim,), check_real("rate", rate, nonnegative=True), dtype=F64))
+    return decay(default_decay_rates(head_dim) if rates is None else rates)
 
 
 CATALOGUE: dict[str, CatalogueEntry] = {
     "nope": CatalogueEntry(
-        lambda head_dim, num_heads=1: nope(head_dim),
-        "Kazemnejad et al., 2023 (NoPE)", "A(u) = I", "nope",
+        lambda head_dim, num_heads=1: nope(head_dim), "Kazemnejad et al., 2023 (NoPE)", "A(u) = I", "nope",
     ),
-    "decay": CatalogueEntry(
-        lambda head_dim, num_heads=1, rates=None, rate=None: decay(_decay_rates(head_dim, rates, rate)),
-        "linear attention / SSMs", "A(u) = diag(e^{-r u})", "decay",
-    ),
+    "decay": CatalogueEntry(_decay_entry, "linear attention / SSMs", "A(u) = diag(e^{-r u})", "decay"),
     "growth": CatalogueEntry(
-        lambda head_dim, num_heads=1, rate=0.05: _growth(head_dim, rate),
+        lambda head_dim, num_heads=1, rate=0.05: growth(head_dim, rate),
         "the row the theory calls forbidden", "A(u) = diag(e^{+r u}), r > 0 (explicitly allowed)", "growth",
     ),
     "rope": CatalogueEntry(
@@ -268,23 +427,56 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         "Sun et al., 2023 (RetNet)", "A_h(u) = γ_h^u ⊕ R(-ω_k u), γ_h = 1 - 2^(-5-h)", "damped_rotation",
     ),
     "alibi": CatalogueEntry(
-        lambda head_dim, num_heads=1: alibi(num_heads, head_dim),
+        lambda head_dim, num_heads=1, slopes=None: alibi(num_heads, head_dim, slopes),
         "Press et al., 2022 (ALiBi)", "score = q·k - m_h (t - s) via slots and N = [[0,1],[0,0]]", "polynomial",
     ),
-    "jordan": CatalogueEntry(
-        _jordan_bank,
-        "the seeds' untried corner", "A(u) = e^{λu} Σ u^k/k! N^k", "polynomial",
+    "jordan": CatalogueEntry(_jordan_bank, "the seeds' untried corner", "A(u) = e^{λu} Σ u^k/k! N^k", "polynomial"),
+    "axial_rope": CatalogueEntry(
+        lambda head_dim, num_heads=1, axes=2, base=10000.0, layout="interleaved": axial_rope(head_dim, axes, base, layout),
+        "torchtune vision RoPE / CogVideo 3D", "A(u) = exp(Σ_a u_a X_a), axis a owns a block of planes", "rotation",
+    ),
+    "rope_mixed": CatalogueEntry(
+        lambda head_dim, num_heads=1, base=10.0, angles=None, seed=0, layout="interleaved": rope_mixed(
+            head_dim, num_heads, base, angles=angles, seed=seed, layout=layout
+        ),
+        "Heo et al., 2024 (RoPE-Mixed)", "A(u) = ⊕ R(-(ω_k · u)), ω_k a 2D frequency vector per head", "rotation",
+    ),
+    "mrope": CatalogueEntry(
+        lambda head_dim, num_heads=1, sections=None, base=10000.0, layout="half": mrope(
+            head_dim, _mrope_sections(head_dim) if sections is None else sections, base, layout
+        ),
+        "Wang et al., 2024 (Qwen2-VL M-RoPE)", "A(u) = ⊕ R(-ω_k u_{axis(k)}), sections of planes per (t, h, w)",
+        "rotation",
+    ),
+    "decay_axial_rope": CatalogueEntry(
+        lambda head_dim, num_heads=1, axes=2, base=10000.0, rates=None, decay_axis=0, layout="interleaved": (
+            decay_axial_rope(head_dim, axes, base, rates, decay_axis, layout)
+        ),
+        "decay along one axis, rotation along all", "A(u) = e^{-r u_decay} ⊕ R(-ω_k u_{axis(k)})", "damped_rotation",
     ),
 }
 
 
+def _mrope_sections(head_dim: int) -> list[int]:
+    """Qwen2-VL's split of the dim/2 planes, (16, 24, 24) at head_dim 128, scaled to ``head_dim`` (t gets the rest)."""
+    P = check_int("head_dim", head_dim, min=6, even=True) // 2
+    hw = (3 * P) // 8  # 24 of 64
+    return [P - 2 * hw, hw, hw]
+
+
 def build(name: str, head_dim: int, num_heads: int = 1, **options: object) -> Encoding:
-    """Build a catalogue entry by name with the registry's one signature."""
+    """Build a catalogue entry by name with the registry's one signature.
+
+    >>> import torch
+    >>> bool(torch.equal(build("rope", 8, base=500.0).generator.freqs, rope(8, 500.0).generator.freqs))
+    True
+    """
+    name = check_choice("name", name, sorted(CATALOGUE))
+    head_dim = check_int("head_dim", head_dim, min=1)
+    num_heads = check_int("num_heads", num_heads, min=1)
     try:
-        entry = CATALOGUE[name]
-    except KeyError:
-        raise ValueError(f"unknown encoding {name!r}; known: {sorted(CATALOGUE)}") from None
-    try:
-        return entry.build(head_dim, num_heads, **options)
+        return CATALOGUE[name].build(head_dim, num_heads, **options)
     except TypeError as err:
+        if "`" in str(err):  # a checked argument: already names itself
+            raise
         raise TypeError(f"bad options {sorted(options)} for encoding {name!r}: {err}") from err

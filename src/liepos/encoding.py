@@ -1,60 +1,74 @@
-"""Encoding: a generator applied to queries and keys, ``q ↦ F(t) q``, ``k ↦ G(s) k``.
+"""Encoding: a generator applied to queries and keys, ``q ↦ F(t) q``, ``k ↦ G(s) k``, for one or several axes.
 
 With ``F(t) = A(t)ᵀ`` and ``G(s) = A(−s)`` every encoded score is relative::
 
     (F(t) q)ᵀ (G(s) k) = qᵀ A(t − s) k
 
 and re-centring at any origin ``o`` (``F(t − o)``, ``G(s − o)``) leaves every score unchanged;
-that is how decaying, polynomial and slot blocks stay finite at any absolute time.
+that is how decaying, polynomial and slot blocks stay finite at any absolute time. A generator with
+several position axes (``axes=m``) takes positions ``(…, seq, m)`` and ``A(u) = exp(Σ_a u_a X_a)``.
 
-The fast path works in O(dim) per token from position tables (:mod:`liepos.tables`); the
-reference path (``query_reference``/``key_reference``) multiplies by the dense matrices of
-:meth:`Generator.exp` and exists for tests.
+Following the positions from :meth:`Encoding.query` down: :func:`as_positions` checks them,
+:func:`liepos.tables.check_range` checks the tables will fit the dtype, :func:`liepos.tables.build_tables`
+makes the float64 tables (cached per window of integer positions in :data:`liepos._fast.CACHE`), and
+:mod:`liepos._fast` (or the readable :func:`liepos.apply.apply_tables`) applies them. The reference
+path (``query_reference``/``key_reference``) multiplies by the dense matrices of :meth:`Generator.exp`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from liepos._checks import check_choice, check_real, check_real_tensor, check_tensor, describe
+from liepos._fast import CACHE, FastTables, _arange_start, _window, apply_fast, fast_tables
+from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, dense_transform, work_dtype
 from liepos.generator import Generator
-from liepos.tables import Plan, Tables, build_tables, make_plan
+from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, make_plan
 
 __all__ = ["Encoding", "apply_in_basis", "apply_tables", "as_positions"]
 
-LAYOUTS = ("interleaved", "half")
-_LOW = (torch.float16, torch.bfloat16)
+# a window of cached tables may take at most this fraction of the cache's byte bound; a larger one is
+# built for the requested positions only and never cached, so the cache really holds at most its bound
+_WINDOW_SHARE = 4
 
 
-def as_positions(positions: Any, seq: int, batch: int | None, name: str = "positions") -> torch.Tensor:
-    """Validate positions of shape ``(seq,)`` or ``(batch, seq)`` and return them as float64.
+def as_positions(
+    positions: Any, seq: int, batch: int | None, name: str = "positions", axes: int | None = None
+) -> torch.Tensor:
+    """Validate positions ``(seq,)`` / ``(batch, seq)`` (``axes=None``) or ``(seq, axes)`` /
+    ``(batch, seq, axes)`` and return them as float64; ``None`` gives ``0 … seq−1`` (on every axis).
 
-    Integer and real positions are both allowed; non-finite values are refused.
+    Integer and real positions are both allowed; non-finite values (and 10⁴⁰⁰) are refused. (The
+    messages name ``name`` without backquotes, as callers' tests match them.)
     """
     if positions is None:
-        return torch.arange(seq, dtype=torch.float64)
+        t = torch.arange(seq, dtype=torch.float64)
+        return t if axes is None else t.unsqueeze(-1).expand(seq, axes)  # (seq,) -> (seq, axes)
     if not isinstance(positions, torch.Tensor):
         try:
             positions = torch.as_tensor(positions, dtype=torch.float64)
+        except OverflowError as err:
+            raise ValueError(f"{name} must be finite, got a value beyond float64: {describe(positions)}") from err
         except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"{name} must be a tensor of times, got {type(positions).__name__}") from err
+            raise TypeError(f"{name} must be a tensor of times, got {describe(positions)}") from err
     if positions.is_complex() or positions.dtype == torch.bool:
         raise TypeError(f"{name} must be real (integer or floating), got dtype {positions.dtype}")
-    if positions.dim() not in (1, 2):
+    one = axes is None
+    if positions.dim() not in ((1, 2) if one else (2, 3)) or (not one and positions.shape[-1] != axes):
+        want = "(seq,) or (batch, seq)" if one else f"(seq, {axes}) or (batch, seq, {axes})"
+        raise ValueError(f"{name} must have shape {want}, got shape {tuple(positions.shape)}")
+    length = positions.shape[-1 if one else -2]
+    if length != seq:
         raise ValueError(
-            f"{name} must have shape (seq,) or (batch, seq), got shape {tuple(positions.shape)}"
+            f"{name} has length {length} but the sequence has {seq} tokens (shape {tuple(positions.shape)})"
         )
-    if positions.shape[-1] != seq:
-        raise ValueError(
-            f"{name} has length {positions.shape[-1]} but the sequence has {seq} tokens "
-            f"(shape {tuple(positions.shape)})"
-        )
-    if positions.dim() == 2 and batch is not None and positions.shape[0] not in (1, batch):
-        raise ValueError(
-            f"{name} has batch size {positions.shape[0]} but the tensor has batch size {batch}"
-        )
+    batched = positions.dim() == (2 if one else 3)
+    if batched and batch is not None and positions.shape[0] not in (1, batch):
+        raise ValueError(f"{name} has batch size {positions.shape[0]} but the tensor has batch size {batch}")
     out = positions.to(torch.float64) if not positions.requires_grad else positions.double()
     if torch.compiler.is_compiling():  # no data-dependent checks inside a graph (fullgraph=True)
         return out
@@ -64,57 +78,19 @@ def as_positions(positions: Any, seq: int, batch: int | None, name: str = "posit
     return out
 
 
-def _partner(x: torch.Tensor, t: Tables) -> torch.Tensor:
-    if t.partner == "pairs":
-        # (..., d) -> (..., d/2, 2) -> swap the two components of each plane
-        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    if t.partner == "halves":
-        P = t.planes
-        return torch.cat((x[..., P : 2 * P], x[..., :P], x[..., 2 * P :]), dim=-1)
-    return x.index_select(-1, t.partner_index)
-
-
-def apply_tables(x: torch.Tensor, t: Tables) -> torch.Tensor:
-    """``y = couple(a ⊙ x + b ⊙ partner(x))``: the readable eager form of the fast path.
-
-    ``x``: (batch, heads, seq, dim); tables broadcast against it. Half-precision inputs are
-    computed in float32 and cast back once.
-    """
-    if t.a is None and t.b is None and t.coef is None:
-        return x
-    out_dtype = x.dtype
-    work = torch.float32 if x.dtype in _LOW else x.dtype
-    t = t.to(work, x.device)
-    xw = x.to(work)
-    z = xw if t.a is None else xw * t.a
-    if t.b is not None:
-        z = z + _partner(xw, t) * t.b
-    if t.coef is not None:
-        # y[dst] += c · z[src] (sparse lower/upper triangular part of the Jordan blocks)
-        z = z.index_add(-1, t.dst, t.coef * z.index_select(-1, t.src))
-    return z.to(out_dtype)
-
-
-def apply_in_basis(x: torch.Tensor, basis: torch.Tensor, inv: torch.Tensor, t: Tables, side: str) -> torch.Tensor:
-    """F or G of ``x`` for ``X = P J P^{-1}`` from the tables ``t`` of the canonical J, in O(d²) per token.
-
-    In storage order (``Q = Π P Πᵀ``): ``F(t) = Q^{-T} F_J(t) Qᵀ`` and ``G(s) = Q G_J(s) Q^{-1}``;
-    differentiable in P (the dense reference path builds a d×d matrix per position instead).
-    """
-    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    Q = basis.index_select(0, inv.to(basis.device)).index_select(1, inv.to(basis.device)).to(device=x.device, dtype=work)
-    Qi = torch.linalg.inv(Q)
-    xw = x.to(work)
-    if side == "query":
-        return (apply_tables(xw @ Q, t) @ Qi).to(x.dtype)
-    return (apply_tables(xw @ Qi.transpose(-1, -2), t) @ Q.transpose(-1, -2)).to(x.dtype)
+def _slots(name: str, value: Any) -> torch.Tensor:
+    t = check_real_tensor(name, value, ndim=(1, 2))  # (slots,) or (heads, slots); NaN/inf refused
+    if t.shape[-1] == 0:
+        raise ValueError(f"`{name}` must hold at least one slot, got shape {tuple(t.shape)}")
+    return t
 
 
 class Encoding:
     """A positional encoding: a generator, a storage layout, constant slots and a logit scale.
 
     Args:
-        generator: the :class:`Generator` X (its last ``num_slots`` canonical dims are slots).
+        generator: the :class:`Generator` X (its last ``num_slots`` canonical dims are slots); with
+            ``axes=m`` positions are ``(…, seq, m)``.
         layout: ``"interleaved"`` (canonical order; planes are dims (2k, 2k+1)) or ``"half"``
             (the x-components of all rotation planes, then their y-components, then the real
             dims: planes (k, k + d/2) for RoPE, Hugging Face / GPT-NeoX).
@@ -124,6 +100,8 @@ class Encoding:
             ``attention_factor²``), applied by :func:`liepos.attention`.
         name: a label for reports.
         length_rule: for length-dependent generators, ``length -> Encoding`` (see :meth:`at_length`).
+            Such an encoding refuses :meth:`query`/:meth:`key` until its length is known.
+        length: the sequence length a length-dependent encoding was resolved for (set by :meth:`at_length`).
 
     The defining identity (checked in the tests for every block type, both layouts, with slots)::
 
@@ -148,52 +126,56 @@ class Encoding:
         logit_scale: float = 1.0,
         name: str | None = None,
         length_rule: Callable[[int], Encoding] | None = None,
+        length: int | None = None,
     ) -> None:
         if not isinstance(generator, Generator):
-            raise TypeError(f"generator must be a liepos.Generator, got {type(generator).__name__}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if (query_slots is None) != (key_slots is None):
-            raise ValueError("query_slots and key_slots must be given together")
-        n_slots = 0
-        if query_slots is not None:
-            query_slots = torch.as_tensor(query_slots, dtype=torch.float64)
-            key_slots = torch.as_tensor(key_slots, dtype=torch.float64)
-            if query_slots.dim() not in (1, 2) or key_slots.dim() not in (1, 2):
-                raise ValueError(
-                    f"slots must have shape (slots,) or (heads, slots), got query_slots "
-                    f"{tuple(query_slots.shape)} and key_slots {tuple(key_slots.shape)}"
-                )
-            if query_slots.shape[-1] != key_slots.shape[-1]:
-                raise ValueError(
-                    f"query_slots has {query_slots.shape[-1]} slots but key_slots has {key_slots.shape[-1]}"
-                )
-            n_slots = int(query_slots.shape[-1])
-            if n_slots >= generator.dim:
-                raise ValueError(f"{n_slots} slots leave no content dims in a {generator.dim}-dim generator")
-            # no block may straddle the content/slot boundary
-            boundary = generator.dim - n_slots
-            for off, w in zip(generator.offsets, generator.widths):
-                if off < boundary < off + w:
-                    raise ValueError(
-                        f"a generator block spans dims {off}..{off + w - 1}, across the content/slot "
-                        f"boundary at {boundary}"
-                    )
-        try:
-            logit_scale = float(logit_scale)
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"logit_scale must be a real number, got {logit_scale!r}") from err
-        if not (logit_scale > 0 and logit_scale < float("inf")):
-            raise ValueError(f"logit_scale must be positive and finite, got {logit_scale}")
+            raise TypeError(f"`generator` must be a liepos.Generator, got {describe(generator)}")
+        with torch.no_grad():
+            if not generator.allow_growth and bool((generator.rates > 0).any()):
+                raise ValueError("`generator` has positive rates (growth) but was not built with allow_growth=True")
         self.generator = generator
-        self.layout = layout
-        self.query_slots = query_slots
-        self.key_slots = key_slots
-        self.num_slots = n_slots
-        self.logit_scale = logit_scale
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        if (query_slots is None) != (key_slots is None):
+            raise ValueError("`query_slots` and `key_slots` must be given together")
+        self.query_slots = None if query_slots is None else _slots("query_slots", query_slots)
+        self.key_slots = None if key_slots is None else _slots("key_slots", key_slots)
+        self.num_slots = 0 if query_slots is None else self._check_slots()
+        self.num_heads = self._heads()
+        self.logit_scale = check_real("logit_scale", logit_scale, positive=True)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"`name` must be a string or None, got {describe(name)}")
         self.name = name
+        if length_rule is not None and not callable(length_rule):
+            raise TypeError(f"`length_rule` must be callable (length -> Encoding), got {describe(length_rule)}")
         self.length_rule = length_rule
+        self.length = None if length is None else int(check_real("length", length, positive=True))
         self._plan: Plan | None = None
+        self._slot_part: tuple[Generator, Plan] | None = None
+
+    def _check_slots(self) -> int:
+        n = int(self.query_slots.shape[-1])
+        if self.key_slots.shape[-1] != n:
+            raise ValueError(f"`query_slots` has {n} slots but `key_slots` has {self.key_slots.shape[-1]}")
+        g = self.generator
+        if n >= g.dim:
+            raise ValueError(f"{n} slots leave no content dims in a {g.dim}-dim generator")
+        boundary = g.dim - n  # no block may straddle the content/slot boundary
+        for off, w in zip(g.offsets, g.widths):
+            if off < boundary < off + w:
+                raise ValueError(
+                    f"a generator block spans dims {off}..{off + w - 1}, across the content/slot boundary at {boundary}"
+                )
+        return n
+
+    def _heads(self) -> int | None:
+        heads = {self.generator.num_heads}
+        for s in (self.query_slots, self.key_slots):
+            if s is not None and s.dim() == 2:
+                heads.add(int(s.shape[0]))
+        heads.discard(None)
+        if len(heads) > 1:
+            raise ValueError(f"the generator and the slots disagree on the number of heads: {sorted(heads)}")
+        return heads.pop() if heads else None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -207,16 +189,9 @@ class Encoding:
         return self.generator.dim - self.num_slots
 
     @property
-    def num_heads(self) -> int | None:
-        """Heads of the per-head parameters (generator or slots), or ``None`` if shared."""
-        heads = {self.generator.num_heads}
-        for s in (self.query_slots, self.key_slots):
-            if s is not None and s.dim() == 2:
-                heads.add(int(s.shape[0]))
-        heads.discard(None)
-        if len(heads) > 1:
-            raise ValueError(f"the generator and the slots disagree on the number of heads: {sorted(heads)}")
-        return heads.pop() if heads else None
+    def num_axes(self) -> int | None:
+        """Number of position axes (positions ``(…, seq, axes)``), or ``None`` for positions ``(…, seq)``."""
+        return self.generator.num_axes
 
     @property
     def is_relative_everywhere(self) -> bool:
@@ -229,15 +204,9 @@ class Encoding:
         return not self.is_relative_everywhere
 
     @property
-    def _source(self) -> Any:
-        """The generator the constructor took (subclasses with several axes keep theirs)."""
-        return self.generator
-
-    @property
     def plan(self) -> Plan:
         if self._plan is None:
-            structure = getattr(self._source, "structure", self._source)
-            self._plan = make_plan(structure, self.layout, self.num_slots)
+            self._plan = make_plan(self.generator, self.layout, self.num_slots)
         return self._plan
 
     @property
@@ -246,27 +215,30 @@ class Encoding:
         slots = None
         if self.query_slots is not None:
             slots = (tuple(self.query_slots.reshape(-1).tolist()), tuple(self.key_slots.reshape(-1).tolist()))
-        return (self._source.key(), self.layout, slots, self.logit_scale)
+        return (self.generator.key(), self.layout, slots, self.logit_scale)
 
     def replace(self, **changes: Any) -> Encoding:
         """A copy with the given constructor fields replaced (``generator``, ``layout``, …)."""
         fields = dict(
-            generator=self._source, layout=self.layout, query_slots=self.query_slots,
-            key_slots=self.key_slots, logit_scale=self.logit_scale, name=self.name,
-            length_rule=self.length_rule,
+            generator=self.generator, layout=self.layout, query_slots=self.query_slots, key_slots=self.key_slots,
+            logit_scale=self.logit_scale, name=self.name, length_rule=self.length_rule, length=self.length,
         )
         unknown = set(changes) - set(fields)
         if unknown:
-            raise TypeError(f"{type(self).__name__}.replace got unknown fields {sorted(unknown)}")
+            raise TypeError(f"Encoding.replace got unknown fields {sorted(unknown)}")
         fields.update(changes)
-        g = fields.pop("generator")
-        return type(self)(g, **fields)
+        return Encoding(fields.pop("generator"), **fields)
 
     def at_length(self, length: int) -> Encoding:
-        """The encoding used for sequences of ``length`` positions (length-dependent generators)."""
+        """The encoding used for sequences of ``length`` positions (``max position + 1``).
+
+        A length-independent encoding returns itself; a length-dependent one (dynamic NTK, LongRoPE)
+        returns its rule's encoding for ``length``, which then accepts positions up to ``length − 1``.
+        """
         if self.length_rule is None:
             return self
-        return self.length_rule(int(length))
+        L = int(check_real("length", length, positive=True))
+        return self.length_rule(L).replace(length=L)
 
     def __repr__(self) -> str:
         name = f"{self.name!r}, " if self.name else ""
@@ -274,45 +246,49 @@ class Encoding:
         scale = f", logit_scale={self.logit_scale:g}" if self.logit_scale != 1.0 else ""
         return f"Encoding({name}{self.generator!r}, layout={self.layout!r}{slots}{scale})"
 
-    # ------------------------------------------------------------------ application
-    def _check(self, x: torch.Tensor, name: str, full: bool = False) -> None:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must have shape (batch, heads, seq, dim), got {tuple(x.shape)}")
+    # ------------------------------------------------------------------ checks
+    def _check(self, x: Any, name: str, full: bool = False) -> None:
+        check_tensor(name, x, ndim=4, floating=True)
         want = self.dim if full else self.content_dim
         if x.shape[-1] != want:
             raise ValueError(
-                f"{name} has last dim {x.shape[-1]} but the encoding expects {want}"
+                f"`{name}` has last dim {x.shape[-1]} but the encoding expects {want}"
                 + ("" if full or not self.num_slots else f" (content dims; {self.num_slots} slots are appended)")
             )
         H = self.num_heads
         if H is not None and x.shape[1] != H:
-            raise ValueError(
-                f"{name} has {x.shape[1]} heads but the encoding has per-head parameters for {H} heads"
-            )
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+            raise ValueError(f"`{name}` has {x.shape[1]} heads but the encoding has per-head parameters for {H} heads")
 
-    def _with_slots(self, x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
-        if slots is None:
-            return x
-        B, H, S, _ = x.shape
-        s = slots.to(device=x.device, dtype=torch.float32 if x.dtype in _LOW else x.dtype)
-        s = s.reshape(1, -1, 1, self.num_slots).expand(B, H, S, self.num_slots)  # (B, H, S, slots)
-        return torch.cat((x.to(s.dtype), s), dim=-1).to(x.dtype if x.dtype not in _LOW else s.dtype)
+    def _check_length(self, pos: torch.Tensor, name: str) -> None:
+        """A length-dependent encoding is used only at a known length, never silently unscaled."""
+        if self.length_rule is None or torch.compiler.is_compiling() or not pos.numel():
+            return
+        need = int(math.floor(float(pos.detach().max()))) + 1
+        if self.length is None or need > self.length:
+            have = "no known length" if self.length is None else f"length {self.length}"
+            raise ValueError(
+                f"{self!r} is length-dependent (its frequencies depend on the sequence length) and has {have}, "
+                f"but `{name}` reach {need - 1}: call enc.at_length({need}) first (or use liepos.attention, "
+                f"which does)"
+            )
 
     def _relative(self, positions: Any, x: torch.Tensor, origin: Any, name: str) -> torch.Tensor:
-        pos = as_positions(positions, x.shape[-2], x.shape[0], name)
+        pos = as_positions(positions, x.shape[-2], x.shape[0], name, self.num_axes)
+        self._check_length(pos, name)
         if origin is not None:
-            o = torch.as_tensor(origin, dtype=torch.float64, device=pos.device)
-            if not bool(torch.isfinite(o).all()):
-                raise ValueError(f"origin must be finite, got {o.tolist()}")
-            if o.dim() == 1 and pos.dim() == 2:
-                o = o.unsqueeze(-1)  # a per-batch origin
+            o = check_real_tensor("origin", origin, dtype=torch.float64).to(pos.device)
+            per_batch = 1 if self.num_axes is None else 2  # origin (batch,) or (batch, axes)
+            if o.dim() == per_batch and pos.dim() == per_batch + 1:
+                o = o.unsqueeze(-1 if self.num_axes is None else -2)  # (batch, 1[, axes])
             pos = pos - o
+            one = self.num_axes is None
+            if pos.dim() > (2 if one else 3) or pos.shape[-1 if one else -2] != x.shape[-2] or (
+                not one and pos.shape[-1] != self.num_axes
+            ):
+                raise ValueError(f"`origin` of shape {tuple(o.shape)} does not fit `{name}` (shape {tuple(pos.shape)} after it)")
         return pos.to(x.device)
 
+    # ------------------------------------------------------------------ application
     def tables(self, positions: torch.Tensor, side: str) -> Tables:
         """Float64 tables of F (``side="query"``) or G (``side="key"``) at already re-centred positions."""
         if torch.compiler.is_compiling():
@@ -322,6 +298,14 @@ class Encoding:
             plan = self.plan
         return build_tables(self.generator, plan, positions, side)
 
+    def _with_slots(self, x: torch.Tensor, slots: torch.Tensor | None) -> torch.Tensor:
+        if slots is None:
+            return x
+        B, H, S, _ = x.shape
+        s = slots.to(device=x.device, dtype=work_dtype(x.dtype))
+        s = s.reshape(1, -1, 1, self.num_slots).expand(B, H, S, self.num_slots)  # (H|1, slots) -> (B, H, S, slots)
+        return torch.cat((x.to(s.dtype), s), dim=-1).to(x.dtype if x.dtype not in LOW_PRECISION else s.dtype)
+
     def _apply(
         self, x: torch.Tensor, pos: torch.Tensor, side: str, slots: bool = False, inplace: bool = False
     ) -> torch.Tensor:
@@ -329,42 +313,79 @@ class Encoding:
 
         The fast path (:mod:`liepos._fast`: one pass per block kind, cached tables, a backward that
         saves only the tables) runs whenever the tables need no gradient and nothing is being traced;
-        otherwise the readable path :func:`apply_tables` (autograd through the tables, or a graph that
-        ``torch.compile`` fuses) gives the same values.
+        otherwise the readable path :func:`liepos.apply.apply_tables` (autograd through the tables, or a
+        graph that ``torch.compile`` fuses) gives the same values.
         """
-        if self.generator.basis is None:
-            from liepos import _fast
-
-            y = _fast.encode_fast(self, x, pos, side, slots, inplace=inplace)
-            if y is not None:
-                return y
+        check_range(self.generator, pos, side, x.dtype)
+        if self._fast_usable(x, pos):
+            work = work_dtype(x.dtype)
+            ft = self._fast_tables(pos, side, work, slots)
+            # slots stay float32 for half-precision inputs (as _with_slots does): ALiBi's slot values
+            # need more than bfloat16's 8 bits
+            out_dtype = work if (slots and self.num_slots and x.dtype in LOW_PRECISION) else x.dtype
+            return apply_fast(x, ft, inplace=inplace, out_dtype=out_dtype)
         if inplace:
             raise ValueError("inplace=True needs the fast path (canonical basis, tables without gradient, eager)")
         if slots:
             x = self._with_slots(x, self.query_slots if side == "query" else self.key_slots)
         t = self.tables(pos, side)
-        if not torch.compiler.is_compiling():
-            self._check_finite(t, x.dtype, pos, side)
         if self.generator.basis is not None:
             # a fixed change of basis around the canonical tables: O(d²) per token, no per-position matrix
             return apply_in_basis(x, self.generator.basis, self.plan.inv, t, side)
         return apply_tables(x, t)
 
-    def _check_finite(self, t: Tables, dtype: torch.dtype, pos: torch.Tensor, side: str) -> None:
-        lim = torch.finfo(torch.float32 if dtype in _LOW else dtype).max
-        for name, tab in (("scale", t.a), ("coupling", t.coef)):
-            if tab is not None:
-                m = float(tab.detach().abs().max()) if tab.numel() else 0.0
-                if not m < lim:
-                    raise OverflowError(
-                        f"the {side} {name} table overflows {dtype} (max {m:.3g}) at positions up to "
-                        f"{float(pos.detach().abs().max()):.6g}: re-centre with origin= (scores do not "
-                        f"change) or use liepos.attention, which re-centres per query block"
-                    )
+    def _fast_usable(self, x: torch.Tensor, pos: torch.Tensor) -> bool:
+        """The fast path applies: canonical basis, a plane partner it can stride, no gradient into the tables, eager."""
+        g = self.generator
+        if g.basis is not None or torch.compiler.is_compiling() or self.plan.partner == "gather":
+            return False
+        return not (pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad or x.is_complex())
 
-    def query(
-        self, q: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False
-    ) -> torch.Tensor:
+    def _fast_tables(self, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables:
+        """Fast tables at ``pos``: rows of a cached window for an integer range, else built for ``pos``."""
+        p0 = _arange_start(pos) if self.num_axes is None else None
+        if p0 is None:
+            return self._build_fast(pos, side, work, with_slots)
+        S = pos.shape[-1]
+        base, end = _window(p0, S)
+        rows = (end - base) * (self.num_heads or 1)
+        estimate = rows * (2 * self.dim + int(self.plan.dst.numel())) * torch.finfo(work).bits // 8
+        if estimate * _WINDOW_SHARE > CACHE.max_bytes:
+            return self._build_fast(pos, side, work, with_slots)  # too big to cache: exactly what was asked
+        key = (pos.device, work, self.version, side, with_slots, base, end)
+        window = lambda: self._build_fast(  # noqa: E731
+            torch.arange(base, end, dtype=torch.float64, device=pos.device), side, work, with_slots
+        )
+        return CACHE.get(key, window).rows(p0 - base, p0 - base + S)
+
+    def _build_fast(self, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables:
+        t = self.tables(pos, side)
+        sv = self._slot_values(pos, side, work) if with_slots and self.num_slots else None
+        ft = fast_tables(t, self.content_dim if with_slots else self.dim, work)
+        if sv is not None:
+            ft.slot_vals = sv
+            ft.width = self.dim
+            ft.identity = False
+        return ft
+
+    def _slot_values(self, pos: torch.Tensor, side: str, work: torch.dtype) -> torch.Tensor:
+        """Encoded slot values ``(…, S, slots)``: the slot blocks' transform of the constant slots."""
+        g, n = self.generator, self.num_slots
+        if self._slot_part is None:
+            first = next(i for i, off in enumerate(g.offsets) if off >= g.dim - n)
+            sub = Generator(g.rates[..., first:], g.freqs[..., first:], g.sizes[first:], complex=g.complex[first:],
+                            allow_growth=True, axes=g.num_axes, nus=None if g.nus is None else g.nus[..., first:])
+            self._slot_part = (sub, make_plan(sub, "interleaved"))
+        sub, plan = self._slot_part
+        t = build_tables(sub, plan, pos, side)
+        c = (self.query_slots if side == "query" else self.key_slots).to(device=pos.device, dtype=torch.float64)
+        c = c.reshape(1, -1, 1, n)  # (H|1, n) -> (1, H|1, 1, n)
+        B = pos.shape[0] if pos.dim() == (2 if self.num_axes is None else 3) else 1
+        S = pos.shape[-1 if self.num_axes is None else -2]
+        y = apply_tables(c.expand(B, c.shape[1], S, n), t)  # float64, (B, H|1, S, n)
+        return y.to(work) if pos.dim() == (2 if self.num_axes is None else 3) else y[0].to(work)
+
+    def query(self, q: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False) -> torch.Tensor:
         """``F(t − o) [q; query_slots]`` for queries (batch, heads, seq, content_dim).
 
         ``inplace=True`` overwrites ``q`` (no slots; autograd-safe: the backward needs only the tables).
@@ -373,9 +394,7 @@ class Encoding:
         pos = self._relative(positions, q, origin, "positions")
         return self._apply(q, pos, "query", slots=True, inplace=inplace)
 
-    def key(
-        self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False
-    ) -> torch.Tensor:
+    def key(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False) -> torch.Tensor:
         """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim); ``inplace`` as in :meth:`query`."""
         self._check(k, "k")
         pos = self._relative(positions, k, origin, "positions")
@@ -385,46 +404,29 @@ class Encoding:
         """``A(Δ) x`` on already encoded keys: moves keys encoded at origin ``o`` to ``o + Δ``.
 
         ``key(k, s, origin=o + Δ) == transport(key(k, s, origin=o), Δ)``, since
-        ``G(s − o − Δ) = A(Δ) G(s − o)``. ``delta`` is a scalar or one value per key ``(seq,)``.
+        ``G(s − o − Δ) = A(Δ) G(s − o)``. ``delta`` is one value (``(axes,)`` with several axes) or one
+        per key, ``(seq,)`` (``(seq, axes)``).
         """
         self._check(x, "x", full=True)
-        d = torch.as_tensor(delta, dtype=torch.float64, device=x.device)
-        if d.dim() == 0:
-            d = d.expand(x.shape[-2])
+        d = check_real_tensor("delta", delta, dtype=torch.float64).to(x.device)
+        if d.dim() == (0 if self.num_axes is None else 1):
+            d = d.expand(x.shape[-2], *d.shape)  # one shift for every key: (seq[, axes])
         # A(Δ) = G(−Δ)
-        return self._apply(x, as_positions(-d, x.shape[-2], x.shape[0], "delta"), "key")
+        return self._apply(x, as_positions(-d, x.shape[-2], x.shape[0], "delta", self.num_axes), "key")
 
     # ------------------------------------------------------------------ dense reference path
     def _dense(self, pos: torch.Tensor, side: str) -> torch.Tensor:
-        """Dense F or G per position in storage order, shape (…, seq, d, d) broadcastable to x."""
-        g = self.generator
-        u = pos if side == "query" else -pos
-        A = g.exp(u)  # (*pos, *heads, d, d)
-        if side == "query":
-            A = A.transpose(-1, -2)
-        if g.num_heads is not None:
-            # (S, H, d, d) -> (H, S, d, d); (B, S, H, d, d) -> (B, H, S, d, d)
-            A = A.movedim(-3, -4)
-        elif pos.dim() == 2:
-            A = A.unsqueeze(1)  # (B, 1, S, d, d)
-        # storage[perm[c]] = canonical[c]: permute rows and columns
-        inv = self.plan.inv.to(A.device)
-        return A.index_select(-1, inv).index_select(-2, inv)
-
-    def _apply_dense(self, x: torch.Tensor, pos: torch.Tensor, side: str) -> torch.Tensor:
-        M = self._dense(pos, side)
-        work = torch.float64 if M.dtype == torch.float64 else M.dtype
-        return (M.to(work) @ x.to(work).unsqueeze(-1)).squeeze(-1).to(x.dtype)
+        """:func:`liepos.apply.dense_transform` of this encoding (kept for bench.py's import)."""
+        return dense_transform(self.generator, self.plan, pos, side)
 
     def query_reference(self, q: torch.Tensor, positions: Any = None, *, origin: Any = None) -> torch.Tensor:
         """Reference path: the dense matrix ``exp((t − o) X)ᵀ`` per position, times ``[q; slots]``."""
         self._check(q, "q")
         pos = self._relative(positions, q, origin, "positions")
-        return self._apply_dense(self._with_slots(q, self.query_slots), pos, "query")
+        return apply_dense(self._with_slots(q, self.query_slots), self.generator, self.plan, pos, "query")
 
     def key_reference(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None) -> torch.Tensor:
         """Reference path: the dense matrix ``exp(−(s − o) X)`` per position, times ``[k; slots]``."""
         self._check(k, "k")
         pos = self._relative(positions, k, origin, "positions")
-        return self._apply_dense(self._with_slots(k, self.key_slots), pos, "key")
-
+        return apply_dense(self._with_slots(k, self.key_slots), self.generator, self.plan, pos, "key")

@@ -15,9 +15,15 @@ unless ``rotary_dim`` is given.
 
 The formulas follow ``transformers.modeling_rope_utils`` (``ROPE_INIT_FUNCTIONS``) and are
 checked against it in ``tests/test_scaling.py``; here they are evaluated in float64.
-Length-dependent maps (``dynamic``, ``longrope``) return an encoding with a ``length_rule``:
-:meth:`Encoding.at_length` (called by :func:`liepos.attention` with ``L = max position + 1``)
-returns the encoding for that length.
+Length-dependent maps (``dynamic``, ``longrope``) return an encoding with a ``length_rule`` (a
+picklable :class:`LengthRule`): :meth:`Encoding.at_length` (called by :func:`liepos.attention` with
+``L = max position + 1``) returns the encoding for that length. Until its length is known such an
+encoding refuses ``query``/``key`` with a message that says to call ``enc.at_length(L)``: it never
+silently uses the unscaled frequencies.
+
+With several position axes (axial RoPE, M-RoPE) plane k has a frequency *vector* ``(ω_k,1 … ω_k,m)``;
+a map rescales its length ``|ω_k|`` and keeps its direction, so M-RoPE (one axis per plane) is scaled
+exactly as Hugging Face scales its ``inv_freq``, and ``linear`` still divides every position by ``s``.
 
 >>> import liepos as lp
 >>> enc = linear(lp.rope(8), factor=4.0)
@@ -27,17 +33,21 @@ returns the encoding for that length.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
-from numbers import Real
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
+from liepos._checks import check_bool, check_int, check_real, check_real_tensor, describe
 from liepos.encoding import Encoding
 
 __all__ = [
     "SCALINGS",
+    "LengthRule",
     "scale",
     "linear",
     "ntk",
@@ -53,53 +63,28 @@ __all__ = [
     "longrope_attention_factor",
 ]
 
-_TWO_PI = 2 * math.pi
 
-
-# ---------------------------------------------------------------------- validation
 def _real(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (Real, torch.Tensor)):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex():
-            raise TypeError(f"{name} must be a real number, got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    return float(value)
+    """A finite real number (interop's import; prefer :func:`liepos._checks.check_real`)."""
+    return check_real(name, value)
 
 
 def _positive(value: Any, name: str) -> float:
     """A positive, finite real number (bools refused), named in the error."""
-    x = _real(value, name)
-    if not (x > 0 and math.isfinite(x)):
-        raise ValueError(f"{name} must be positive and finite, got {value!r}")
-    return x
-
-
-def _fraction(value: Any, name: str) -> float:
-    x = _real(value, name)
-    if not (0.0 <= x <= 1.0):
-        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
-    return x
+    return check_real(name, value, positive=True)
 
 
 def _factors(values: Any, name: str, planes: int) -> torch.Tensor:
-    try:
-        t = torch.as_tensor(values, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise TypeError(f"{name} must be a sequence of real numbers, got {values!r}") from err
-    if t.dim() != 1 or t.shape[0] != planes:
-        raise ValueError(
-            f"{name} must have one entry per rotation plane ({planes}), got shape {tuple(t.shape)}"
-        )
-    if not bool(torch.isfinite(t).all()) or not bool((t > 0).all()):
-        raise ValueError(f"{name} must be positive and finite, got {t.tolist()}")
+    t = check_real_tensor(name, values, ndim=1, positive=True)
+    if t.shape[0] != planes:
+        raise ValueError(f"`{name}` must have one entry per rotation plane ({planes}), got shape {tuple(t.shape)}")
     return t
 
 
 # ---------------------------------------------------------------------- the spectrum
 def _planes(enc: Encoding) -> list[int]:
     if not isinstance(enc, Encoding):
-        raise TypeError(f"enc must be a liepos.Encoding, got {type(enc).__name__}")
+        raise TypeError(f"`enc` must be a liepos.Encoding, got {describe(enc)}")
     idx = [i for i, c in enumerate(enc.generator.complex) if c]
     if not idx:
         raise ValueError(
@@ -112,21 +97,24 @@ def rotation_freqs(enc: Encoding) -> torch.Tensor:
     """The frequencies of the rotation (complex) blocks of ``enc``, shape ``(*heads, planes)``.
 
     For a Hugging Face encoding in the half layout this is ``inv_freq`` (with NoPE planes of
-    frequency 0 for ``proportional``).
+    frequency 0 for ``proportional``). With several position axes, the length ``|ω_k|`` of each
+    plane's frequency vector (for M-RoPE, RoPE's ``inv_freq`` again).
 
-    >>> import liepos as lp
-    >>> rotation_freqs(lp.rope(4, base=100.0)).tolist()
-    [1.0, 0.1]
+    >>> import torch, liepos as lp
+    >>> bool(torch.equal(rotation_freqs(lp.rope(8, base=100.0)), lp.rope_freqs(8, base=100.0)))
+    True
+    >>> bool(torch.equal(rotation_freqs(lp.mrope(8, (2, 1, 1))), lp.rope_freqs(8)))
+    True
     """
     idx = _planes(enc)
-    return enc.generator.freqs[..., idx].to(torch.float64)
+    w = enc.generator.freqs[..., idx].to(torch.float64)
+    return w if enc.num_axes is None else w.norm(dim=-2)  # (*heads, axes, planes) -> (*heads, planes)
 
 
 def _rotary_dim(planes: int, rotary_dim: Any) -> int:
     if rotary_dim is None:
         return 2 * planes
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
-        raise TypeError(f"rotary_dim must be an int, got {rotary_dim!r}")
+    rotary_dim = check_int("rotary_dim", rotary_dim, min=1)
     if (rotary_dim + 1) // 2 != planes:
         raise ValueError(
             f"rotary_dim={rotary_dim} does not match the encoding's {planes} rotation planes "
@@ -140,33 +128,46 @@ def _with_freqs(enc: Encoding, w: torch.Tensor, logit: float, tag: str) -> Encod
     idx = _planes(enc)
     g = enc.generator
     freqs = g.freqs.to(torch.float64).clone()
-    freqs[..., idx] = w.to(freqs.dtype)
+    if enc.num_axes is None:
+        freqs[..., idx] = w.to(freqs.dtype)
+    else:  # keep each plane's direction, set its length: ω_k ↦ (ω_k / |ω_k|) · w_k (exact when one axis owns it)
+        old = freqs[..., idx]  # (*heads, axes, planes)
+        mag = old.norm(dim=-2, keepdim=True)
+        direction = torch.where(mag > 0, old / mag.clamp_min(torch.finfo(old.dtype).tiny), torch.zeros_like(old))
+        freqs[..., idx] = direction * w.to(freqs.dtype).unsqueeze(-2)  # (*heads, 1, planes) against the axes
     name = f"{enc.name}+{tag}" if enc.name else tag
     return enc.replace(
         generator=g.with_params(freqs=freqs), logit_scale=enc.logit_scale * logit, name=name
     )
 
 
-def _build(
-    enc: Encoding,
-    at: Callable[[Encoding, int | None], Encoding],
-    length_dependent: bool = False,
-) -> Encoding:
+@dataclass(frozen=True)
+class LengthRule:
+    """``enc.at_length(L)`` of a scaled encoding: the map ``at`` applied to ``source.at_length(L)`` at ``L``.
+
+    A plain dataclass of an encoding and a :func:`functools.partial` of a module-level function, so a
+    scaled encoding pickles and survives ``torch.save``. The rule stays attached to every result, so
+    ``enc.at_length(L1).at_length(L2) == enc.at_length(L2)`` and a static map composed on a
+    length-dependent one re-applies at each length.
+    """
+
+    source: Encoding
+    at: Callable[[Encoding, int | None], Encoding]
+
+    def __call__(self, length: int) -> Encoding:
+        return self.at(self.source.at_length(length), length).replace(length_rule=self)
+
+
+def _build(enc: Encoding, at: Callable[[Encoding, int | None], Encoding], length_dependent: bool = False) -> Encoding:
     """Apply ``at(e, L)`` to ``enc`` (``L=None``: no length known) and carry length rules through.
 
     An input that already has a ``length_rule`` keeps it, composed: at length L the result is
     ``at(enc.at_length(L), L)``. A length-dependent map installs a rule of its own.
     """
     _planes(enc)  # an Encoding with rotation blocks, or a named error
-    inner = enc.length_rule
-    if inner is None and not length_dependent:
+    if enc.length_rule is None and not length_dependent:
         return at(enc, None)
-
-    def rule(length: int) -> Encoding:
-        base = enc if inner is None else inner(length)
-        return at(base, length).replace(length_rule=rule)
-
-    return at(enc, None).replace(length_rule=rule)
+    return at(enc, None).replace(length_rule=LengthRule(enc, at), length=None)
 
 
 def _index_power(P: int, d: int, kappa: float) -> torch.Tensor:
@@ -191,7 +192,11 @@ def linear(enc: Encoding, *, factor: float) -> Encoding:
     [0.5, 0.005]
     """
     s = _positive(factor, "factor")
-    return _build(enc, lambda e, L: _with_freqs(e, rotation_freqs(e) / s, 1.0, f"linear({s:g})"))
+    return _build(enc, partial(_linear_at, s))
+
+
+def _linear_at(s: float, e: Encoding, L: int | None) -> Encoding:
+    return _with_freqs(e, rotation_freqs(e) / s, 1.0, f"linear({s:g})")
 
 
 def ntk(enc: Encoding, *, factor: float, rotary_dim: int | None = None) -> Encoding:
@@ -210,13 +215,13 @@ def ntk(enc: Encoding, *, factor: float, rotary_dim: int | None = None) -> Encod
     (1.0, 0.00125)
     """
     s = _positive(factor, "factor")
+    return _build(enc, partial(_ntk_at, s, rotary_dim))
 
-    def at(e: Encoding, L: int | None) -> Encoding:
-        w = rotation_freqs(e)
-        d = _rotary_dim(w.shape[-1], rotary_dim)
-        return _with_freqs(e, w * _index_power(w.shape[-1], d, s), 1.0, f"ntk({s:g})")
 
-    return _build(enc, at)
+def _ntk_at(s: float, rotary_dim: int | None, e: Encoding, L: int | None) -> Encoding:
+    w = rotation_freqs(e)
+    d = _rotary_dim(w.shape[-1], rotary_dim)
+    return _with_freqs(e, w * _index_power(w.shape[-1], d, s), 1.0, f"ntk({s:g})")
 
 
 def dynamic(
@@ -245,17 +250,25 @@ def dynamic(
     """
     s = _positive(factor, "factor")
     L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
-
-    def at(e: Encoding, L: int | None) -> Encoding:
-        if L is None or L <= L0:
-            return e
-        w = rotation_freqs(e)
-        d = _rotary_dim(w.shape[-1], rotary_dim)
-        kappa = (s * L / L0) - (s - 1)
-        return _with_freqs(e, w * _index_power(w.shape[-1], d, kappa), 1.0, f"dynamic({s:g}, L={L})")
-
     _rotary_dim(len(_planes(enc)), rotary_dim)  # validate now, not at the first long sequence
-    return _build(enc, at, length_dependent=True)
+    return _build(enc, partial(_dynamic_at, s, L0, rotary_dim), length_dependent=True)
+
+
+def _dynamic_at(s: float, L0: float, rotary_dim: int | None, e: Encoding, L: int | None) -> Encoding:
+    if L is None or L <= L0:
+        return e
+    w = rotation_freqs(e)
+    d = _rotary_dim(w.shape[-1], rotary_dim)
+    kappa = (s * L / L0) - (s - 1)
+    return _with_freqs(e, w * _index_power(w.shape[-1], d, kappa), 1.0, f"dynamic({s:g}, L={L})")
+
+
+# YaRN's magnitude correction: 0.1·ln s per unit of mscale (Peng et al. 2023, eq. 4's √(1/t) = 0.1 ln s + 1)
+_YARN_MSCALE_SLOPE = 0.1
+# a ramp whose ends meet is widened by this much, as upstream does, to avoid dividing by zero
+_YARN_RAMP_EPS = 0.001
+# the spectrum counts as geometric when every log-ratio agrees with the mean to this relative tolerance
+_GEOMETRIC_RTOL = 1e-6
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -267,10 +280,10 @@ def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     >>> round(yarn_mscale(40.0, 0.707) ** 2, 4), round(yarn_mscale(40.0, 1.0) ** 2, 4)
     (1.5896, 1.8739)
     """
-    s = _real(scale, "scale")
+    s = check_real("scale", scale)
     if s <= 1:
         return 1.0
-    return 0.1 * _real(mscale, "mscale") * math.log(s) + 1.0
+    return _YARN_MSCALE_SLOPE * check_real("mscale", mscale) * math.log(s) + 1.0
 
 
 def yarn_attention_factor(
@@ -320,13 +333,13 @@ def yarn_correction_range(
     >>> round(lo, 4), round(hi, 3)
     (8.0928, 17.398)
     """
-    d = int(rotary_dim)
+    d = check_int("rotary_dim", rotary_dim, min=1)
     b = _positive(base, "base")
     if b == 1.0:
         raise ValueError("base must differ from 1 (a constant spectrum has no correction range)")
     L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
     return _correction_range(d, math.log(b), 1.0, L0, _positive(beta_fast, "beta_fast"),
-                             _positive(beta_slow, "beta_slow"), bool(truncate))
+                             _positive(beta_slow, "beta_slow"), check_bool("truncate", truncate))
 
 
 def _correction_range(
@@ -353,7 +366,7 @@ def _spectrum_log_base(w: torch.Tensor, d: int) -> tuple[float, float]:
         )
     ratios = [vals[i + 1] / vals[i] for i in range(P - 1)]
     log_rho = math.log(vals[-1] / vals[0]) / (P - 1)
-    if any(abs(math.log(q) - log_rho) > 1e-6 * max(1.0, abs(log_rho)) for q in ratios):
+    if any(abs(math.log(q) - log_rho) > _GEOMETRIC_RTOL * max(1.0, abs(log_rho)) for q in ratios):
         raise ValueError(
             "yarn needs base= here: the rotation spectrum is not geometric (ω_i = ω_0·b^(−2i/d)), "
             "so the plane index of a wavelength is not defined by a base"
@@ -398,36 +411,37 @@ def yarn(
     L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
     bf = _positive(beta_fast, "beta_fast")
     bs = _positive(beta_slow, "beta_slow")
-    if not isinstance(truncate, bool):
-        raise TypeError(f"truncate must be a bool, got {truncate!r}")
+    truncate = check_bool("truncate", truncate)
     b = None if base is None else _positive(base, "base")
     if b == 1.0:
-        raise ValueError("base must differ from 1")
+        raise ValueError("`base` must differ from 1, got 1.0")
     af = yarn_attention_factor(s, mscale=mscale, mscale_all_dim=mscale_all_dim, attention_factor=attention_factor)
+    return _build(enc, partial(_yarn_at, s, L0, bf, bs, truncate, b, rotary_dim, af))
 
-    def at(e: Encoding, L: int | None) -> Encoding:
-        w = rotation_freqs(e)
-        P = int(w.shape[-1])
-        d = _rotary_dim(P, rotary_dim)
-        rows = w.reshape(-1, P)
-        i = torch.arange(P, dtype=torch.float64)
-        out = []
-        for row in rows:
-            if b is None:
-                log_b, w0 = _spectrum_log_base(row, d)
-            else:
-                log_b, w0 = math.log(b), float(row[0])
-                if w0 <= 0:
-                    raise ValueError(f"yarn needs a positive first frequency, got {w0}")
-            low, high = _correction_range(d, log_b, w0, L0, bf, bs, truncate)
-            if low == high:
-                high += 0.001  # as upstream: avoid the singular ramp
-            gamma = ((i - low) / (high - low)).clamp(0.0, 1.0)
-            out.append(row * (1.0 - gamma) + (row / s) * gamma)
-        new = torch.stack(out).reshape(w.shape)
-        return _with_freqs(e, new, af * af, f"yarn({s:g})")
 
-    return _build(enc, at)
+def _yarn_at(
+    s: float, L0: float, bf: float, bs: float, truncate: bool, b: float | None, rotary_dim: int | None, af: float,
+    e: Encoding, L: int | None,
+) -> Encoding:
+    w = rotation_freqs(e)
+    P = int(w.shape[-1])
+    d = _rotary_dim(P, rotary_dim)
+    i = torch.arange(P, dtype=torch.float64)
+    out = []
+    for row in w.reshape(-1, P):  # (*heads, planes) -> (rows, planes)
+        if b is None:
+            log_b, w0 = _spectrum_log_base(row, d)
+        else:
+            log_b, w0 = math.log(b), float(row[0])
+            if w0 <= 0:
+                raise ValueError(f"yarn needs a positive first frequency, got {w0}")
+        low, high = _correction_range(d, log_b, w0, L0, bf, bs, truncate)
+        if low == high:
+            high += _YARN_RAMP_EPS
+        gamma = ((i - low) / (high - low)).clamp(0.0, 1.0)
+        out.append(row * (1.0 - gamma) + (row / s) * gamma)
+    new = torch.stack(out).reshape(w.shape)  # (rows, planes) -> (*heads, planes)
+    return _with_freqs(e, new, af * af, f"yarn({s:g})")
 
 
 def longrope_attention_factor(
@@ -488,14 +502,13 @@ def longrope(
     else:
         s = _positive(factor, "factor")
     af = longrope_attention_factor(s, L0, attention_factor)
+    return _build(enc, partial(_longrope_at, short, long, L0, af), length_dependent=True)
 
-    def at(e: Encoding, L: int | None) -> Encoding:
-        use_long = L is not None and L > L0
-        lam = long if use_long else short
-        tag = f"longrope({'long' if use_long else 'short'})"
-        return _with_freqs(e, rotation_freqs(e) / lam, af * af, tag)
 
-    return _build(enc, at, length_dependent=True)
+def _longrope_at(short: torch.Tensor, long: torch.Tensor, L0: float, af: float, e: Encoding, L: int | None) -> Encoding:
+    use_long = L is not None and L > L0
+    tag = f"longrope({'long' if use_long else 'short'})"
+    return _with_freqs(e, rotation_freqs(e) / (long if use_long else short), af * af, tag)
 
 
 def llama3(
@@ -528,21 +541,19 @@ def llama3(
     hi = _positive(high_freq_factor, "high_freq_factor")
     if not hi > lo:
         raise ValueError(
-            f"high_freq_factor must be greater than low_freq_factor, got high_freq_factor={high_freq_factor} "
-            f"and low_freq_factor={low_freq_factor}"
+            f"`high_freq_factor` must be greater than low_freq_factor ({low_freq_factor}), got {high_freq_factor}"
         )
+    return _build(enc, partial(_llama3_at, s, L0, lo, hi))
 
-    def at(e: Encoding, L: int | None) -> Encoding:
-        w = rotation_freqs(e)
-        wavelen = _TWO_PI / w.abs()  # inf for a zero frequency: interpolated (stays 0)
-        alpha = (L0 / wavelen - lo) / (hi - lo)
-        ramp = (1 - alpha) * w / s + alpha * w
-        new = torch.where(wavelen > L0 / lo, w / s, w)
-        medium = ~(wavelen < L0 / hi) & ~(wavelen > L0 / lo)
-        new = torch.where(medium, ramp, new)
-        return _with_freqs(e, new, 1.0, f"llama3({s:g})")
 
-    return _build(enc, at)
+def _llama3_at(s: float, L0: float, lo: float, hi: float, e: Encoding, L: int | None) -> Encoding:
+    w = rotation_freqs(e)
+    wavelen = math.tau / w.abs()  # inf for a zero frequency: interpolated (stays 0)
+    alpha = (L0 / wavelen - lo) / (hi - lo)
+    ramp = (1 - alpha) * w / s + alpha * w
+    new = torch.where(wavelen > L0 / lo, w / s, w)
+    medium = ~(wavelen < L0 / hi) & ~(wavelen > L0 / lo)
+    return _with_freqs(e, torch.where(medium, ramp, new), 1.0, f"llama3({s:g})")
 
 
 def proportional(enc: Encoding, *, partial_rotary_factor: float, factor: float = 1.0) -> Encoding:
@@ -562,17 +573,16 @@ def proportional(enc: Encoding, *, partial_rotary_factor: float, factor: float =
     >>> proportional(lp.rope(8), partial_rotary_factor=0.5).generator.freqs.tolist()
     [1.0, 0.1, 0.0, 0.0]
     """
-    p = _fraction(partial_rotary_factor, "partial_rotary_factor")
+    p = check_real("partial_rotary_factor", partial_rotary_factor, min=0.0, max=1.0)
     s = _positive(factor, "factor")
+    return _build(enc, partial(_proportional_at, p, s))
 
-    def at(e: Encoding, L: int | None) -> Encoding:
-        w = rotation_freqs(e)
-        P = int(w.shape[-1])
-        r = int(p * (2 * P) // 2)
-        keep = (torch.arange(P) < r).to(w.dtype)
-        return _with_freqs(e, w * keep / s, 1.0, f"proportional({p:g})")
 
-    return _build(enc, at)
+def _proportional_at(p: float, s: float, e: Encoding, L: int | None) -> Encoding:
+    w = rotation_freqs(e)
+    P = int(w.shape[-1])
+    keep = (torch.arange(P) < int(p * (2 * P) // 2)).to(w.dtype)
+    return _with_freqs(e, w * keep / s, 1.0, f"proportional({p:g})")
 
 
 # ---------------------------------------------------------------------- the registry
@@ -599,8 +609,6 @@ def scale(enc: Encoding, kind: str, **params: Any) -> Encoding:
         fn = SCALINGS[kind]
     except (KeyError, TypeError):
         raise ValueError(f"unknown scaling {kind!r}; known: {sorted(SCALINGS)}") from None
-    import inspect
-
     sig = inspect.signature(fn)
     accepted = [n for n, p in sig.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
     unknown = sorted(set(params) - set(accepted))

@@ -13,6 +13,10 @@ once); :func:`build_tables` turns positions into the numeric ``a``, ``b`` and ``
 Precision: angles ω·t are formed as an exact double-double product and reduced modulo 2π with a
 three-part Cody–Waite constant, scales e^{λt} and polynomial coefficients in float64; the tables
 are cast once at the end. They never depend on the dtype of the query or key tensors.
+
+Several position axes (a generator with ``axes=m``, positions ``(…, seq, m)``) use the same tables with
+the exponent ``Σ_a λ_a t_a``, the angle ``Σ_a ω_a t_a`` (each axis term reduced exactly) and the
+polynomial time ``Σ_a ν_a t_a``: the blocks of one structure commute, so nothing else changes.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from dataclasses import dataclass
 import torch
 
 from liepos.generator import Generator
+from liepos.structure import Structure
 
-__all__ = ["Plan", "Tables", "assemble_tables", "make_plan", "build_tables", "reduced_angle"]
+__all__ = ["Plan", "Tables", "build_tables", "check_range", "make_plan", "reduced_angle", "storage_order"]
+
+LAYOUTS = ("interleaved", "half")
 
 # 2π = _C1 + _C2 + _C3, with _C1 and _C2 holding 26 significant bits each so that k·_C1 and k·_C2
 # are exact for |k| < 2^27 (angles up to ~8e8 rad, i.e. positions past 2^31 at ω ≤ 0.4).
@@ -81,6 +88,7 @@ def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return r + lo
 
 
+
 @dataclass(frozen=True)
 class Plan:
     """Structural index arrays for one encoding (canonical → storage layout), built once.
@@ -96,6 +104,7 @@ class Plan:
         partner_index: storage dim → storage dim of its plane partner (itself for real dims).
         planes: number of rotation planes P.
         dst, src, power: coupling pairs in storage indices (y[dst] += c_power · z[src]).
+        pair_block: the block of every coupling pair (its polynomial time is that block's).
     """
 
     dim: int
@@ -109,74 +118,77 @@ class Plan:
     dst: torch.Tensor
     src: torch.Tensor
     power: torch.Tensor
+    pair_block: torch.Tensor
 
     @property
     def has_coupling(self) -> bool:
         return int(self.dst.numel()) > 0
 
 
-def make_plan(generator: Generator, layout: str, num_slots: int = 0) -> Plan:
-    """Index arrays for applying ``generator`` in ``layout`` (slots are the last canonical dims)."""
-    d = generator.dim
-    content = d - num_slots
-    block_of, sign, chain, plane_x = [], [], [], []
-    for i, (n, cplx, off) in enumerate(zip(generator.sizes, generator.complex, generator.offsets)):
-        for j in range(n):
-            if cplx:
-                block_of += [i, i]
-                sign += [-1, 1]
-                chain += [j, j]
-                plane_x.append(off + 2 * j)
-            else:
-                block_of.append(i)
-                sign.append(0)
-                chain.append(j)
-    # the storage permutation
+def storage_order(plane_starts: list[int], dim: int, content: int, layout: str) -> list[int]:
+    """``perm[c]``: the storage index of canonical dim ``c`` in ``layout`` — the one layout permutation.
+
+    ``plane_starts`` are the canonical first dims of the rotation planes (plane k is ``(c_k, c_k + 1)``);
+    ``"interleaved"`` stores canonically; ``"half"`` stores the planes' first components in dims
+    ``0 … P−1`` and their second in ``P … 2P−1`` (Hugging Face, NeoX), then the real content dims, then
+    the ``dim − content`` slot dims in place.
+
+    >>> storage_order([0, 2, 4, 6], 8, 8, "half")
+    [0, 4, 1, 5, 2, 6, 3, 7]
+    >>> x = list("abcdefgh")
+    >>> [x[i] for i in sorted(range(8), key=storage_order([0, 2, 4, 6], 8, 8, "half").__getitem__)]
+    ['a', 'c', 'e', 'g', 'b', 'd', 'f', 'h']
+    """
     if layout == "interleaved":
-        perm = list(range(d))
-    elif layout == "half":
-        xs = [c for c in plane_x if c < content]
-        if any(c + 1 >= content for c in xs):
-            raise ValueError("a rotation plane straddles the content/slot boundary")
-        P = len(xs)
-        perm = [-1] * d
-        for k, c in enumerate(xs):
-            perm[c] = k
-            perm[c + 1] = k + P
-        nxt = 2 * P
-        for c in range(content):
-            if perm[c] < 0:
-                perm[c] = nxt
-                nxt += 1
-        for c in range(content, d):
-            perm[c] = c
-    else:
-        raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
+        return list(range(dim))
+    if layout != "half":
+        raise ValueError(f"`layout` must be one of {LAYOUTS}, got {layout!r}")
+    xs = [c for c in plane_starts if c < content]
+    if any(c + 1 >= content for c in xs):
+        raise ValueError("a rotation plane straddles the content/slot boundary")
+    P = len(xs)
+    perm = [-1] * dim
+    for k, c in enumerate(xs):
+        perm[c], perm[c + 1] = k, k + P
+    nxt = 2 * P
+    for c in range(content):
+        if perm[c] < 0:
+            perm[c], nxt = nxt, nxt + 1
+    for c in range(content, dim):
+        perm[c] = c
+    return perm
+
+
+def _partner_mode(partner: list[int], planes: int, dim: int) -> str:
+    if planes == 0:
+        return "none"
+    if dim % 2 == 0 and all(partner[i] == (i ^ 1) for i in range(dim) if partner[i] != i):
+        return "pairs"
+    if all(partner[i] == i + planes for i in range(planes)) and all(partner[i] == i for i in range(2 * planes, dim)):
+        return "halves"
+    return "gather"
+
+
+def make_plan(generator: Generator | Structure, layout: str, num_slots: int = 0) -> Plan:
+    """Index arrays for applying ``generator`` (or its structure) in ``layout`` (slots are the last canonical dims)."""
+    s = generator.structure if isinstance(generator, Generator) else generator
+    d = s.dim
+    block_of, sign, plane_x = [], [], []
+    for i, (n, cplx, off) in enumerate(zip(s.sizes, s.complex, s.offsets)):
+        block_of += [i] * (n * (2 if cplx else 1))
+        sign += [-1, 1] * n if cplx else [0] * n
+        plane_x += [off + 2 * j for j in range(n)] if cplx else []
+    perm = storage_order(plane_x, d, d - num_slots, layout)
     inv = [0] * d
-    for c, s in enumerate(perm):
-        inv[s] = c
-    # partner in storage indices
-    partner = list(range(d))
+    for c, p in enumerate(perm):
+        inv[p] = c
+    partner = list(range(d))  # in storage indices
     for c in plane_x:
-        partner[perm[c]] = perm[c + 1]
-        partner[perm[c + 1]] = perm[c]
-    P = len(plane_x)
-    if P == 0:
-        mode = "none"
-    elif d % 2 == 0 and all(partner[i] == (i ^ 1) for i in range(d) if partner[i] != i):
-        mode = "pairs"
-    elif all(partner[i] == i + P for i in range(P)) and all(
-        partner[i] == i for i in range(2 * P, d)
-    ):
-        mode = "halves"
-    else:
-        mode = "gather"
+        partner[perm[c]], partner[perm[c + 1]] = perm[c + 1], perm[c]
     # coupling pairs (canonical dst <- src at power k), stored for the query (lower triangular);
     # the key uses the transposed pairs (src <-> dst) with (−s)^k
-    dst, src, power = [], [], []
-    for i, (n, cplx, off) in enumerate(zip(generator.sizes, generator.complex, generator.offsets)):
-        if n < 2:
-            continue
+    dst, src, power, pair_block = [], [], [], []
+    for i, (n, cplx, off) in enumerate(zip(s.sizes, s.complex, s.offsets)):
         w = 2 if cplx else 1
         for j in range(n):
             for k in range(1, j + 1):
@@ -184,19 +196,12 @@ def make_plan(generator: Generator, layout: str, num_slots: int = 0) -> Plan:
                     dst.append(perm[off + w * j + comp])
                     src.append(perm[off + w * (j - k) + comp])
                     power.append(k)
-    as_long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
+                    pair_block.append(i)
+    long = lambda v: torch.tensor(v, dtype=torch.long)  # noqa: E731
     return Plan(
-        dim=d,
-        perm=as_long(perm),
-        inv=as_long(inv),
-        block_of=as_long(block_of),
-        sign=torch.tensor(sign, dtype=torch.float64),
-        partner=mode,
-        partner_index=as_long(partner),
-        planes=P,
-        dst=as_long(dst),
-        src=as_long(src),
-        power=as_long(power),
+        dim=d, perm=long(perm), inv=long(inv), block_of=long(block_of), sign=torch.tensor(sign, dtype=torch.float64),
+        partner=_partner_mode(partner, len(plane_x), d), partner_index=long(partner), planes=len(plane_x),
+        dst=long(dst), src=long(src), power=long(power), pair_block=long(pair_block),
     )
 
 
@@ -204,9 +209,9 @@ def make_plan(generator: Generator, layout: str, num_slots: int = 0) -> Plan:
 class Tables:
     """Numeric tables for one side (query or key) at given positions, in storage order.
 
-    ``a``, ``b``: (..., seq, dim); ``coef``: (..., seq, pairs) or ``None``; ``dst``/``src`` index
-    the coupling; ``partner``/``partner_index`` select the plane partner; ``identity`` when the
-    transform is the identity (NoPE) and ``b`` is ``None`` when no dimension rotates.
+    ``a``, ``b``: (..., seq, dim), ``None`` when no dimension scales or rotates (``b`` is ``None`` when
+    none rotates); ``coef``: (..., seq, pairs) or ``None``; ``dst``/``src`` index the coupling;
+    ``partner``/``partner_index`` select the plane partner.
     """
 
     a: torch.Tensor | None
@@ -220,65 +225,56 @@ class Tables:
 
     def to(self, dtype: torch.dtype, device: torch.device | None = None) -> Tables:
         cast = lambda t: None if t is None else t.to(device=device, dtype=dtype)  # noqa: E731
-        return Tables(
-            cast(self.a), cast(self.b), cast(self.coef),
-            self.dst.to(device) if device is not None else self.dst,
-            self.src.to(device) if device is not None else self.src,
-            self.partner,
-            self.partner_index.to(device) if device is not None else self.partner_index,
-            self.planes,
-        )
+        move = lambda t: t if device is None else t.to(device)  # noqa: E731
+        return Tables(cast(self.a), cast(self.b), cast(self.coef), move(self.dst), move(self.src), self.partner,
+                      move(self.partner_index), self.planes)
+
+
+def _per_block(generator: Generator, pos: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Positions as ``pp`` of shape ``(…, seq, axes, 1)``, and the generator's per-axis parameters
+    (:meth:`Generator.axis_params`), which :func:`_heads` lifts to ``(*heads, 1, axes, n)`` to meet it."""
+    pos = pos.to(torch.float64)
+    if generator.num_axes is None:
+        pos = pos.unsqueeze(-1)  # (…, seq) -> (…, seq, 1): one axis
+    pp = pos.unsqueeze(-1)  # (…, seq, axes, 1)
+    if pos.dim() == 3:
+        pp = pp.unsqueeze(1)  # (batch, 1, seq, axes, 1): heads broadcast
+    rates, freqs, nus = generator.axis_params()
+    return pp, (rates, freqs, nus)
+
+
+def _heads(generator: Generator, t: torch.Tensor) -> torch.Tensor:
+    """A per-axis parameter ``(*heads, axes, n)`` as ``(*heads, 1, axes, n)`` to meet ``(…, seq, axes, 1)``."""
+    return t.unsqueeze(-3) if generator.num_heads is not None else t
 
 
 def build_tables(generator: Generator, plan: Plan, pos: torch.Tensor, side: str) -> Tables:
     """Float64 tables of F (``side="query"``) or G (``side="key"``) at positions ``pos``.
 
-    ``pos`` is float64 of shape ``(seq,)`` or ``(batch, seq)`` (already re-centred). Output tables
-    broadcast against ``(batch, heads, seq, dim)``: ``(seq, d)``, ``(heads, seq, d)``,
-    ``(batch, 1, seq, d)`` or ``(batch, heads, seq, d)``.
+    ``pos`` is float64 of shape ``(seq,)`` or ``(batch, seq)`` (one axis) or ``(seq, axes)`` /
+    ``(batch, seq, axes)`` (already re-centred). Output tables broadcast against
+    ``(batch, heads, seq, dim)``: ``(seq, d)``, ``(heads, seq, d)``, ``(batch, 1, seq, d)`` or
+    ``(batch, heads, seq, d)``.
+
+    Query: ``a = e^{λt} cos ωt``, ``b = ∓e^{λt} sin ωt``, ``c_k = τ^k/k!``; key: ``e^{−λs}``, the same
+    angle, ``(−τ)^k/k!`` on the transposed pairs.
     """
     if side not in ("query", "key"):
-        raise ValueError(f"side must be 'query' or 'key', got {side!r}")
-    pos = pos.to(torch.float64)
-    pp = pos.unsqueeze(-1)  # (..., seq, 1)
-    if pos.dim() == 2:
-        pp = pp.unsqueeze(1)  # (batch, 1, seq, 1)
-    rates = generator.rates.to(torch.float64)
-    freqs = generator.freqs.to(torch.float64)
+        raise ValueError(f"`side` must be 'query' or 'key', got {side!r}")
     dev = pos.device
-    block_of = plan.block_of.to(dev)
-    # per canonical dim parameters: (*heads, d) -> (*heads, 1, d) to meet (…, seq, 1)
-    rate_d = rates.index_select(-1, block_of)
-    freq_d = freqs.index_select(-1, block_of)
-    if generator.num_heads is not None:
-        rate_d, freq_d = rate_d.unsqueeze(-2), freq_d.unsqueeze(-2)
-    inv = plan.inv.to(dev)
-    # storage order
-    rate_d = rate_d.index_select(-1, inv)
-    freq_d = freq_d.index_select(-1, inv)
+    pp, (rates, freqs, nus) = _per_block(generator, pos)
+    rates, freqs = rates.to(torch.float64), freqs.to(torch.float64)
+    order = plan.block_of.to(dev).index_select(0, plan.inv.to(dev))  # storage dim -> block
     with torch.no_grad():
         # inside torch.compile the scale is always built (e^0 = 1 exactly): no data-dependent branch
         any_rate = True if torch.compiler.is_compiling() else bool((rates != 0).any())
-    return assemble_tables(
-        plan, side, dev,
-        exponent=rate_d * pp if any_rate else None,
-        angle=reduced_angle(freq_d, pp) if plan.planes > 0 else None,
-        tau=pp if plan.has_coupling else None,
-    )
-
-
-def assemble_tables(
-    plan: Plan, side: str, dev: torch.device, *, exponent: torch.Tensor | None, angle: torch.Tensor | None,
-    tau: torch.Tensor | None,
-) -> Tables:
-    """Tables from per-dimension float64 exponents ``λt`` and angles ``ωt`` (storage order) and the
-    polynomial time ``τ`` of the Jordan couplings (``None`` where absent).
-
-    Query: ``a = e^{λt} cos ωt``, ``b = ∓e^{λt} sin ωt``, ``c_k = τ^k/k!``; key: ``e^{−λs}``, the same
-    angle, ``(−τ)^k/k!`` on the transposed pairs. Shared by one and several position axes.
-    """
+    scale = angle = None
+    if any_rate:
+        exponent = (_heads(generator, rates.index_select(-1, order)) * pp).sum(-2)  # (…, seq, d)
+        scale = torch.exp(exponent if side == "query" else -exponent)
+    if plan.planes > 0:
+        angle = reduced_angle(_heads(generator, freqs.index_select(-1, order)), pp).sum(-2)  # each axis exact
     sign = plan.sign.to(dev).index_select(-1, plan.inv.to(dev))
-    scale = None if exponent is None else torch.exp(exponent if side == "query" else -exponent)
     a = b = None
     if angle is not None:
         cos, sin = torch.cos(angle), torch.sin(angle)
@@ -289,9 +285,52 @@ def assemble_tables(
     coef = None
     dst, src = plan.dst.to(dev), plan.src.to(dev)
     if plan.has_coupling:
-        k = plan.power.to(dev).to(torch.float64)
-        base = tau if side == "query" else -tau
-        coef = base**k / torch.exp(torch.lgamma(k + 1.0))  # (…, seq, pairs)
+        tau = (nus.to(device=dev, dtype=torch.float64).index_select(-1, plan.pair_block.to(dev)) * pp).sum(-2)
+        k = plan.power.to(dev).to(torch.float64)  # tau: (…, seq, pairs)
+        coef = (tau if side == "query" else -tau) ** k / torch.exp(torch.lgamma(k + 1.0))
         if side == "key":
             dst, src = src, dst
     return Tables(a, b, coef, dst, src, plan.partner, plan.partner_index.to(dev), plan.planes)
+
+
+def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch.dtype) -> None:
+    """OverflowError when the tables of ``generator`` at ``pos`` leave the range of ``dtype`` (float32 for half).
+
+    The only range check: the scale ``e^{±Σλt}`` must not overflow on either side, and must not underflow
+    on the query side (a query scaled to 0 would score 0 against every key, silently); a key scaled to 0
+    has faded and is kept. Jordan couplings ``τ^k/k!`` must not overflow. Computed per block in float64.
+
+    >>> import torch, liepos as lp
+    >>> g = lp.xpos(8).generator
+    >>> check_range(g, torch.tensor([1e18], dtype=torch.float64), "query", torch.float32)
+    Traceback (most recent call last):
+        ...
+    OverflowError: the query scale e^(λt) underflows float32 at positions up to 1e+18: ...
+    """
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    if not work.is_floating_point or torch.compiler.is_compiling():
+        return
+    info = torch.finfo(work)
+    top, bottom = math.log(info.max), math.log(info.tiny)
+    with torch.no_grad():
+        pp, (rates, _, nus) = _per_block(generator, pos.detach())
+        rates = _heads(generator, rates.detach().to(torch.float64))
+        where = f"at positions up to {float(pos.detach().abs().max()) if pos.numel() else 0.0:.6g}"
+        hint = ("re-centre with origin= (scores do not change) or use liepos.attention, which re-centres "
+                "per query block")
+        if pos.numel() and bool((rates != 0).any()):
+            E = (rates * pp).sum(-2)  # (…, seq, blocks)
+            E = E if side == "query" else -E
+            sym = "λt" if side == "query" else "−λs"
+            if float(E.max()) >= top:
+                raise OverflowError(f"the {side} scale e^({sym}) overflows {work} {where}: {hint}")
+            if side == "query" and float(E.min()) <= bottom:
+                raise OverflowError(f"the {side} scale e^({sym}) underflows {work} {where}: {hint}")
+        big = [i for i, n in enumerate(generator.sizes) if n > 1]
+        if pos.numel() and big:
+            idx = torch.tensor(big, dtype=torch.long, device=pp.device)
+            tau = (nus.detach().to(device=pp.device, dtype=torch.float64).index_select(-1, idx) * pp).sum(-2).abs()
+            k = torch.tensor([generator.sizes[i] - 1 for i in big], dtype=torch.float64, device=pp.device)
+            log_coef = k * torch.log(tau) - torch.lgamma(k + 1.0)  # the largest power's log-coefficient
+            if float(log_coef.max()) >= top:
+                raise OverflowError(f"the {side} coupling table τ^k/k! overflows {work} {where}: {hint}")
