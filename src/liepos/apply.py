@@ -39,7 +39,7 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 def _partner(x: torch.Tensor, t: Tables) -> torch.Tensor:
     if t.partner == "pairs":
         # (..., d) -> (..., d/2, 2) -> swap the two components of each plane -> (..., d)
-        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (..., d) -> (..., d/2, 2) -> (..., d)
     if t.partner == "halves":
         P = t.planes
         return torch.cat((x[..., P : 2 * P], x[..., :P], x[..., 2 * P :]), dim=-1)

@@ -28,7 +28,6 @@ __all__ = [
     "alibi_slopes", "default_decay_rates", "rope_freqs",
 ]
 
-F64 = torch.float64
 
 # xPos (Sun et al. 2022, torchscale): plane k decays at ζ_k = (2k + γ·d)/((1 + γ)·d) per scale_base
 # tokens, with γ = 0.4 fixed by the paper (the slowest plane ζ → 1, the fastest ζ = 0.4/1.4)
@@ -44,7 +43,7 @@ def _layout(layout: str) -> str:
 
 
 def _zeros(*shape: int) -> torch.Tensor:
-    return torch.zeros(*shape, dtype=F64)
+    return torch.zeros(*shape, dtype=torch.float64)
 
 
 def rope_freqs(dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -57,7 +56,7 @@ def rope_freqs(dim: int, base: float = 10000.0) -> torch.Tensor:
     """
     dim = check_int("dim", dim, min=2, even=True)
     base = check_real("base", base, positive=True)
-    k = torch.arange(dim // 2, dtype=F64)
+    k = torch.arange(dim // 2, dtype=torch.float64)
     return base ** (-2.0 * k / dim)
 
 
@@ -69,7 +68,7 @@ def default_decay_rates(dim: int) -> torch.Tensor:
     (0.5, 0.00048828125, True)
     """
     dim = check_int("dim", dim, min=1)
-    return 2.0 ** -torch.linspace(*_DECAY_EXPONENTS, dim, dtype=F64)
+    return 2.0 ** -torch.linspace(*_DECAY_EXPONENTS, dim, dtype=torch.float64)
 
 
 def nope(dim: int) -> Encoding:
@@ -97,7 +96,7 @@ def decay(rates: Sequence[float] | torch.Tensor, *, allow_growth: bool = False) 
     """
     allow_growth = check_bool("allow_growth", allow_growth)
     r = check_real_tensor("rates", rates, ndim=(0, 1, 2), nonnegative=not allow_growth)
-    r = r.reshape(1) if r.dim() == 0 else r
+    r = r.reshape(1) if r.dim() == 0 else r  # () -> (1,): one dim
     if r.shape[-1] == 0:
         raise ValueError("`rates` must hold at least one rate, got none")
     return Encoding(Generator(-r, torch.zeros_like(r), [1] * r.shape[-1], allow_growth=allow_growth), name="decay")
@@ -113,7 +112,7 @@ def growth(dim: int, rate: float = 0.05) -> Encoding:
     """
     dim = check_int("dim", dim, min=1)
     rate = check_real("rate", rate, positive=True)
-    return decay(torch.full((dim,), -rate, dtype=F64), allow_growth=True).replace(name="growth")
+    return decay(torch.full((dim,), -rate, dtype=torch.float64), allow_growth=True).replace(name="growth")
 
 
 def rope(dim: int, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
@@ -142,7 +141,7 @@ def xpos(dim: int, base: float = 10000.0, scale_base: float = 512.0, layout: str
 
     >>> import torch
     >>> q = torch.ones(1, 1, 1, 4, dtype=torch.float64)
-    >>> zeta = torch.tensor([0.4 / 1.4, 2.4 / 5.6], dtype=torch.float64)
+    >>> zeta = torch.tensor([1.6 / 5.6, 3.6 / 5.6], dtype=torch.float64)  # (2k + 0.4·4)/(1.4·4)
     >>> norms = xpos(4, scale_base=8.0).query(q, [16]).reshape(2, 2).norm(dim=-1)  # one norm per plane
     >>> bool(torch.allclose(norms, 2**0.5 * zeta ** (16 / 8)))
     True
@@ -150,7 +149,7 @@ def xpos(dim: int, base: float = 10000.0, scale_base: float = 512.0, layout: str
     dim = check_int("dim", dim, min=2, even=True)
     scale_base = check_real("scale_base", scale_base, positive=True)
     w = rope_freqs(dim, base)
-    k = torch.arange(dim // 2, dtype=F64)
+    k = torch.arange(dim // 2, dtype=torch.float64)
     zeta = (2 * k + _XPOS_GAMMA * dim) / ((1 + _XPOS_GAMMA) * dim)
     return Encoding(Generator(torch.log(zeta) / scale_base, w, [1] * (dim // 2)), layout=_layout(layout), name="xpos")
 
@@ -174,8 +173,8 @@ def retnet(num_heads: int, head_dim: int, base: float = 10000.0, layout: str = "
     head_dim = check_int("head_dim", head_dim, min=2, even=True)
     base = check_real("base", base, positive=True)
     P = head_dim // 2
-    w = base ** (-torch.linspace(0.0, 1.0, P, dtype=F64))
-    h = torch.arange(num_heads, dtype=F64)
+    w = base ** (-torch.linspace(0.0, 1.0, P, dtype=torch.float64))
+    h = torch.arange(num_heads, dtype=torch.float64)
     lam = torch.log1p(-(2.0 ** (-_RETNET_FIRST_EXPONENT - h)))  # (H,)
     rates = lam.unsqueeze(-1).expand(num_heads, P).clone()  # (H,) -> (H, P)
     freqs = w.unsqueeze(0).expand(num_heads, P).clone()  # (P,) -> (H, P)
@@ -206,7 +205,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
         p = 2 ** math.floor(math.log2(n))
         return power_of_two(p) + slopes(2 * p)[0::2][: n - p]
 
-    return torch.tensor(slopes(num_heads), dtype=F64)
+    return torch.tensor(slopes(num_heads), dtype=torch.float64)
 
 
 def alibi(num_heads: int, head_dim: int, slopes: Sequence[float] | torch.Tensor | None = None) -> Encoding:
@@ -230,7 +229,7 @@ def alibi(num_heads: int, head_dim: int, slopes: Sequence[float] | torch.Tensor 
         raise ValueError(f"`slopes` must have shape ({num_heads},), got {tuple(m.shape)}")
     z = _zeros(head_dim)
     g = direct_sum(Generator(z, z, [1] * head_dim), Generator([0.0], [0.0], [2]))
-    qs = torch.tensor([1.0, 0.0], dtype=F64).expand(num_heads, 2).clone()  # (2,) -> (H, 2)
+    qs = torch.tensor([1.0, 0.0], dtype=torch.float64).expand(num_heads, 2).clone()  # (2,) -> (H, 2)
     ks = torch.stack([torch.zeros_like(m), -m], dim=-1)  # (H, 2)
     return Encoding(g, query_slots=qs, key_slots=ks, name="alibi")
 
@@ -256,7 +255,7 @@ def _jordan_bank(head_dim: int, num_heads: int = 1, size: int = 3, rate: float |
     head_dim = check_int("head_dim", head_dim, min=1)
     size = check_int("size", size, min=1, max=head_dim)
     nb = head_dim // size
-    rates = -default_decay_rates(nb) if rate is None else torch.full((nb,), check_real("rate", rate), dtype=F64)
+    rates = -default_decay_rates(nb) if rate is None else torch.full((nb,), check_real("rate", rate), dtype=torch.float64)
     gens = [Generator(rates, _zeros(nb), [size] * nb)]
     if head_dim - nb * size:
         gens.append(nope(head_dim - nb * size).generator)
@@ -314,7 +313,7 @@ def rope_mixed(
     base = check_real("base", base, positive=True)
     if angles is None:
         rng = torch.Generator().manual_seed(check_int("seed", seed, min=0))
-        angles = torch.rand(num_heads, generator=rng, dtype=F64) * 2 * math.pi
+        angles = torch.rand(num_heads, generator=rng, dtype=torch.float64) * 2 * math.pi
     phi = check_real_tensor("angles", angles, ndim=1)
     if phi.shape != (num_heads,):
         raise ValueError(f"`angles` must have shape ({num_heads},), got {tuple(phi.shape)}")
@@ -399,7 +398,7 @@ def _decay_entry(head_dim: int, num_heads: int = 1, rates: Any = None, rate: flo
         raise ValueError(f"give `rates` or `rate`, not both; got rates={rates!r} and rate={rate!r}")
     head_dim = check_int("head_dim", head_dim, min=1)
     if rate is not None:
-        return decay(torch.full((head_dim,), check_real("rate", rate, nonnegative=True), dtype=F64))
+        return decay(torch.full((head_dim,), check_real("rate", rate, nonnegative=True), dtype=torch.float64))
     return decay(default_decay_rates(head_dim) if rates is None else rates)
 
 

@@ -214,7 +214,8 @@ class Encoding:
         """A hashable key of everything that determines the encoded values."""
         slots = None
         if self.query_slots is not None:
-            slots = (tuple(self.query_slots.reshape(-1).tolist()), tuple(self.key_slots.reshape(-1).tolist()))
+            flat = lambda t: tuple(t.reshape(-1).tolist())  # noqa: E731 - ([heads,] slots) -> (values,)
+            slots = (flat(self.query_slots), flat(self.key_slots))
         return (self.generator.key(), self.layout, slots, self.logit_scale)
 
     def replace(self, **changes: Any) -> Encoding:

@@ -63,7 +63,7 @@ def _as_param(x: Any, name: str, ndim: tuple[int, ...]) -> torch.Tensor:
     if not t.is_floating_point():
         t = t.to(F64)
     if t.dim() == 0 and 1 in ndim:
-        t = t.reshape(1)
+        t = t.reshape(1)  # () -> (1,): one block
     if t.dim() not in ndim:
         shapes = "(blocks,) or (heads, blocks)" if ndim == (1, 2) else "(axes, blocks) or (heads, axes, blocks)"
         raise ValueError(f"`{name}` must have shape {shapes}, got shape {tuple(t.shape)}")
@@ -202,7 +202,7 @@ class Generator:
     def blocks(self) -> list[tuple[float, float, int]]:
         """``(rate, freq, size)`` of every block, head-major (and axis-major within a head with ``axes``)."""
         r = self.rates.detach().reshape(-1, self.num_blocks).tolist()  # (rows, blocks)
-        w = self.freqs.detach().reshape(-1, self.num_blocks).tolist()
+        w = self.freqs.detach().reshape(-1, self.num_blocks).tolist()  # (rows, blocks)
         return [(float(rr[i]), float(ww[i]), self.sizes[i]) for rr, ww in zip(r, w) for i in range(self.num_blocks)]
 
     @property
@@ -300,7 +300,7 @@ class Generator:
         rates, freqs, nus = self.axis_params()
         nh = len(self.head_shape)
         lam = rates.movedim(-2, 0)  # (*heads, A, blocks) -> (A, *heads, blocks)
-        om = freqs.movedim(-2, 0)
+        om = freqs.movedim(-2, 0)  # (*heads, A, blocks) -> (A, *heads, blocks)
         nu = nus.reshape(nus.shape[0], *(1,) * nh, nus.shape[-1]).to(lam.dtype)  # (A, 1…, blocks)
         J = dense_generator(self.structure, lam, om, nu)  # (A, *heads, d, d)
         return J[0] if self.num_axes is None else J

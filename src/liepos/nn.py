@@ -47,7 +47,6 @@ from liepos.tables import LAYOUTS
 
 __all__ = ["Clock", "LearnableEncoding", "LearnableGenerator", "inverse_softplus"]
 
-F64 = torch.float64
 # a direction vector shorter than this is treated as this long (its norm divides it)
 _MIN_DIRECTION_NORM = 1e-30
 
@@ -87,7 +86,7 @@ class Clock(nn.Module):
         *,
         init_step: float = 1.0,
         min_step: float = 0.0,
-        out_dtype: torch.dtype = F64,
+        out_dtype: torch.dtype = torch.float64,
         dtype: torch.dtype | None = None,
         device: Any = None,
     ) -> None:
@@ -103,7 +102,7 @@ class Clock(nn.Module):
         self.gate = nn.Linear(self.hidden_dim, 1, dtype=dtype, device=device)
         with torch.no_grad():
             self.gate.weight.zero_()
-            self.gate.bias.fill_(float(inverse_softplus(torch.tensor(init_step - self.min_step, dtype=F64))))
+            self.gate.bias.fill_(float(inverse_softplus(torch.tensor(init_step - self.min_step, dtype=torch.float64))))
 
     def steps(self, hidden: torch.Tensor) -> torch.Tensor:
         """The steps ``Δt_i = min_step + softplus(gate(h_i))``, shape ``hidden.shape[:-1]``."""
@@ -164,7 +163,7 @@ class LearnableGenerator(nn.Module):
         basis: str | None = None,
         freq_param: str = "softplus",
         seed: int = 0,
-        dtype: torch.dtype = F64,
+        dtype: torch.dtype = torch.float64,
     ) -> None:
         super().__init__()
         self.dim = check_int("dim", dim, min=2, even=True)
@@ -189,7 +188,7 @@ class LearnableGenerator(nn.Module):
         self.raw_direction = None if direction is None else nn.Parameter(direction.to(dtype))
         self.raw_rate = None
         if check_bool("decay", decay):
-            r = torch.full((*heads, A, P), decay_init, dtype=F64)
+            r = torch.full((*heads, A, P), decay_init, dtype=torch.float64)
             self.raw_rate = nn.Parameter(inverse_softplus(r).to(dtype))
         self.skew = nn.Parameter(torch.zeros(dim, dim, dtype=dtype)) if basis == "orthogonal" else None
 
@@ -199,7 +198,7 @@ class LearnableGenerator(nn.Module):
             raise ValueError(f"init='axial' needs dim/2 = {P} planes divisible by axes = {A}")
         per = P // A
         owner = torch.arange(P) // per  # (P,)
-        mask = torch.zeros(A, P, dtype=F64)
+        mask = torch.zeros(A, P, dtype=torch.float64)
         mask[owner, torch.arange(P)] = 1.0
         self.register_buffer("mask", mask)
         return rope_freqs(2 * per, base).repeat(A)  # (P,)
@@ -211,11 +210,11 @@ class LearnableGenerator(nn.Module):
         q = P // 2
         self.mask = None
         g = torch.Generator().manual_seed(seed)
-        phi = torch.rand(*heads, 1, generator=g, dtype=F64) * 2 * math.pi
+        phi = torch.rand(*heads, 1, generator=g, dtype=torch.float64) * 2 * math.pi
         phi = torch.cat([phi.expand(*heads, q), (phi + math.pi / 2).expand(*heads, q)], dim=-1)  # (*H, 1) -> (*H, P)
         direction = torch.stack([torch.cos(phi), torch.sin(phi)], dim=-2)  # (*H, 2, P)
         if A != 2:
-            direction = torch.randn(*heads, A, P, generator=g, dtype=F64)
+            direction = torch.randn(*heads, A, P, generator=g, dtype=torch.float64)
         return rope_freqs(P, base).repeat(2), direction
 
     # ------------------------------------------------------------------ the parametrisation

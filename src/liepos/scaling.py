@@ -25,10 +25,10 @@ With several position axes (axial RoPE, M-RoPE) plane k has a frequency *vector*
 a map rescales its length ``|ω_k|`` and keeps its direction, so M-RoPE (one axis per plane) is scaled
 exactly as Hugging Face scales its ``inv_freq``, and ``linear`` still divides every position by ``s``.
 
->>> import liepos as lp
->>> enc = linear(lp.rope(8), factor=4.0)
->>> enc.generator.freqs.tolist()  # rope(8) is [1, 0.1, 0.01, 0.001], divided by 4
-[0.25, 0.025, 0.0025, 0.00025]
+>>> import torch, liepos as lp
+>>> q, t = torch.randn(1, 1, 3, 8, dtype=torch.float64), torch.tensor([0.0, 10.0, 4000.0], dtype=torch.float64)
+>>> bool(torch.allclose(linear(lp.rope(8), factor=4.0).query(q, t), lp.rope(8).query(q, t / 4)))  # PI: positions / 4
+True
 """
 
 from __future__ import annotations
@@ -187,9 +187,11 @@ def linear(enc: Encoding, *, factor: float) -> Encoding:
     Equivalent to dividing every position by ``s = factor``. Logit scale unchanged.
     Hugging Face ``rope_type="linear"``.
 
-    >>> import liepos as lp
-    >>> linear(lp.rope(4), factor=2.0).generator.freqs.tolist()
-    [0.5, 0.005]
+    >>> import torch, liepos as lp
+    >>> q, p = torch.randn(1, 1, 4, 16, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64) * 100
+    >>> enc = lp.axial_rope(16)  # several axes too: every coordinate is divided
+    >>> bool(torch.allclose(linear(enc, factor=2.0).query(q, p), enc.query(q, p / 2)))
+    True
     """
     s = _positive(factor, "factor")
     return _build(enc, partial(_linear_at, s))
@@ -209,10 +211,12 @@ def ntk(enc: Encoding, *, factor: float, rotary_dim: int | None = None) -> Encod
     which, for ``ω_i = b^{−2i/d}``, is ``(b·s^{d/(d−2)})^{−2i/d}``: the fastest plane is kept and
     the slowest is divided by exactly ``s``. Hugging Face has only the dynamic form (:func:`dynamic`).
 
-    >>> import liepos as lp
-    >>> w = ntk(lp.rope(4), factor=8.0).generator.freqs.tolist()
-    >>> w[0], round(w[1], 12)
-    (1.0, 0.00125)
+    >>> import torch, liepos as lp
+    >>> w, w0 = ntk(lp.rope(16), factor=8.0).generator.freqs, lp.rope(16).generator.freqs
+    >>> bool(w[0] == w0[0]), bool(torch.allclose(w[-1], w0[-1] / 8))  # fastest kept, slowest divided by s
+    (True, True)
+    >>> bool(torch.allclose(w, lp.rope(16, base=10000.0 * 8.0 ** (16 / 14)).generator.freqs))  # base b·s^(d/(d−2))
+    True
     """
     s = _positive(factor, "factor")
     return _build(enc, partial(_ntk_at, s, rotary_dim))
@@ -243,10 +247,13 @@ def dynamic(
     (prefill then decode) and after every reset, and it never depends on history. Keys cached
     under an older κ are not re-rotated by either (the documented bug of transformers #25104).
 
-    >>> import liepos as lp
-    >>> enc = dynamic(lp.rope(4), factor=2.0, original_max_position_embeddings=10)
-    >>> enc.at_length(10).generator.freqs.tolist(), round(enc.at_length(20).generator.freqs.tolist()[1], 12)
-    ([1.0, 0.01], 0.003333333333)
+    >>> import torch, liepos as lp
+    >>> enc = dynamic(lp.rope(8), factor=2.0, original_max_position_embeddings=10)
+    >>> bool(torch.equal(enc.at_length(10).generator.freqs, lp.rope(8).generator.freqs))  # L ≤ L0: unscaled
+    True
+    >>> kappa = 2.0 * 20 / 10 - (2.0 - 1)  # at L = 20: static NTK with κ(20) = 3
+    >>> bool(torch.allclose(enc.at_length(20).generator.freqs, ntk(lp.rope(8), factor=kappa).generator.freqs))
+    True
     """
     s = _positive(factor, "factor")
     L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
@@ -401,11 +408,14 @@ def yarn(
     geometric, ``ω_i = ω_0·b^{−2i/d}`` (with ``ω_0 = 1`` the index formula is Hugging Face's).
     ``beta_fast < beta_slow`` is allowed (the ramp then runs the other way, as upstream).
 
-    >>> import liepos as lp
+    >>> import torch, liepos as lp
     >>> enc = yarn(lp.rope(64, base=150000.0), factor=32.0, original_max_position_embeddings=4096)
-    >>> w = enc.generator.freqs
-    >>> bool(w[8] == lp.rope(64, base=150000.0).generator.freqs[8]), round(enc.logit_scale, 6)
-    (True, 1.81326)
+    >>> w, w0 = enc.generator.freqs, lp.rope(64, base=150000.0).generator.freqs
+    >>> low, high = yarn_correction_range(rotary_dim=64, base=150000.0, original_max_position_embeddings=4096)
+    >>> bool(torch.equal(w[: int(low) + 1], w0[: int(low) + 1])), bool(torch.allclose(w[int(high):], w0[int(high):] / 32))
+    (True, True)
+    >>> enc.logit_scale == yarn_attention_factor(32.0) ** 2
+    True
     """
     s = _positive(factor, "factor")
     L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
@@ -482,11 +492,14 @@ def longrope(
     multiplied by ``attention_factor²`` (:func:`longrope_attention_factor`; the same for both),
     with ``s = factor``, or ``max_position_embeddings / L0`` when ``factor`` is not given.
 
-    >>> import liepos as lp
+    >>> import torch, liepos as lp
     >>> enc = longrope(lp.rope(4), short_factor=[1, 2], long_factor=[4, 8], original_max_position_embeddings=16,
     ...                factor=1.0)
-    >>> enc.generator.freqs.tolist(), enc.at_length(17).generator.freqs.tolist()
-    ([1.0, 0.005], [0.25, 0.00125])
+    >>> w0 = lp.rope(4).generator.freqs
+    >>> bool(torch.equal(enc.at_length(16).generator.freqs, w0 / torch.tensor([1.0, 2.0], dtype=torch.float64)))
+    True
+    >>> bool(torch.equal(enc.at_length(17).generator.freqs, w0 / torch.tensor([4.0, 8.0], dtype=torch.float64)))
+    True
     """
     P = len(_planes(enc))
     short = _factors(short_factor, "short_factor", P)
@@ -530,10 +543,13 @@ def llama3(
 
     Logit scale unchanged. Meta's values are s = 8, l = 1, h = 4, L0 = 8192.
 
-    >>> import liepos as lp
-    >>> w = llama3(lp.rope(4, base=500000.0), factor=8.0, original_max_position_embeddings=8192)
-    >>> [round(x, 9) for x in w.generator.freqs.tolist()]  # λ = 2π/0.001414 = 4443: α = (8192/4443 − 1)/3
-    [1.0, 0.000524846]
+    >>> import math, torch, liepos as lp
+    >>> w0 = lp.rope(128, base=500000.0).generator.freqs
+    >>> w = llama3(lp.rope(128, base=500000.0), factor=8.0, original_max_position_embeddings=8192).generator.freqs
+    >>> wavelen = 2 * math.pi / w0
+    >>> fast, slow = wavelen < 8192 / 4, wavelen > 8192 / 1
+    >>> bool(torch.equal(w[fast], w0[fast])), bool(torch.allclose(w[slow], w0[slow] / 8))
+    (True, True)
     """
     s = _positive(factor, "factor")
     L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
@@ -569,9 +585,10 @@ def proportional(enc: Encoding, *, partial_rotary_factor: float, factor: float =
     exponent ``2i/rotary_dim``, then NoPE dims), the kept planes keep the full head's frequencies
     ``b^{−2i/head_dim}``: the slowest ones are removed rather than the spectrum compressed.
 
-    >>> import liepos as lp
-    >>> proportional(lp.rope(8), partial_rotary_factor=0.5).generator.freqs.tolist()
-    [1.0, 0.1, 0.0, 0.0]
+    >>> import torch, liepos as lp
+    >>> w, w0 = proportional(lp.rope(8), partial_rotary_factor=0.5).generator.freqs, lp.rope(8).generator.freqs
+    >>> bool(torch.equal(w[:2], w0[:2])), bool(torch.equal(w[2:], torch.zeros(2, dtype=torch.float64)))
+    (True, True)
     """
     p = check_real("partial_rotary_factor", partial_rotary_factor, min=0.0, max=1.0)
     s = _positive(factor, "factor")
@@ -602,8 +619,8 @@ def scale(enc: Encoding, kind: str, **params: Any) -> Encoding:
     """``SCALINGS[kind](enc, **params)``, with errors that name an unknown kind or parameter.
 
     >>> import liepos as lp
-    >>> scale(lp.rope(4), "linear", factor=2.0).generator.freqs.tolist()
-    [0.5, 0.005]
+    >>> scale(lp.rope(4), "linear", factor=2.0).version == linear(lp.rope(4), factor=2.0).version
+    True
     """
     try:
         fn = SCALINGS[kind]

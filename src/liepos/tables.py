@@ -302,10 +302,10 @@ def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch
 
     >>> import torch, liepos as lp
     >>> g = lp.xpos(8).generator
-    >>> check_range(g, torch.tensor([1e18], dtype=torch.float64), "query", torch.float32)
+    >>> check_range(g, torch.tensor([1e18], dtype=torch.float64), "query", torch.float32)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
         ...
-    OverflowError: the query scale e^(λt) underflows float32 at positions up to 1e+18: ...
+    OverflowError: the query scale e^(λt) underflows torch.float32 at positions up to 1e+18: re-centre with origin=...
     """
     work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     if not work.is_floating_point or torch.compiler.is_compiling():
