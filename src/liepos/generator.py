@@ -205,19 +205,40 @@ class Generator:
         w = self.freqs.detach().reshape(-1, self.num_blocks).tolist()  # (rows, blocks)
         return [(float(rr[i]), float(ww[i]), self.sizes[i]) for rr, ww in zip(r, w) for i in range(self.num_blocks)]
 
+    def _memo(self, name: str, compute: Any) -> Any:
+        """``compute()`` cached until a parameter tensor is modified in place (torch's version counters)."""
+        stamp = tuple(t._version for t in (self.rates, self.freqs, self.nus, self.basis) if t is not None)
+        cached = self.__dict__.get("_memos", {}).get(name)
+        if cached is None or cached[0] != stamp:
+            cached = (stamp, compute())
+            self.__dict__.setdefault("_memos", {})[name] = cached
+        return cached[1]
+
     @property
     def is_orthogonal(self) -> bool:
         """True when every A(u) is orthogonal in the canonical basis: all rates 0, all sizes 1."""
-        with torch.no_grad():
-            return all(n == 1 for n in self.sizes) and bool((self.rates == 0).all())
+        def compute() -> bool:
+            with torch.no_grad():
+                return all(n == 1 for n in self.sizes) and bool((self.rates == 0).all())
+
+        return self._memo("orthogonal", compute)
+
+    def bounds(self) -> tuple[float, float]:
+        """``(max |λ|, max |ν|)`` over every block, head and axis (for range checks)."""
+        def compute() -> tuple[float, float]:
+            with torch.no_grad():
+                nu = 1.0 if self.nus is None else float(self.nus.detach().abs().max())
+                return float(self.rates.detach().abs().max()), nu
+
+        return self._memo("bounds", compute)
 
     def key(self) -> tuple:
         """A hashable identity of the structure and parameter values (for table caches)."""
         flat = lambda t: None if t is None else tuple(t.detach().to(F64).reshape(-1).tolist())  # noqa: E731
-        return (
+        return self._memo("key", lambda: (
             self.sizes, self.complex, self.num_axes, tuple(self.rates.shape), flat(self.rates), flat(self.freqs),
             flat(self.nus), None if self.basis is None else hash(self.basis.detach().cpu().numpy().tobytes()),
-        )
+        ))
 
     def _fields(self) -> dict[str, Any]:
         return dict(complex=self.complex, basis=self.basis, allow_growth=self.allow_growth, axes=self.num_axes,
