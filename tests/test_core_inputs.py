@@ -134,6 +134,8 @@ def test_a_length_dependent_encoding_needs_its_length():
     q = torch.randn(1, 1, 3, 8, dtype=F64)
     with pytest.raises(ValueError, match=r"length-dependent.*call enc.at_length\(41\)"):
         enc.query(q, [0, 1, 40])
+    with pytest.raises(TypeError, match="`length` must be an integer, got 40.5"):
+        enc.at_length(40.5)
     at = enc.at_length(41)
     assert at.length == 41 and not torch.equal(at.generator.freqs, lp.rope(8).generator.freqs)
     at.query(q, [0, 1, 40])

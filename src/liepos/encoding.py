@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from liepos._checks import check_choice, check_real, check_real_tensor, check_tensor, describe
+from liepos._checks import check_choice, check_int, check_real, check_real_tensor, check_tensor, describe
 from liepos._fast import CACHE, FastTables, _arange_start, _window, apply_fast, fast_tables
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, dense_transform, work_dtype
 from liepos.generator import Generator
@@ -148,7 +148,7 @@ class Encoding:
         if length_rule is not None and not callable(length_rule):
             raise TypeError(f"`length_rule` must be callable (length -> Encoding), got {describe(length_rule)}")
         self.length_rule = length_rule
-        self.length = None if length is None else int(check_real("length", length, positive=True))
+        self.length = None if length is None else check_int("length", length, min=1)
         self._plan: Plan | None = None
         self._slot_part: tuple[Generator, Plan] | None = None
 
@@ -238,7 +238,7 @@ class Encoding:
         """
         if self.length_rule is None:
             return self
-        L = int(check_real("length", length, positive=True))
+        L = check_int("length", length, min=1)
         return self.length_rule(L).replace(length=L)
 
     def __repr__(self) -> str:
