@@ -1,9 +1,14 @@
-"""The benchmark library (not timings): every provider computes the same encoding, the memory probe
-sees allocations, and the report renders. Speed targets live in `liepos bench`, never in tests."""
+"""The benchmark suite (benchmarks/bench.py, not timings): every provider computes the same encoding, the
+memory probe sees allocations, and the report renders. Speed targets live in `liepos bench`, never in tests."""
+
+import subprocess
+import sys
 
 import torch
 
-from liepos import bench
+from liepos.cli.bench import load_suite
+
+bench = load_suite()
 
 
 def test_every_provider_agrees_with_liepos_on_a_tiny_shape():
@@ -41,3 +46,22 @@ def test_bench_case_rows_targets_and_markdown():
            "rows": rows, "targets": bench.targets(rows)}
     md = bench.markdown(res)
     assert "| liepos | fwd | float32 |" in md and "| target | measured | bound | met |" in md
+
+
+def test_the_suite_is_not_in_the_package_and_bench_from_a_wheel_says_what_to_do(tmp_path):
+    """Run from a copy of the package alone (as a wheel installs it) in a folder with no checkout."""
+    import shutil
+
+    import liepos
+
+    assert bench.__file__.endswith("benchmarks/bench.py")
+    site = tmp_path / "site"
+    shutil.copytree(__import__("pathlib").Path(liepos.__file__).parent, site / "liepos")
+    assert not list((site / "liepos").rglob("bench*.py")) or all(
+        p.parent.name == "cli" for p in (site / "liepos").rglob("bench*.py"))
+    work = tmp_path / "work"
+    work.mkdir()
+    r = subprocess.run([sys.executable, "-m", "liepos.cli", "bench", "--quick"], capture_output=True, text=True,
+                       cwd=work, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "source checkout" in r.stderr and "clone the repository" in r.stderr
