@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos.diagnose import Diagnosis, diagnose, hf_encoder
+from liepos.diagnose import Diagnosis, ProbeError, diagnose, hf_encoder
 
 D = 8
 
@@ -257,6 +257,81 @@ def test_argument_errors():
         diagnose(rope_enc)
     with pytest.raises(ValueError, match="domain"):
         diagnose(rope_enc, dim=D, domain="complex")
+    with pytest.raises(ValueError, match="`tol`"):
+        diagnose(rope_enc, dim=D, tol=0.0)
+    with pytest.raises(TypeError, match="`dim`"):
+        diagnose(rope_enc, dim=8.0)
+    with pytest.raises(ValueError, match="`head`"):
+        diagnose(rope_enc, dim=D, heads=2, head=2)
+
+
+@pytest.mark.parametrize("bad,what", [(math.nan, "NaN"), (math.inf, "inf")])
+def test_an_encoder_returning_nan_or_inf_is_a_named_error(bad, what):
+    """Was "SVD did not converge" from deep inside numpy: now the probe, the side and what came back."""
+
+    def broken(x, positions):
+        y = rope_enc(x, positions).clone()
+        y[..., positions >= 17, 0] = bad  # (batch, heads, seq, dim): wrong from position 17 on
+        return y
+
+    with pytest.raises(ProbeError, match=rf"the query encoder, asked by the linearity probe.*{what}.*positions \[17"):
+        diagnose(broken, dim=D)
+    with pytest.raises(ProbeError, match="the key encoder"):
+        diagnose(rope_enc, broken, dim=D)
+    assert issubclass(ProbeError, ValueError)
+
+
+def test_an_encoder_returning_the_wrong_shape_is_a_named_error():
+    with pytest.raises(ProbeError, match=r"must return a tensor \(batch, heads, seq, dim_out\).*shape \(8, 1, 6\)"):
+        diagnose(lambda x, p: x[:, 0], dim=D)
+    with pytest.raises(ProbeError, match="real floating"):
+        diagnose(lambda x, p: x.to(torch.complex128), dim=D)
+
+
+def test_nan_only_past_the_short_length_skips_the_length_test_with_a_note():
+    def overflowing(x, positions):
+        y = rope_enc(x, positions).clone()
+        y[..., positions >= 1000, :] = math.inf  # only the long sequence of the length test reaches it
+        return y
+
+    d = diagnose(overflowing, dim=D, lengths=(32, 2048))
+    assert d.relative and d.violations == [] and "length" not in d.measures
+    assert any("sequence-length test was skipped" in n and "inf" in n for n in d.notes)
+
+
+def test_to_dict_is_json_and_matches_the_report():
+    d = diagnose(temperature, dim=D)
+    data = json.loads(json.dumps(d.to_dict()))
+    assert data["relative"] and [v["name"] for v in data["violations"]] == d.names()
+    assert data["temperature"] == pytest.approx(1.44)
+    assert sorted(b[1] for b in data["blocks"]) == pytest.approx(sorted(FREQS.tolist()))
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_hf_families_come_from_transformers_own_table(family):
+    pytest.importorskip("transformers")
+    enc, rotary = hf_encoder(family, head_dim=16)
+    assert type(rotary).__name__.lower() == f"{family}rotaryembedding"
+    d = diagnose(enc, dim=16, lengths=(8, 64))
+    assert d.relative and d.violations == []
+    assert np.allclose(np.sort([abs(b[1]) for b in d.generator.blocks]), np.sort(rotary.inv_freq.double().numpy()),
+                       rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(model="nosuch"), ValueError, "transformers model type"),
+    (dict(model="bert"), ValueError, "BertRotaryEmbedding"),
+    (dict(model=3), TypeError, "`model`"),
+    (dict(head_dim=3), ValueError, "`head_dim` must be even"),
+    (dict(rope={"rope_type": "bogus"}), ValueError, "'bogus'"),
+    (dict(rope={"rope_type": "yarn"}), ValueError, "factor"),
+    (dict(rope={"rope_type": "yarn", "factor": 4.0, "fator": 2.0}), ValueError, "fator"),
+    (dict(rope=[1]), TypeError, "`rope`"),
+])
+def test_hf_encoder_refuses_what_upstream_would_run_on(kwargs, error, match):
+    pytest.importorskip("transformers")
+    with pytest.raises(error, match=match):
+        hf_encoder(**kwargs)
 
 
 def test_branch_handling_recovers_frequencies_beyond_pi():

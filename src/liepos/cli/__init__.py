@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``liepos`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would blame the top-level parser; the subcommand's flags are the ones misspelt
+            prog = f"liepos {args.command}" if getattr(args, "command", None) else "liepos"
+            raise _ParseError(prog, f"unrecognized arguments: {' '.join(extra)}")
     except _ParseError as err:
         print(f"{err.prog}: {_one_line(str(err))}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -52,7 +52,7 @@ def find_suite(suite: str | os.PathLike | None = None) -> Path:
 
 
 def load_suite(suite: str | os.PathLike | None = None) -> ModuleType:
-    """Import the benchmark suite file as a module (it is not a package module)."""
+    """Import the benchmark suite file (:func:`find_suite` of ``suite``) as a module; it is not in the package."""
     path = find_suite(suite)
     spec = importlib.util.spec_from_file_location("liepos_benchmark_suite", path)
     assert spec is not None and spec.loader is not None  # a .py file always has a source loader
@@ -63,6 +63,6 @@ def load_suite(suite: str | os.PathLike | None = None) -> ModuleType:
 
 
 def run(args: argparse.Namespace) -> int:
-    suite = load_suite(args.suite)
-    out = out_dir("--out", args.out if args.out is not None else Path(suite.__file__).parent / "results")
-    return int(suite.run(args.quick, out, args.threads))
+    path = find_suite(args.suite)
+    out = out_dir("--out", args.out if args.out is not None else path.parent / "results")  # before any work
+    return int(load_suite(path).run(args.quick, out, args.threads))

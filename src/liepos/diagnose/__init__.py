@@ -65,6 +65,8 @@ _SNAP_MIN, _SNAP_MAX = 1e-7, 1e-4
 _A, _B, _N_RANDOM = 0.7, -1.3, 3
 # the sequence-length probe compares the scores of this many random vectors
 _N_LENGTH = 4
+# how much of an encoder's own error message a note quotes (a ProbeError is quoted whole)
+_SHOWN_ERROR = 120
 
 
 def diagnose(
@@ -420,8 +422,9 @@ class _Diagnoser:
                 q = fq(x[:, :L], pos, "sequence-length")[:, :L1]  # (n, L1, d_out)
                 k = fk(y[:, :L], pos, "sequence-length")[:, :L1]
             except Exception as err:  # noqa: BLE001 - a refusal is reported, not raised
+                why = str(err) if isinstance(err, ProbeError) else str(err)[:_SHOWN_ERROR]
                 self.notes.append(f"the sequence-length test was skipped: the encoder refused {L} positions "
-                                  f"({type(err).__name__}: {str(err)[:120]}); pass lengths=(L1, L2).")
+                                  f"({type(err).__name__}: {why}); pass lengths=(L1, L2).")
                 return
             scores.append(q @ k.transpose(-1, -2))  # (n, L1, L1)
         diff = rel(scores[1], scores[0])

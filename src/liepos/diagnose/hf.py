@@ -104,11 +104,11 @@ def hf_encoder(model: str = "llama", rope: dict | None = None, head_dim: int = 6
     warns about (a missing or unknown key, a factor below 1, ...) are refused with a ValueError that
     quotes the warning: upstream would otherwise run on them.
     """
-    import transformers
-
     head_dim = check_int("head_dim", head_dim, min=2, even=True)
     max_position_embeddings = check_int("max_position_embeddings", max_position_embeddings, min=1)
     rope_theta = check_real("rope_theta", rope_theta, positive=True)
+    import transformers
+
     config_class, modeling, rotary_name = _family(model)
     params = _rope_parameters(rope, rope_theta)
     kw: dict[str, Any] = dict(head_dim=head_dim, hidden_size=head_dim * _HEADS, num_attention_heads=_HEADS,
