@@ -16,7 +16,7 @@ _MAX_HEADS = 2**12
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int_at_least(1, _MAX_HEAD_DIM), default=8,
-                        help="head dim used to build each entry (default 8; every entry needs it even and >= 4)")
+                        help="head dim used to build each entry (default 8)")
     parser.add_argument("--heads", type=int_at_least(1, _MAX_HEADS), default=2, help="number of heads (default 2)")
 
 
