@@ -39,7 +39,7 @@ from torch.utils.benchmark import Timer
 
 import liepos as lp
 
-__all__ = ["bench_alibi", "bench_case", "markdown", "mixed_encoding", "peak_memory", "run", "run_suite", "targets"]
+__all__ = ["bench_alibi", "bench_case", "inputs", "markdown", "mixed_encoding", "peak_memory", "run", "run_suite", "targets"]
 
 
 # ---------------------------------------------------------------------- measurement
@@ -249,7 +249,8 @@ def providers(B: int, H: int, Hk: int, S: int, D: int, dtype: torch.dtype, offse
     return out
 
 
-def _inputs(B, H, Hk, S, D, dtype, grad=False, seed=0):
+def inputs(B, H, Hk, S, D, dtype, grad=False, seed=0):
+    """Seeded q (B, H, S, D) and k (B, Hk, S, D) in ``dtype``, leaves requiring grad when ``grad``."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, S, D, generator=g).to(dtype)
     k = torch.randn(B, Hk, S, D, generator=g).to(dtype)
@@ -276,7 +277,7 @@ def bench_case(
             continue
         if backward and name == "liepos_inplace" and not projected:
             continue
-        q, k = _inputs(B, H, Hk, S, D, dtype, grad=backward)
+        q, k = inputs(B, H, Hk, S, D, dtype, grad=backward)
         if backward and projected:
 
             def step(fn=fn, q=q, k=k):

@@ -16,7 +16,7 @@ def test_every_provider_agrees_with_liepos_on_a_tiny_shape():
     provs = bench.providers(B, H, H, S, D, torch.float32, offset=5, compiled=False)
     assert {"clone", "liepos", "liepos_half", "liepos_mixed", "hf", "rotary_embedding_torch",
             "x_transformers", "dense_matrix", "dense_matrix_exp"} <= set(provs)
-    q, k = bench._inputs(B, H, H, S, D, torch.float32)
+    q, k = bench.inputs(B, H, H, S, D, torch.float32)
     ref_q, ref_k = provs["liepos"](q.clone(), k.clone())
     # the interleaved-layout peers compute the same rotation on the same inputs
     for name in ("dense_matrix", "dense_matrix_exp", "rotary_embedding_torch", "x_transformers"):

@@ -35,6 +35,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
                             ["--rope", "rope_type", "'bogus'", "yarn"]),
     "classify-deep": (["classify", DEEP], ["MATRIX", "nested too deeply"]),
     "classify-non-utf8-file": (["classify", "@{tmp}/latin1.json"], ["MATRIX", "UTF-8", "0xe9"]),
+    "classify-non-utf8-argv": (["classify", os.fsdecode(b"[[0, 1], [-1, \xff]]")], ["MATRIX", "not valid JSON", "\\udcff"]),
     "classify-400-digits": (["classify", BIG], ["MATRIX", "401 digits", "float64"]),
     "classify-invalid-json": (["classify", "[[0, 1], ["], ["MATRIX", "not valid JSON"]),
     "classify-not-square": (["classify", "[[0, 1, 2], [3, 4, 5]]"], ["MATRIX", "square", "(2, 3)"]),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -343,3 +345,10 @@ def test_branch_handling_recovers_frequencies_beyond_pi():
     d = diagnose(enc, dim=8)
     assert d.violations == []
     assert sorted(abs(b[1]) for b in d.generator.blocks) == pytest.approx(sorted(fast.tolist()), rel=1e-9)
+
+
+def test_import_liepos_loads_none_of_the_heavy_dependencies_of_diagnose():
+    code = ("import sys, liepos, liepos.diagnose, liepos.cli; liepos.cli.build_parser(); "
+            "print(sorted(m for m in ('transformers', 'scipy', 'sympy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
