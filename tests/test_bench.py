@@ -64,3 +64,21 @@ def test_the_suite_is_not_in_the_package_and_bench_from_a_wheel_says_what_to_do(
                        cwd=work, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.count("\n") == 1 and "source checkout" in r.stderr and "clone the repository" in r.stderr
+
+
+def test_liepos_bench_runs_the_suite_and_writes_where_asked(tmp_path, monkeypatch, capsys):
+    """The command's glue (find, check --out, load, run, write), with the suite's timing loop made tiny."""
+    import json
+
+    import liepos.cli.bench as bench_cli
+    from liepos.cli import main
+
+    rows = bench.bench_case(1, 2, 2, 16, 16, torch.float32, min_run_time=0.01, only=["clone", "liepos"])
+    meta = {"torch": torch.__version__, "threads": 1, "cpu_count": 1, "capability": "x", "wall_s": 0.0}
+    monkeypatch.setattr(bench, "run_suite", lambda quick, log: {"meta": meta, "rows": rows,
+                                                                "targets": bench.targets(rows)})
+    monkeypatch.setattr(bench_cli, "load_suite", lambda path: bench)
+    assert main(["bench", "--quick", "--out", str(tmp_path / "r")]) == 0
+    assert [r["provider"] for r in json.loads((tmp_path / "r" / "quick.json").read_text())["rows"]] == ["clone", "liepos"]
+    assert "| liepos | fwd | float32 |" in (tmp_path / "r" / "quick.md").read_text()
+    assert "wrote" in capsys.readouterr().out
