@@ -7,7 +7,14 @@ modeling module has a ``<Family>RotaryEmbedding``: the family table is transform
 
 The defining identity of the wrapped encoder is upstream's: ``encode(x, t) = x cos(tω) + rotate_half(x)
 sin(tω)`` with ``ω = rotary.inv_freq`` (times ``attention_scaling``), which :func:`liepos.diagnose`
-recovers as 32 rotation blocks for a head dim of 64.
+recovers as 32 rotation blocks for a head dim of 64. For the default rope type that is liepos's RoPE
+in the half layout, up to HF's float32 angles:
+
+>>> import torch, liepos as lp
+>>> enc, rotary = hf_encoder("llama", head_dim=8)
+>>> x, t = torch.randn(1, 2, 5, 8), torch.arange(5)
+>>> bool(torch.allclose(enc(x, t), lp.rope(8, layout="half").query(x, t), atol=1e-6))
+True
 """
 
 from __future__ import annotations
