@@ -152,6 +152,28 @@ def test_additive_sinusoid_is_not_linear():
     assert "not_linear" not in diagnose(rope_enc, dim=D)
 
 
+@pytest.mark.parametrize("head", [0, 1])
+def test_alibi_slots_are_a_relative_score_bias_with_its_slope(head):
+    """ALiBi appends slots: affine, yet every cross term depends on t - s only (beta(u) = -m u)."""
+    enc = lp.alibi(2, D)
+    d = diagnose(enc.query, enc.key, dim=D, heads=2, head=head)
+    assert d.names() == ["score_bias"] and d.relative
+    m = float(lp.alibi_slopes(2)[head])
+    assert f"m = {m:.6g}" in d.violations[0].message and "Jordan block" in d.violations[0].message
+    assert d.classification.counts["nope"] == D  # the linear part is the identity
+
+
+def test_an_added_bias_that_depends_on_absolute_time_breaks_relativity():
+    """b(t).c(s) = t * s: affine like ALiBi's slots, but the bias is not a function of the lag."""
+
+    def q_side(x, positions):
+        t = positions.to(x.dtype)[:, None]  # (seq, 1)
+        return torch.cat((x, t.expand(*x.shape[:-1], 1)), dim=-1)  # (..., seq, d) -> (..., seq, d + 1)
+
+    d = diagnose(q_side, dim=D)
+    assert "not_linear" in d and "score_bias" not in d and not d.relative
+
+
 def test_quadratic_phase_is_not_translation_invariant():
     d = diagnose(quadratic_phase, dim=D)
     assert "not_translation_invariant" in d and not d.relative

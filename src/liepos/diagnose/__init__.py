@@ -34,7 +34,7 @@ import torch
 
 from liepos._checks import check_choice, check_int, check_real
 from liepos.diagnose.hf import hf_encoder, hf_rotary_encoder
-from liepos.diagnose.probes import Bridge, Encoder, Linearized, Probe, ProbeError, Side, rel
+from liepos.diagnose.probes import TINY, Bridge, Encoder, Linearized, Probe, ProbeError, Side, rel
 from liepos.diagnose.recovery import generator_from_matrix, recover
 from liepos.diagnose.report import (
     AXES_DO_NOT_COMMUTE,
@@ -47,6 +47,7 @@ from liepos.diagnose.report import (
     NOT_LINEAR,
     NOT_TRANSLATION_INVARIANT,
     PER_CHANNEL_NORM,
+    SCORE_BIAS,
     Diagnosis,
     Finding,
 )
@@ -203,6 +204,7 @@ class _Diagnoser:
         self.findings: list[Finding] = []
         self.measures: dict[str, float] = {}
         self.notes: list[str] = []
+        self.offset: float | None = None  # |f(0)| / |f(x)| when the encoder is affine
 
     def add(self, name: str, message: str, size: float, breaks: bool = True) -> None:
         self.findings.append(Finding(name, message, float(size), breaks))
@@ -220,6 +222,8 @@ class _Diagnoser:
         br = Bridge(fq, fk, self.d, self.pos(plan.positions()), "bridge")
         if self.domain == "integer":
             br.index = {float(round(k)): v for k, v in br.index.items()}
+        if self.offset is not None:
+            self.additive(br, plan)
         B = br.M(0, 0)
         tau = float(np.trace(B)) / self.d
         iso = rel(B, tau * np.eye(self.d)) if tau != 0 else 1.0
@@ -292,16 +296,8 @@ class _Diagnoser:
             if not applies or self._linear_residual((lq, lk), x, y, pos) > self.tol:
                 continue
             if mode == "affine":
-                f0 = self.pq(zero, pos, "offset")[0]  # (P, d_out)
-                varies = rel(f0, f0[:1].expand_as(f0))  # (1, d_out) -> (P, d_out)
-                self.add(NOT_LINEAR,
-                         "the encoder is affine, not linear: it adds a vector b(t) that does not depend on the "
-                         f"input (|b| / |f(x)| = {off:.3g}; b varies with position by {varies:.3g}), an absolute "
-                         "additive encoding such as the sinusoidal of Vaswani et al. The score then has cross "
-                         "terms q.b(s) + b(t).k + b(t).b(s) that depend on t and s separately. The rest of "
-                         "this report is about the linear part f(x) - f(0).",
-                         off)
-            else:
+                self.offset = off  # named by additive() once the bridge shows what the added part does
+            if mode == "normalized":
                 self.add(NORMALIZED,
                          "the output is scale invariant (f(2x) = f(x)): a per-vector norm (RMSNorm / L2 "
                          f"normalisation) is applied (linearity residual {worst:.3g}). Undoing it "
@@ -317,10 +313,63 @@ class _Diagnoser:
                  worst)
         return self.pq, self.pk
 
+    def additive(self, br: Bridge, plan: _Plan) -> None:
+        """Name what the added parts b(t) (query) and c(s) (key) do to the score.
+
+        ``<F(t)q + b(t), G(s)k + c(s)> = qᵀM(t, s)k + q·u(t, s) + v(t, s)·k + β(t, s)`` with
+        ``u = F(t)ᵀc(s)``, ``v = G(s)ᵀb(t)`` and ``β = b(t)·c(s)``: the score stays relative when all
+        three depend on t − s only (ALiBi's slots: u = v = 0, β = −m (t − s)); otherwise they are
+        absolute cross terms (the sinusoid added to q of Vaswani et al.).
+        """
+        zero = torch.zeros(1, self.d, dtype=torch.float64)
+        b = self.pq(zero, br.pos, "offset")[0].numpy()  # (P, d_out): b(t)
+        c = self.pk(zero, br.pos, "offset")[0].numpy()  # (P, d_out): c(s)
+        ix = br.index
+
+        def parts(t: float, s: float) -> tuple[np.ndarray, np.ndarray, float]:
+            i, j = ix[float(t)], ix[float(s)]
+            return br.Q[i] @ c[j], br.K[j] @ b[i], float(b[i] @ c[j])  # u (d,), v (d,), β
+
+        nb, nc = np.linalg.norm(b, axis=-1).max(), np.linalg.norm(c, axis=-1).max()
+        nq, nk = np.linalg.norm(br.Q, axis=(-2, -1)).max(), np.linalg.norm(br.K, axis=(-2, -1)).max()
+        scales = (max(nq * nc, TINY), max(nk * nb, TINY), max(nb * nc, TINY))  # Cauchy-Schwarz bounds
+        drift = 0.0
+        for t, s in plan.base:
+            ref = parts(t, s)
+            for sh in plan.shifts:
+                moved = parts(t + sh, s + sh)
+                drift = max(drift, *(float(np.linalg.norm(np.subtract(x, y))) / sc
+                                     for x, y, sc in zip(moved, ref, scales)))
+        self.measures["additive_drift"] = drift
+        varies = rel(b, np.broadcast_to(b[:1], b.shape))  # (1, d_out) -> (P, d_out)
+        if drift > self.tol:
+            self.add(NOT_LINEAR,
+                     "the encoder is affine, not linear: it adds a vector b(t) that does not depend on the "
+                     f"input (|b| / |f(x)| = {self.offset:.3g}; b varies with position by {varies:.3g}), an "
+                     "absolute additive encoding such as the sinusoidal of Vaswani et al. The score then has "
+                     "cross terms q.c(s) + b(t).k + b(t).c(s) that depend on t and s separately (by "
+                     f"{drift:.3g} under a shift). The rest of this report is about the linear part f(x) - f(0).",
+                     self.offset)
+            return
+        lags = sorted({float(u) for u in plan.verify} | {0.0})
+        beta = np.array([parts(u, 0.0)[2] for u in lags])
+        slope, icept = np.polyfit(lags, beta, 1)
+        linear = rel(icept + slope * np.array(lags), beta) <= self.tol
+        const = f"{icept:.4g} + " if abs(icept) > self.tol * max(float(np.abs(beta).max()), TINY) else ""
+        shape = (f"beta(u) = {const}({slope:.6g}) u, linear in the lag as with ALiBi's slots (slope "
+                 f"m = {-slope:.6g}; a size-2 Jordan block N = [[0, 1], [0, 0]] on two extra channels)"
+                 if linear else f"beta(u) at u = {lags[:4]} is {[round(x, 6) for x in beta[:4]]}")
+        self.add(SCORE_BIAS,
+                 f"the encoder is affine: it adds b(t) to the query and c(s) to the key, independent of the input "
+                 f"(|b| / |f(x)| = {self.offset:.3g}), and every cross term depends on t - s only (drift "
+                 f"{drift:.2g} under a shift): the score is q.A(t - s)k plus a relative bias {shape}. The rest "
+                 "of this report is about the linear part f(x) - f(0).",
+                 self.offset, breaks=False)
+
     def continuity(self, A: Callable[[float], np.ndarray], cont_u: Sequence[float]) -> bool:
         """|A(u + h) − A(u)| must shrink with h; a jump means rounded positions (then judged on integers)."""
         ratio, where, jump = 0.0, 0.0, 0.0
-        scale = max(float(np.linalg.norm(A(1.0))), 1e-300)
+        scale = max(float(np.linalg.norm(A(1.0))), TINY)
         for u in cont_u:
             A0 = A(u)
             d1 = float(np.linalg.norm(A(u + _H_COARSE) - A0))
@@ -458,7 +507,7 @@ def _diagnose_axes(fq: Encoder, fk: Encoder, dim: int, axes: int, **kw: Any) -> 
         for j in range(i + 1, axes):
             Xi, Xj = subs[i].matrix, subs[j].matrix
             if Xi is not None and Xj is not None:
-                den = max(np.linalg.norm(Xi) * np.linalg.norm(Xj), 1e-300)
+                den = max(np.linalg.norm(Xi) * np.linalg.norm(Xj), TINY)
                 pairs.append((i, j, float(np.linalg.norm(Xi @ Xj - Xj @ Xi) / den)))
     comm = max((c for _, _, c in pairs), default=0.0)
     tol = kw["tol"]

@@ -28,7 +28,7 @@ __all__ = ["Bridge", "Encoder", "Linearized", "Probe", "ProbeError", "rel"]
 Encoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # a norm below this is "zero" when it divides a residual (float64's smallest normal is ~2.2e-308)
-_TINY = 1e-300
+TINY = 1e-300
 # how many positions a message lists before "..."
 _SHOWN = 8
 
@@ -108,7 +108,7 @@ def rel(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
     b = np.asarray(b.detach() if isinstance(b, torch.Tensor) else b, dtype=np.float64)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return math.inf
-    den = max(float(np.linalg.norm(a)), float(np.linalg.norm(b)), _TINY)
+    den = max(float(np.linalg.norm(a)), float(np.linalg.norm(b)), TINY)
     return float(np.linalg.norm(a - b)) / den
 
 

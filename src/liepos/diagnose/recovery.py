@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from liepos.diagnose.probes import rel
+from liepos.diagnose.probes import TINY, rel
 from liepos.diagnose.report import DISCRETE_GROUP, NO_GENERATOR, Finding
 
 __all__ = ["Recovery", "expm", "generator_from_matrix", "logm_real", "negative_eigen", "recover"]
@@ -72,7 +72,7 @@ def expm(X: np.ndarray, u: float) -> np.ndarray:
 def negative_eigen(A: np.ndarray, tol: float) -> list[tuple[float, int]]:
     """Real negative eigenvalues of A with their multiplicities (clustered within ``10·tol·|A|``)."""
     ev = np.linalg.eigvals(A)
-    scale = max(np.abs(ev).max(initial=0.0), 1e-300)
+    scale = max(np.abs(ev).max(initial=0.0), TINY)
     neg = sorted(float(z.real) for z in ev if abs(z.imag) <= tol * scale and z.real < -tol * scale)
     out: list[tuple[float, int]] = []
     for v in neg:

@@ -23,7 +23,7 @@ import numpy as np
 __all__ = [
     "AXES_DO_NOT_COMMUTE", "DISCRETE_GROUP", "GROUP_LAW", "LENGTH_DEPENDENT", "LOGIT_TEMPERATURE",
     "NORMALIZED", "NOT_CONTINUOUS", "NOT_IDENTITY_AT_ZERO", "NOT_LINEAR", "NOT_TRANSLATION_INVARIANT",
-    "NO_GENERATOR", "PER_CHANNEL_NORM", "Diagnosis", "Finding",
+    "NO_GENERATOR", "PER_CHANNEL_NORM", "SCORE_BIAS", "Diagnosis", "Finding",
 ]
 
 # ---------------------------------------------------------------------- named findings
@@ -39,6 +39,7 @@ DISCRETE_GROUP = "discrete_group"
 LENGTH_DEPENDENT = "length_dependent"
 AXES_DO_NOT_COMMUTE = "axes_do_not_commute"
 NO_GENERATOR = "no_generator"
+SCORE_BIAS = "score_bias"
 
 # the report's line width for a finding's message, and how many blocks it lists before "..."
 _WRAP = 92
@@ -183,6 +184,7 @@ class Diagnosis:
 _MEASURE_LABELS = [
     ("linearity", "linearity  f(ax+by) = af(x)+bf(y)"),
     ("offset", "no additive part  |f(0)|"),
+    ("additive_drift", "added part relative  (shift drift)"),
     ("translation", "translation  M(t+c, s+c) = M(t, s)"),
     ("identity", "identity at zero  M(t, t) = tau I"),
     ("group_law", "group law  A(a) A(b) = A(a+b)"),
