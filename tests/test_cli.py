@@ -80,3 +80,12 @@ def test_diagnose_lp_json(capsys):
     assert data["relative"] is True and data["violations"] == []
     want = sorted((round(r, 6), round(abs(w), 6)) for r, w, _ in lp.xpos(8).generator.blocks)
     assert sorted((round(r, 6), round(abs(w), 6)) for r, w, _ in data["blocks"]) == want
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """`liepos catalogue | head -0`: no BrokenPipeError traceback, the shell's SIGPIPE status."""
+    p = subprocess.Popen([sys.executable, "-m", "liepos.cli", "catalogue"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141 and err == "", err

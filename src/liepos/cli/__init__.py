@@ -5,8 +5,9 @@ A subcommand module (contract in :mod:`liepos.cli._common`) gives ``HELP``, ``EX
 and runs the chosen one. Bad input never shows a traceback: a flag argparse refuses and a
 :class:`~liepos.cli._common.UsageError` raised by a subcommand are both printed as one line,
 ``liepos <command>: <message>``, with exit status 2 (argparse's refusals leave :func:`main` by
-``SystemExit(2)``, as argparse does; a refusal inside ``run`` makes it return 2). Anything else raised
-inside liepos, an ImportError included, is a bug and keeps its traceback.
+``SystemExit(2)``, as argparse does; a refusal inside ``run`` makes it return 2). Ctrl-C and a reader
+that leaves (``liepos catalogue | head -1``) end it quietly with the shell's statuses 130 and 141.
+Anything else raised inside liepos, an ImportError included, is a bug and keeps its traceback.
 
 >>> parser = build_parser()
 >>> list(SUBCOMMANDS) == ["tour", "classify", "catalogue", "plot", "bench", "diagnose", "explore"]
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from types import ModuleType
 from typing import NoReturn
@@ -26,6 +28,9 @@ from typing import NoReturn
 from liepos.cli._common import UsageError
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+# the shell's statuses for a command ended by SIGINT (Ctrl-C) and by SIGPIPE (128 + the signal number)
+_INTERRUPTED, _BROKEN_PIPE = 130, 141
 
 # name -> the module that implements it, in the order `liepos --help` lists them
 SUBCOMMANDS: dict[str, str] = {
@@ -111,7 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args._run(args) or 0)
+        status = int(args._run(args) or 0)
+        sys.stdout.flush()  # a reader that left is seen here, not in Python's exit flush
+        return status
     except UsageError as err:
         print(f"liepos {args.command}: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"liepos {args.command}: interrupted", file=sys.stderr)
+        return _INTERRUPTED
+    except BrokenPipeError:  # the reader (`| head`) left: stop quietly, and keep Python's exit flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _BROKEN_PIPE
