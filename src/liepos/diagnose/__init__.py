@@ -297,7 +297,7 @@ class _Diagnoser:
                 continue
             if mode == "affine":
                 self.offset = off  # named by additive() once the bridge shows what the added part does
-            if mode == "normalized":
+            else:
                 self.add(NORMALIZED,
                          "the output is scale invariant (f(2x) = f(x)): a per-vector norm (RMSNorm / L2 "
                          f"normalisation) is applied (linearity residual {worst:.3g}). Undoing it "
