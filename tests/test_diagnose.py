@@ -374,3 +374,20 @@ def test_import_liepos_loads_none_of_the_heavy_dependencies_of_diagnose():
             "print(sorted(m for m in ('transformers', 'scipy', 'sympy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_hf_encoder_refuses_even_when_transformers_is_silenced_and_every_time():
+    """The refusal reads transformers' validation warnings: not lost to set_verbosity_error, nor to warning_once."""
+    transformers = pytest.importorskip("transformers")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with pytest.raises(ValueError, match="fator"):
+            hf_encoder(rope={"rope_type": "yarn", "factor": 4.0, "fator": 2.0}, head_dim=16)
+        mismatch = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}  # implicit 8
+        for _ in range(2):
+            with pytest.raises(ValueError, match="implicit factor"):
+                hf_encoder(rope=mismatch, head_dim=16, max_position_embeddings=8192)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    hf_encoder(rope={"rope_type": "yarn", "factor": 4.0}, head_dim=16)  # a valid one still builds

@@ -121,7 +121,12 @@ def hf_encoder(model: str = "llama", rope: dict | None = None, head_dim: int = 6
     kw: dict[str, Any] = dict(head_dim=head_dim, hidden_size=head_dim * _HEADS, num_attention_heads=_HEADS,
                               num_key_value_heads=_HEADS, max_position_embeddings=max_position_embeddings)
     logger, collect = logging.getLogger(_ROPE_LOGGER), _Collect()
-    propagate, logger.propagate = logger.propagate, False
+    propagate, level = logger.propagate, logger.level
+    logger.propagate = False
+    logger.setLevel(logging.WARNING)  # heard even when the caller silenced transformers (set_verbosity_error)
+    once = getattr(type(logger), "warning_once", None)  # transformers' once-per-process warnings: judge afresh
+    if hasattr(once, "cache_clear"):
+        once.cache_clear()
     logger.addHandler(collect)
     try:
         if int(transformers.__version__.split(".")[0]) >= 5:
@@ -135,6 +140,7 @@ def hf_encoder(model: str = "llama", rope: dict | None = None, head_dim: int = 6
     finally:
         logger.removeHandler(collect)
         logger.propagate = propagate
+        logger.setLevel(level)
     if collect.messages:
         raise ValueError(f"`rope` {rope!r} is refused by transformers' validation: {'; '.join(collect.messages)}")
     rotary = getattr(modeling, rotary_name)(config)
