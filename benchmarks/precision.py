@@ -6,7 +6,7 @@
    pipeline (``LlamaRotaryEmbedding``: inv_freq in float32, ``inv_freq @ position_ids`` in float32,
    cos/sin in float32).
 2. ALiBi at 8 192 tokens, 8 heads, dim 64: ``lp.attention`` through the slots against SDPA with a
-   materialised float bias, time and peak allocated memory (``liepos.bench.bench_alibi``: glibc
+   materialised float bias, time and peak allocated memory (``bench_alibi`` of ``benchmarks/bench.py``: glibc
    ``mallinfo2`` sampled after every aten op).
 
 Writes ``benchmarks/results/precision.{json,md}``. Run: ``python benchmarks/precision.py``.
@@ -22,7 +22,7 @@ import mpmath
 import torch
 
 import liepos as lp
-from liepos.bench import bench_alibi
+from bench import bench_alibi  # benchmarks/bench.py: this script's folder is on sys.path
 
 POSITIONS = [0, 40, 2047, 16383, 131071, 262143, 1048575, 16777215, 2**31 - 1]
 DIM = 128
@@ -68,7 +68,7 @@ def precision() -> list[dict]:
 
 
 def alibi_memory(S: int = 8192, H: int = 8, D: int = 64) -> list[dict]:
-    """Time and peak allocation of ``liepos.bench.bench_alibi``, plus the largest output difference."""
+    """Time and peak allocation of ``bench.bench_alibi``, plus the largest output difference."""
     rows = bench_alibi(S=S, H=H, D=D)
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, H, 512, D, generator=g) for _ in range(3))

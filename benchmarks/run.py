@@ -1,11 +1,12 @@
-"""Run the benchmark suite: ``python benchmarks/run.py [--quick]`` (same as ``liepos bench``)."""
+"""Run the benchmark suite next to this file: ``python benchmarks/run.py [--quick] [--out DIR] [--threads N]``.
 
-import argparse
+The same as ``liepos bench`` (its options), with ``--suite`` set to ``benchmarks/bench.py`` here.
+"""
+
 import sys
+from pathlib import Path
 
-from liepos import bench
+from liepos.cli import main
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__)
-    bench.configure(p)
-    sys.exit(bench.run(p.parse_args()))
+    sys.exit(main(["bench", "--suite", str(Path(__file__).with_name("bench.py")), *sys.argv[1:]]))

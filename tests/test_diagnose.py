@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import liepos as lp
-from liepos.diagnose import Diagnosis, diagnose, hf_encoder
+from liepos.diagnose import Diagnosis, ProbeError, diagnose, hf_encoder
 
 D = 8
 
@@ -150,6 +152,28 @@ def test_additive_sinusoid_is_not_linear():
     assert "not_linear" not in diagnose(rope_enc, dim=D)
 
 
+@pytest.mark.parametrize("head", [0, 1])
+def test_alibi_slots_are_a_relative_score_bias_with_its_slope(head):
+    """ALiBi appends slots: affine, yet every cross term depends on t - s only (beta(u) = -m u)."""
+    enc = lp.alibi(2, D)
+    d = diagnose(enc.query, enc.key, dim=D, heads=2, head=head)
+    assert d.names() == ["score_bias"] and d.relative
+    m = float(lp.alibi_slopes(2)[head])
+    assert f"m = {m:.6g}" in d.violations[0].message and "Jordan block" in d.violations[0].message
+    assert d.classification.counts["nope"] == D  # the linear part is the identity
+
+
+def test_an_added_bias_that_depends_on_absolute_time_breaks_relativity():
+    """b(t).c(s) = t * s: affine like ALiBi's slots, but the bias is not a function of the lag."""
+
+    def q_side(x, positions):
+        t = positions.to(x.dtype)[:, None]  # (seq, 1)
+        return torch.cat((x, t.expand(*x.shape[:-1], 1)), dim=-1)  # (..., seq, d) -> (..., seq, d + 1)
+
+    d = diagnose(q_side, dim=D)
+    assert "not_linear" in d and "score_bias" not in d and not d.relative
+
+
 def test_quadratic_phase_is_not_translation_invariant():
     d = diagnose(quadratic_phase, dim=D)
     assert "not_translation_invariant" in d and not d.relative
@@ -257,6 +281,81 @@ def test_argument_errors():
         diagnose(rope_enc)
     with pytest.raises(ValueError, match="domain"):
         diagnose(rope_enc, dim=D, domain="complex")
+    with pytest.raises(ValueError, match="`tol`"):
+        diagnose(rope_enc, dim=D, tol=0.0)
+    with pytest.raises(TypeError, match="`dim`"):
+        diagnose(rope_enc, dim=8.0)
+    with pytest.raises(ValueError, match="`head`"):
+        diagnose(rope_enc, dim=D, heads=2, head=2)
+
+
+@pytest.mark.parametrize("bad,what", [(math.nan, "NaN"), (math.inf, "inf")])
+def test_an_encoder_returning_nan_or_inf_is_a_named_error(bad, what):
+    """Was "SVD did not converge" from deep inside numpy: now the probe, the side and what came back."""
+
+    def broken(x, positions):
+        y = rope_enc(x, positions).clone()
+        y[..., positions >= 17, 0] = bad  # (batch, heads, seq, dim): wrong from position 17 on
+        return y
+
+    with pytest.raises(ProbeError, match=rf"the query encoder, asked by the linearity probe.*{what}.*positions \[17"):
+        diagnose(broken, dim=D)
+    with pytest.raises(ProbeError, match="the key encoder"):
+        diagnose(rope_enc, broken, dim=D)
+    assert issubclass(ProbeError, ValueError)
+
+
+def test_an_encoder_returning_the_wrong_shape_is_a_named_error():
+    with pytest.raises(ProbeError, match=r"must return a tensor \(batch, heads, seq, dim_out\).*got shape \(3, 5, 8\)"):
+        diagnose(lambda x, p: x[:, 0], dim=D)
+    with pytest.raises(ProbeError, match="real floating"):
+        diagnose(lambda x, p: x.to(torch.complex128), dim=D)
+
+
+def test_nan_only_past_the_short_length_skips_the_length_test_with_a_note():
+    def overflowing(x, positions):
+        y = rope_enc(x, positions).clone()
+        y[..., positions >= 1000, :] = math.inf  # only the long sequence of the length test reaches it
+        return y
+
+    d = diagnose(overflowing, dim=D, lengths=(32, 2048))
+    assert d.relative and d.violations == [] and "length" not in d.measures
+    assert any("sequence-length test was skipped" in n and "inf" in n for n in d.notes)
+
+
+def test_to_dict_is_json_and_matches_the_report():
+    d = diagnose(temperature, dim=D)
+    data = json.loads(json.dumps(d.to_dict()))
+    assert data["relative"] and [v["name"] for v in data["violations"]] == d.names()
+    assert data["temperature"] == pytest.approx(1.44)
+    assert sorted(b[1] for b in data["blocks"]) == pytest.approx(sorted(FREQS.tolist()))
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_hf_families_come_from_transformers_own_table(family):
+    pytest.importorskip("transformers")
+    enc, rotary = hf_encoder(family, head_dim=16)
+    assert type(rotary).__name__.lower() == f"{family}rotaryembedding"
+    d = diagnose(enc, dim=16, lengths=(8, 64))
+    assert d.relative and d.violations == []
+    assert np.allclose(np.sort([abs(b[1]) for b in d.generator.blocks]), np.sort(rotary.inv_freq.double().numpy()),
+                       rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(model="nosuch"), ValueError, "transformers model type"),
+    (dict(model="bert"), ValueError, "BertRotaryEmbedding"),
+    (dict(model=3), TypeError, "`model`"),
+    (dict(head_dim=3), ValueError, "`head_dim` must be even"),
+    (dict(rope={"rope_type": "bogus"}), ValueError, "'bogus'"),
+    (dict(rope={"rope_type": "yarn"}), ValueError, "factor"),
+    (dict(rope={"rope_type": "yarn", "factor": 4.0, "fator": 2.0}), ValueError, "fator"),
+    (dict(rope=[1]), TypeError, "`rope`"),
+])
+def test_hf_encoder_refuses_what_upstream_would_run_on(kwargs, error, match):
+    pytest.importorskip("transformers")
+    with pytest.raises(error, match=match):
+        hf_encoder(**kwargs)
 
 
 def test_branch_handling_recovers_frequencies_beyond_pi():
@@ -268,3 +367,27 @@ def test_branch_handling_recovers_frequencies_beyond_pi():
     d = diagnose(enc, dim=8)
     assert d.violations == []
     assert sorted(abs(b[1]) for b in d.generator.blocks) == pytest.approx(sorted(fast.tolist()), rel=1e-9)
+
+
+def test_import_liepos_loads_none_of_the_heavy_dependencies_of_diagnose():
+    code = ("import sys, liepos, liepos.diagnose, liepos.cli; liepos.cli.build_parser(); "
+            "print(sorted(m for m in ('transformers', 'scipy', 'sympy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_hf_encoder_refuses_even_when_transformers_is_silenced_and_every_time():
+    """The refusal reads transformers' validation warnings: not lost to set_verbosity_error, nor to warning_once."""
+    transformers = pytest.importorskip("transformers")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with pytest.raises(ValueError, match="fator"):
+            hf_encoder(rope={"rope_type": "yarn", "factor": 4.0, "fator": 2.0}, head_dim=16)
+        mismatch = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}  # implicit 8
+        for _ in range(2):
+            with pytest.raises(ValueError, match="implicit factor"):
+                hf_encoder(rope=mismatch, head_dim=16, max_position_embeddings=8192)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    hf_encoder(rope={"rope_type": "yarn", "factor": 4.0}, head_dim=16)  # a valid one still builds

@@ -1,174 +1,130 @@
-"""The ``liepos`` command line.
+"""The ``liepos`` command line: one table of subcommands, one module each, one way to fail.
 
-Each subcommand lives in the module that owns its capability and provides two functions,
-``configure(parser)`` and ``run(args) -> int``; this file only wires them up.
+A subcommand module (contract in :mod:`liepos.cli._common`) gives ``HELP``, ``EXAMPLES``,
+``configure(parser)`` and ``run(args) -> int``. :func:`main` builds the parser from :data:`SUBCOMMANDS`
+and runs the chosen one. Bad input never shows a traceback: a flag argparse refuses and a
+:class:`~liepos.cli._common.UsageError` raised by a subcommand are both printed as one line,
+``liepos <command>: <message>``, with exit status 2 (argparse's refusals leave :func:`main` by
+``SystemExit(2)``, as argparse does; a refusal inside ``run`` makes it return 2). Ctrl-C and a reader
+that leaves (``liepos catalogue | head -1``) end it quietly with the shell's statuses 130 and 141.
+Anything else raised inside liepos, an ImportError included, is a bug and keeps its traceback.
+
+>>> parser = build_parser()
+>>> list(SUBCOMMANDS) == ["tour", "classify", "catalogue", "plot", "bench", "diagnose", "explore"]
+True
+>>> parser.parse_args(["catalogue", "--heads", "4"]).heads
+4
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import os
 import sys
-from pathlib import Path
+from types import ModuleType
+from typing import NoReturn
 
-# name -> (module, one-line help, examples)
-SUBCOMMANDS: dict[str, tuple[str, str, list[str]]] = {
-    "tour": (
-        "liepos.report",
-        "walk the whole theory on live numbers and write a shareable HTML report",
-        ["liepos tour", "liepos tour --out my-tour --open"],
-    ),
-    "classify": (
-        "liepos.cli",
-        "classify a generator matrix into the seeds' six rows",
-        [
-            "liepos classify '[[0, 1], [-1, 0]]'",
-            "liepos classify '[[-0.1, 1], [-1, -0.1]]'",
-            "liepos classify @generator.json",
-        ],
-    ),
-    "catalogue": (
-        "liepos.cli",
-        "list every catalogue encoding with its classification and identity",
-        ["liepos catalogue", "liepos catalogue --head-dim 8 --heads 4"],
-    ),
-    "plot": (
-        "liepos.plot",
-        "draw one figure of the tour alone",
-        ["liepos plot spectrum --out spectrum.png", "liepos plot trajectories --out rows.png"],
-    ),
-    "bench": (
-        "liepos.bench",
-        "time the application of encodings against the peers (same process, same inputs)",
-        ["liepos bench --quick"],
-    ),
-    "diagnose": (
-        "liepos.diagnose",
-        "probe an existing implementation and say which point of the design space it is",
-        ["liepos diagnose hf:llama", "liepos diagnose hf:llama --rope '{\"rope_type\": \"yarn\", \"factor\": 4.0}'"],
-    ),
-    "explore": (
-        "liepos.explore",
-        "train small models across the design space and measure what extrapolates",
-        ["liepos explore --quick --out runs/quick"],
-    ),
+from liepos.cli._common import UsageError
+
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
+
+# the shell's statuses for a command ended by SIGINT (Ctrl-C) and by SIGPIPE (128 + the signal number)
+_INTERRUPTED, _BROKEN_PIPE = 130, 141
+
+# name -> the module that implements it, in the order `liepos --help` lists them
+SUBCOMMANDS: dict[str, str] = {
+    "tour": "liepos.report",  # MERGE: the tour engineer's "liepos.cli.tour" replaces this old module
+    "classify": "liepos.cli.classify",
+    "catalogue": "liepos.cli.catalogue",
+    "plot": "liepos.plot",  # MERGE: the tour engineer's "liepos.cli.plot" replaces this old module
+    "bench": "liepos.cli.bench",
+    "diagnose": "liepos.cli.diagnose",
+    "explore": "liepos.explore",  # MERGE: the explore engineer's "liepos.cli.explore" replaces this old module
+}
+
+# MERGE: the old modules above have configure/run but no HELP/EXAMPLES; this table goes with them
+_OLD_TEXT: dict[str, tuple[str, list[str]]] = {
+    "liepos.report": ("walk the whole theory on live numbers and write a shareable HTML report",
+                      ["liepos tour", "liepos tour --out my-tour --open"]),
+    "liepos.plot": ("draw one figure of the tour alone",
+                    ["liepos plot spectrum --out spectrum.png", "liepos plot trajectories --out rows.png"]),
+    "liepos.explore": ("train small models across the design space and measure what extrapolates",
+                       ["liepos explore --quick --out runs/quick"]),
 }
 
 
-# ---------------------------------------------------------------------- classify / catalogue
-def _parse_matrix(text: str):
-    """A JSON nested list, or ``@file.json``; parsed as data, never evaluated."""
-    if text.startswith("@"):
-        path = Path(text[1:])
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise SystemExit(f"liepos classify: cannot read {path}: {err.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise SystemExit(f"liepos classify: MATRIX is not valid JSON ({err.msg} at column {err.colno}): {text!r}") from None
-    if not isinstance(data, list) or not all(isinstance(r, list) for r in data):
-        raise SystemExit(f"liepos classify: MATRIX must be a JSON list of rows, got {text!r}")
-    for row in data:
-        for x in row:
-            if isinstance(x, bool) or not isinstance(x, int | float):
-                raise SystemExit(f"liepos classify: MATRIX entries must be numbers, got {x!r}")
-    return data
+class _ParseError(Exception):
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
 
 
-def _configure_classify(p: argparse.ArgumentParser) -> None:
-    p.add_argument("matrix", metavar="MATRIX", help="a JSON nested list, e.g. '[[0,1],[-1,0]]', or @file.json")
-    p.add_argument("--tol", type=float, default=None, help="eigenvalue clustering tolerance")
-    p.add_argument("--json", action="store_true", help="print the classification as JSON")
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refusal is raised (to be printed as one line) instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _ParseError(self.prog, message)
 
 
-def _run_classify(args: argparse.Namespace) -> int:
-    from liepos.classify import classify
-
-    X = _parse_matrix(args.matrix)
-    try:
-        c = classify(X, tol=args.tol)
-    except (ValueError, TypeError) as err:
-        print(f"liepos classify: {err}", file=sys.stderr)
-        return 2
-    print(json.dumps(c.to_dict(), indent=2) if args.json else str(c))
-    return 0
+def _text(mod: ModuleType) -> tuple[str, list[str]]:
+    if mod.__name__ in _OLD_TEXT:
+        return _OLD_TEXT[mod.__name__]
+    return mod.HELP, list(mod.EXAMPLES)
 
 
-def _configure_catalogue(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--head-dim", type=int, default=8, help="head dim used to build each entry (default 8)")
-    p.add_argument("--heads", type=int, default=2, help="number of heads (default 2)")
-
-
-def _run_catalogue(args: argparse.Namespace) -> int:
-    from liepos.catalogue import CATALOGUE
-    from liepos.classify import classify
-
-    names = list(CATALOGUE)
-    width = max(len(n) for n in names)
-    print(f"{'name':<{width}}  {'row':<16}  {'blocks (counts)':<40}  identity / paper")
-    print("-" * (width + 100))
-    for name in names:
-        entry = CATALOGUE[name]
-        enc = entry.build(args.head_dim, args.heads)
-        counts = classify(enc).counts
-        summary = ", ".join(f"{k}={v}" for k, v in counts.items() if v)
-        print(f"{name:<{width}}  {entry.row:<16}  {summary:<40}  {entry.identity}  [{entry.paper}]")
-    return 0
-
-
-_LOCAL = {
-    "classify": (_configure_classify, _run_classify),
-    "catalogue": (_configure_catalogue, _run_catalogue),
-}
+def _examples(examples: list[str]) -> str:
+    return "examples:\n" + "\n".join(f"  {e}" for e in examples)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    epilog = "examples:\n" + "\n".join(
-        f"  {ex}" for _, (_, _, exs) in SUBCOMMANDS.items() for ex in exs
-    )
-    parser = argparse.ArgumentParser(
+    """The ``liepos`` parser with every subcommand configured by its module."""
+    modules = {name: importlib.import_module(path) for name, path in SUBCOMMANDS.items()}
+    texts = {name: _text(mod) for name, mod in modules.items()}
+    parser = _Parser(
         prog="liepos",
         description="Every relative positional encoding is a one-parameter group A(u) = exp(uX).",
-        epilog=epilog,
+        epilog=_examples([e for _, examples in texts.values() for e in examples]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text, examples) in SUBCOMMANDS.items():
-        p = sub.add_parser(
-            name, help=help_text, description=help_text,
-            epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        if name in _LOCAL:
-            _LOCAL[name][0](p)
-        else:
-            try:
-                mod = importlib.import_module(module)
-                mod.configure(p)
-            except (ImportError, AttributeError):
-                p.set_defaults(_unavailable=module)
-        p.set_defaults(_name=name)
+    for name, mod in modules.items():
+        help_text, examples = texts[name]
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=_examples(examples),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.configure(p)
+        p.set_defaults(_run=mod.run)
     return parser
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``liepos`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # argparse would blame the top-level parser; the subcommand's flags are the ones misspelt
+            prog = f"liepos {args.command}" if getattr(args, "command", None) else "liepos"
+            raise _ParseError(prog, f"unrecognized arguments: {' '.join(extra)}")
+    except _ParseError as err:
+        print(f"{err.prog}: {_one_line(str(err))}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
-    if getattr(args, "_unavailable", None):
-        print(f"liepos {args.command}: not available (module {args._unavailable} is missing an extra; "
-              f"install liepos[plot])", file=sys.stderr)
+    try:
+        status = int(args._run(args) or 0)
+        sys.stdout.flush()  # a reader that left is seen here, not in Python's exit flush
+        return status
+    except UsageError as err:
+        print(f"liepos {args.command}: {_one_line(str(err))}", file=sys.stderr)
         return 2
-    if args.command in _LOCAL:
-        return _LOCAL[args.command][1](args)
-    mod = importlib.import_module(SUBCOMMANDS[args.command][0])
-    return int(mod.run(args) or 0)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    except KeyboardInterrupt:
+        print(f"liepos {args.command}: interrupted", file=sys.stderr)
+        return _INTERRUPTED
+    except BrokenPipeError:  # the reader (`| head`) left: stop quietly, and keep Python's exit flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _BROKEN_PIPE

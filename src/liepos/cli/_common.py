@@ -9,27 +9,45 @@ missing optional extra — is raised as :class:`UsageError`; ``liepos.cli.main``
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["UsageError", "int_at_least", "real_in", "out_dir", "out_file", "need_extra"]
+__all__ = ["UsageError", "int_at_least", "real_in", "out_dir", "out_file", "need_extra", "read_json", "shown"]
+
+# how much of a value a message quotes
+_SHOWN = 60
+# the most an @file argument reads: JSON arguments are matrices and parameter sets, never this big
+_MAX_FILE_BYTES = 16 * 2**20
+# float64's largest finite value has 309 digits before the point
+_MAX_DIGITS = 309
 
 
 class UsageError(Exception):
     """Bad input to a subcommand, reported as one line and exit status 2 (no traceback)."""
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type`` for an integer >= ``low`` (the message names the value)."""
+def shown(text: str) -> str:
+    """``text`` as a message quotes it: its repr, cut to a readable length."""
+    r = repr(text)
+    return r if len(r) <= _SHOWN else r[: _SHOWN - 5] + "...'" + f" ({len(text)} characters)"
+
+
+def int_at_least(low: int, at_most: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer >= ``low`` (and <= ``at_most``); the message names the value."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be an integer, got {shown(text)}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        if at_most is not None and value > at_most:
+            raise argparse.ArgumentTypeError(f"must be <= {at_most}, got {value}")
         return value
 
     parse.__name__ = f"integer >= {low}"
@@ -43,7 +61,7 @@ def real_in(low: float | None = None, high: float | None = None, *, open_low: bo
         try:
             value = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a number, got {shown(text)}") from None
         if value != value or value in (float("inf"), float("-inf")):
             raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
         if low is not None and (value <= low if open_low else value < low):
@@ -93,3 +111,65 @@ def need_extra(module: str, extra: str) -> None:
 
     if importlib.util.find_spec(module) is None:
         raise UsageError(f"needs the optional package {module!r}: pip install -e \".[{extra}]\"")
+
+
+def _number(flag: str) -> Callable[[str], int | float]:
+    """json's hook for a number: an int stays exact, and nothing beyond float64's range is accepted."""
+
+    def parse(text: str) -> int | float:
+        digits = len(text.lstrip("-").split(".")[0].split("e")[0].split("E")[0])
+        if "." in text or "e" in text or "E" in text:
+            value: int | float = float(text)
+            ok = value not in (float("inf"), float("-inf"))
+        else:
+            ok = digits <= _MAX_DIGITS and abs(value := int(text)) <= sys.float_info.max
+        if not ok:
+            what = f"with {digits} digits" if digits > _MAX_DIGITS else shown(text)
+            raise UsageError(f"{flag}: the number {what} is beyond float64 (|x| <= {sys.float_info.max:.4g})")
+        return value
+
+    return parse
+
+
+def _constant(flag: str) -> Callable[[str], float]:
+    def refuse(text: str) -> float:
+        raise UsageError(f"{flag}: {text} is not a finite number (NaN and Infinity are refused)")
+
+    return refuse
+
+
+def read_json(flag: str, text: str) -> Any:
+    """The JSON value of ``text``, or of the file ``@path``: parsed as data, never evaluated.
+
+    Refused with :class:`UsageError` naming ``flag``: an unreadable or non-UTF-8 file, invalid JSON,
+    nesting too deep for the parser, and a number that is not a finite float64 (NaN, Infinity,
+    ``1e400``, a 400-digit integer). Integers within range stay Python ints (exact).
+
+    >>> read_json("MATRIX", "[[0, 1], [-1, 0.5]]")
+    [[0, 1], [-1, 0.5]]
+    >>> read_json("MATRIX", "[1" + "0" * 400 + "]")
+    Traceback (most recent call last):
+        ...
+    liepos.cli._common.UsageError: MATRIX: the number with 401 digits is beyond float64 (|x| <= 1.798e+308)
+    """
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            with path.open("rb") as f:
+                data = f.read(_MAX_FILE_BYTES + 1)
+        except OSError as err:
+            raise UsageError(f"{flag} {shown(text)}: cannot read {str(path)!r}: {err.strerror}") from None
+        if len(data) > _MAX_FILE_BYTES:
+            raise UsageError(f"{flag} {shown(text)}: the file is over {_MAX_FILE_BYTES // 2**20} MiB")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise UsageError(f"{flag} {shown(str(path))}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset "
+                             f"{err.start})") from None
+    try:
+        return json.loads(text, parse_int=_number(flag), parse_float=_number(flag), parse_constant=_constant(flag))
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{flag} is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}): "
+                         f"{shown(text)}") from None
+    except RecursionError:
+        raise UsageError(f"{flag} is nested too deeply for the JSON parser: {shown(text)}") from None

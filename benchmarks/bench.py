@@ -14,12 +14,14 @@ rotary-embedding-torch, x-transformers, torchtune (when installed) and a dense p
 ``x ↦ M(t) x`` with the matrices precomputed, and the same with ``M(t) = matrix_exp(t·X)`` built on
 every call, which is how LieRE-style learned generators are applied.
 
-``liepos bench --quick`` runs the target shape only (under a minute); ``liepos bench`` the suite.
+This file is part of the source checkout, not of the wheel (it reads glibc and ``/proc`` and imports
+the peers). Run it with ``liepos bench`` (``--quick``: the target shape only, under a minute) or
+``python benchmarks/run.py``; both write ``results.{json,md}`` (``quick.{json,md}``) to
+``benchmarks/results/`` unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import json
@@ -36,9 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.benchmark import Timer
 
 import liepos as lp
-from liepos.generator import Generator, direct_sum
 
-__all__ = ["configure", "run", "run_suite", "mixed_encoding", "peak_memory"]
+__all__ = ["bench_alibi", "bench_case", "inputs", "markdown", "mixed_encoding", "peak_memory", "run", "run_suite", "targets"]
 
 
 # ---------------------------------------------------------------------- measurement
@@ -135,9 +136,9 @@ def _time(fn: Callable[[], Any], min_run_time: float) -> dict:
 def mixed_encoding(dim: int) -> lp.Encoding:
     """RoPE planes + two decays + a 3×3 Jordan block + NoPE to ``dim`` (interleaved)."""
     rot = dim - 8
-    g = direct_sum(
+    g = lp.direct_sum(
         lp.rope(rot).generator,
-        Generator([-0.01, -0.001, -0.005], [0.0, 0.0, 0.0], [1, 1, 3]),
+        lp.Generator([-0.01, -0.001, -0.005], [0.0, 0.0, 0.0], [1, 1, 3]),
         lp.nope(dim - rot - 5).generator,
     )
     return lp.Encoding(g, name="mixed")
@@ -152,7 +153,7 @@ def _hf():
 
 
 def _hf_tables(S: int, D: int, dtype: torch.dtype, offset: int = 0):
-    inv = lp.catalogue.rope_freqs(D).to(torch.float32)
+    inv = lp.rope_freqs(D).to(torch.float32)
     t = torch.arange(offset, offset + S, dtype=torch.float32)
     f = torch.outer(t, inv)
     emb = torch.cat((f, f), -1)
@@ -161,7 +162,7 @@ def _hf_tables(S: int, D: int, dtype: torch.dtype, offset: int = 0):
 
 def _hf_build(D: int, dtype: torch.dtype, S: int, offset: int = 0):
     """Hugging Face's per-forward table build (LlamaRotaryEmbedding.forward's computation)."""
-    inv = lp.catalogue.rope_freqs(D).to(torch.float32)
+    inv = lp.rope_freqs(D).to(torch.float32)
     pos = torch.arange(offset, offset + S)[None]
 
     def build():
@@ -224,8 +225,10 @@ def providers(B: int, H: int, Hk: int, S: int, D: int, dtype: torch.dtype, offse
     except Exception:  # noqa: BLE001
         pass
     if D <= 128 and S <= 4096:
-        M = rope_i._dense(pos.to(torch.float64), "query").to(torch.float32 if dtype in (torch.bfloat16,) else dtype)
-        MK = rope_i._dense(pos.to(torch.float64), "key").to(M.dtype)
+        # interleaved layout: storage order = canonical, so F(t) = A(t)ᵀ and G(s) = A(−s) in storage order
+        t64 = pos.to(torch.float64)
+        M = rope_i.generator.exp(t64).transpose(-1, -2).to(torch.float32 if dtype == torch.bfloat16 else dtype)
+        MK = rope_i.generator.exp(-t64).to(M.dtype)  # (S, D, D)
 
         def dense(x, M):
             # (B, H, S, D) -> (S, D, B·H): one (D × D) matrix per position, batched over positions
@@ -246,7 +249,8 @@ def providers(B: int, H: int, Hk: int, S: int, D: int, dtype: torch.dtype, offse
     return out
 
 
-def _inputs(B, H, Hk, S, D, dtype, grad=False, seed=0):
+def inputs(B, H, Hk, S, D, dtype, grad=False, seed=0):
+    """Seeded q (B, H, S, D) and k (B, Hk, S, D) in ``dtype``, leaves requiring grad when ``grad``."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, S, D, generator=g).to(dtype)
     k = torch.randn(B, Hk, S, D, generator=g).to(dtype)
@@ -273,7 +277,7 @@ def bench_case(
             continue
         if backward and name == "liepos_inplace" and not projected:
             continue
-        q, k = _inputs(B, H, Hk, S, D, dtype, grad=backward)
+        q, k = inputs(B, H, Hk, S, D, dtype, grad=backward)
         if backward and projected:
 
             def step(fn=fn, q=q, k=k):
@@ -322,7 +326,7 @@ def bench_alibi(S: int = 8192, H: int = 8, D: int = 64, min_run_time: float = 1.
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, S, D, generator=g) for _ in range(3))
     enc = lp.alibi(H, D)
-    slopes = lp.catalogue.alibi_slopes(H).to(torch.float32)
+    slopes = lp.alibi_slopes(H).to(torch.float32)
 
     def slots():
         with torch.no_grad():
@@ -461,26 +465,18 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------------- CLI
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="the target shape only (under a minute)")
-    parser.add_argument("--out", default="benchmarks/results", help="folder for results.json and results.md")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all cores)")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    res = run_suite(quick=args.quick, log=print)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "quick" if args.quick else "results"
+# ---------------------------------------------------------------------- entry point
+def run(quick: bool, out: Path, threads: int | None = None, log: Callable[[str], None] = print) -> int:
+    """Run the suite (``quick``: the target shape only) and write ``out/{results|quick}.{json,md}``."""
+    if threads:
+        torch.set_num_threads(threads)
+    res = run_suite(quick=quick, log=log)
+    name = "quick" if quick else "results"
     (out / f"{name}.json").write_text(json.dumps(res, indent=1, default=str))
-    md = markdown(res)
-    (out / f"{name}.md").write_text(md)
-    print()
+    (out / f"{name}.md").write_text(markdown(res))
+    log("")
     for t in res["targets"]:
         v = "n/a" if t["value"] is None else f"{t['value']:.2f}"
-        print(f"  {t['target']:52s} {v:>7s}  (bound {t['bound']}, met: {t['met']})")
-    print(f"\nwrote {out / (name + '.json')} and {out / (name + '.md')}")
+        log(f"  {t['target']:52s} {v:>7s}  (bound {t['bound']}, met: {t['met']})")
+    log(f"\nwrote {out / (name + '.json')} and {out / (name + '.md')}")
     return 0
