@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from liepos.cli._common import UsageError, int_at_least, need_extra, out_file, real_in
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from liepos.tour import sections as S
     from liepos.tour.sections import json_safe
 
+    if Path(args.out).is_dir():  # say what it is before what its name lacks
+        raise UsageError(f"--out {args.out!r} is a folder, not a file: give FILE.png or FILE.svg")
     path = out_file("--out", args.out, tuple(F.FORMATS))
     js = out_file("--json", args.json, (".json",)) if args.json else None
     params = _section_args(args)

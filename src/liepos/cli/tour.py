@@ -41,10 +41,10 @@ def _browser() -> webbrowser.BaseBrowser | None:
 
 def run(args: argparse.Namespace) -> int:
     need_extra("matplotlib", "plot")
-    out = out_dir("--out", args.out)  # a file or an unwritable folder is refused before any work
     browser = _browser() if args.open else None
     if args.open and browser is None:
         raise UsageError("--open: no web browser found (set $BROWSER, or open the page yourself); nothing was run")
+    out = out_dir("--out", args.out)  # a file or an unwritable folder is refused before any work
     from liepos.tour.page import tour
 
     result = tour(out, inline=args.inline, dpi=args.dpi, quiet=args.quiet)

@@ -124,16 +124,12 @@ def draw_group(d: dict[str, Any]):
     axes = fig.subplots(1, len(idents), sharey=True)
     names = [n for n, _ in rows]
     for ax, ident in zip(axes, idents):
-        bound = None
-        for i, (name, r) in enumerate(rows):
-            if ident not in r:
-                continue
-            e = r[ident]
-            bound = e["bound"]
-            c = ROW_COLORS.get(name, "black")
-            zero = e["value"] == 0
-            ax.scatter([max(e["value"], _LOG_FLOOR)], [i], marker="o", s=45, zorder=3,
-                       facecolor="white" if zero else c, edgecolor=c, linewidth=1.4)
+        found = [(i, name, r[ident]) for i, (name, r) in enumerate(rows) if ident in r]
+        bound = found[0][2]["bound"]
+        edges = [ROW_COLORS.get(name, "black") for _, name, _ in found]
+        ax.scatter([max(e["value"], _LOG_FLOOR) for _, _, e in found], [i for i, _, _ in found], marker="o", s=45,
+                   zorder=3, edgecolors=edges, linewidths=1.4,
+                   facecolors=["white" if e["value"] == 0 else c for (_, _, e), c in zip(found, edges)])
         ax.axvline(bound, color="#B22222", ls="--", lw=1.0)
         ax.axvline(2.2e-16, color="#555555", ls=":", lw=1.0)
         ax.set_xscale("log")
@@ -169,9 +165,10 @@ def draw_trajectories(d: dict[str, Any]):
     for ax, (name, r) in zip(axes, d["rows"].items()):
         P = np.array(r["trajectory"])  # (lags, 2)
         c = ROW_COLORS[name]
-        ax.plot(P[:, 0], P[:, 1], color=c, lw=2.2)
-        ax.scatter(P[whole, 0], P[whole, 1], s=12, color=c, alpha=0.7, zorder=3)
-        ax.scatter([P[0, 0]], [P[0, 1]], s=70, marker="o", facecolor="white", edgecolor="black", zorder=4)
+        if not np.allclose(P, P[0]):  # a path that stands still is its start point alone (NoPE)
+            ax.plot(P[:, 0], P[:, 1], color=c, lw=2.2)
+            ax.scatter(P[whole, 0], P[whole, 1], s=12, color=c, alpha=0.7, zorder=3)
+        ax.scatter([P[0, 0]], [P[0, 1]], s=70, marker="o", facecolor="white", edgecolor=c, linewidth=2, zorder=4)
         if not np.allclose(P[-1], P[-3]):
             ax.annotate("", xy=P[-1], xytext=P[-3], arrowprops=dict(arrowstyle="-|>", color=c, lw=2, mutation_scale=18))
         ax.axhline(0, color="#999999", lw=0.6)
@@ -193,7 +190,7 @@ def draw_trajectories(d: dict[str, Any]):
     handles = [
         Line2D([], [], color="black", lw=2.2, label="A(u)v as u grows (colour: the row)"),
         Line2D([], [], ls="", marker="o", ms=4, color="black", alpha=0.7, label="dots: whole lags u = 1, 2, 3, …"),
-        Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="white", color="black", label="start: u = 0, the vector v"),
+        Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="white", color="black", label="start: u = 0, the vector v (NoPE stays there)"),
         Line2D([], [], ls="", marker=">", ms=8, color="black", label="arrow: the direction of growing u"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=9)
@@ -309,11 +306,14 @@ def draw_spectrum(d: dict[str, Any]):
     on_axis = [name for name, e in entries if any(p["freq"] == 0 for p in e["points"])]
     for i, (name, e) in enumerate(entries):
         lane = on_axis.index(name) - (len(on_axis) - 1) / 2 if name in on_axis else 0.0
-        for p in sorted(e["points"], key=lambda p: -p["size"]):  # larger blocks below smaller ones
-            dy = -lane * _LANE_POINTS if p["freq"] == 0 else 0.0
-            tr = offset_copy(ax.transData, fig=fig, x=0.0, y=dy, units="points")
-            ax.scatter([p["rate"]], [p["freq"]], marker=markers[i % len(markers)], s=_block_area(p["size"]),
-                       facecolor=ROW_COLORS[p["row"]], edgecolor="black", linewidth=0.6, zorder=3, transform=tr)
+        for axis in (True, False):  # the points on ω = 0 (in the entry's lane), then the others
+            pts = sorted((p for p in e["points"] if (p["freq"] == 0) == axis), key=lambda p: -p["size"])  # large first, below
+            if not pts:
+                continue
+            tr = offset_copy(ax.transData, fig=fig, x=0.0, y=-lane * _LANE_POINTS if axis else 0.0, units="points")
+            ax.scatter([p["rate"] for p in pts], [p["freq"] for p in pts], marker=markers[i % len(markers)],
+                       s=[_block_area(p["size"]) for p in pts], facecolors=[ROW_COLORS[p["row"]] for p in pts],
+                       edgecolors="black", linewidths=0.6, zorder=3, transform=tr)
     ax.set_xscale("symlog", linthresh=1e-4)
     ax.set_yscale("symlog", linthresh=1e-4)
     ax.axvspan(0, 1, color=ROW_COLORS["growth"], alpha=0.08)
