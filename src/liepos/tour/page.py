@@ -23,8 +23,10 @@ import html
 import io
 import json
 import math
+import multiprocessing
 import platform
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -318,23 +320,26 @@ def _color(row: str) -> str:
 
 
 # ---------------------------------------------------------------------- the tour
+DRAWING_PROCESSES = 2  # the figures take most of the tour's time; two processes halve it on two cores
+
+
 def _png_bytes(fig, dpi: int) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, dpi=dpi, format="png", facecolor="white")
     return buf.getvalue()
 
 
-def _compute(bar) -> tuple[dict[str, Any], dict[str, float]]:
-    data: dict[str, Any] = {}
-    timings: dict[str, float] = {}
-    sources = {**{k: fn for k, (_, fn) in T.SECTIONS.items()}, "playground": PG.playground}
-    for key in SECTION_ORDER:
-        bar.describe(f"computing: {TITLES[key]}")
-        t0 = time.perf_counter()
-        data[key] = sources[key]()
-        timings[key] = time.perf_counter() - t0
-        bar.update(1)
-    return data, timings
+def _draw(kind: str, data: dict[str, Any], dpi: int) -> bytes:
+    """The PNG of figure ``kind`` (run in a worker process)."""
+    return _png_bytes(F.KINDS[kind][1](data), dpi)
+
+
+def _compute(key: str, bar) -> tuple[Any, float]:
+    bar.describe(f"computing: {TITLES[key]}")
+    t0 = time.perf_counter()
+    value = PG.playground() if key == "playground" else T.SECTIONS[key][1]()
+    bar.update(1)
+    return value, time.perf_counter() - t0
 
 
 @dataclass(frozen=True)
@@ -357,22 +362,28 @@ def tour(out: str | Path = "liepos-tour", *, inline: bool = False, dpi: int = 10
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     n_fig = sum(len(v) for v in FIGURES.values())
+    F.require_matplotlib()  # imported once here, inherited by the drawing processes
     with progress(len(SECTION_ORDER) + n_fig + 1, "liepos tour", enabled=not quiet) as bar:
-        data, timings = _compute(bar)
-        figures: dict[str, dict[str, str]] = {}
-        for key in SECTION_ORDER:
-            for kind in FIGURES[key]:
-                bar.describe(f"drawing: {kind}")
-                t0 = time.perf_counter()
-                png = _png_bytes(F.KINDS[kind][1](data[key]), dpi)
+        data: dict[str, Any] = {}
+        timings: dict[str, float] = {}
+        for key in T.SECTIONS:
+            data[key], timings[key] = _compute(key, bar)
+        # the figures are drawn by DRAWING_PROCESSES workers while this process computes the playground
+        fork = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=DRAWING_PROCESSES, mp_context=fork) as pool:
+            jobs = {kind: pool.submit(_draw, kind, data[key], dpi) for key in SECTION_ORDER for kind in FIGURES[key]}
+            data["playground"], timings["playground"] = _compute("playground", bar)
+            figures: dict[str, dict[str, str]] = {}
+            for kind, job in jobs.items():
+                png = job.result()
+                bar.describe(f"drawn: {kind}")
                 if inline:
                     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
                 else:
                     (out / "figures").mkdir(exist_ok=True)
                     (out / "figures" / f"{kind}.png").write_bytes(png)
                     src = f"figures/{kind}.png"
-                timings[f"figure:{kind}"] = time.perf_counter() - t0
-                figures[kind] = {"src": src, "section": key, "title": F.KINDS[kind][2]}
+                figures[kind] = {"src": src, "section": F.KINDS[kind][0], "title": F.KINDS[kind][2]}
                 bar.update(1)
         bar.describe("writing the page")
         errors = T.measured_errors(data)
