@@ -16,13 +16,17 @@ FENCE = "```"
 
 
 def fence(text: str) -> str:
-    """``text`` with each run of doctest lines (a ``>>>`` line, its ``...`` lines and output) fenced."""
+    """``text`` with each run of doctest lines (a ``>>>`` line, its ``...`` lines and output) fenced.
+
+    Lines already inside a fenced block are left as they are."""
     out: list[str] = []
-    inside = False
+    fenced = inside = False  # within a block fenced by the author / by us
     indent = ""
     for line in text.splitlines():
         stripped = line.lstrip()
-        if not inside and stripped.startswith(">>>") and not (out and out[-1].lstrip().startswith(FENCE)):
+        if not inside and stripped.startswith(FENCE):
+            fenced = not fenced
+        elif not fenced and not inside and stripped.startswith(">>>"):
             indent = line[: len(line) - len(stripped)]
             out.append(f"{indent}{FENCE}pycon")
             inside = True
