@@ -65,13 +65,17 @@ def test_setting_numbers_are_the_group_and_the_encoding(rate, freq, size, coupli
 
 
 # ---------------------------------------------------------------------- in the browser
-def _chromium() -> str:
+def _check_report():
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import check_report
     finally:
         sys.path.pop(0)
-    binary = check_report.find_chromium()
+    return check_report
+
+
+def _chromium() -> str:
+    binary = _check_report().find_chromium()
     if binary is None:
         pytest.skip("no chromium (apt-get install chromium) for the browser test")
     return binary
@@ -175,3 +179,9 @@ def test_a_slider_redraws_the_trajectory_with_liepos_numbers(one_file_page):
     assert nx[-1] == pytest.approx(max(PG.GRID["lags"]))
     assert set(rows) == {"damped_rotation"}
     assert "ALiBi" in alibi_row
+
+
+def test_the_page_renders_in_headless_chromium(one_file_page, tmp_path):
+    """scripts/check_report.py's check: every image loads, the playground draws, a screenshot is written."""
+    problems = _check_report().check(one_file_page, tmp_path / "shot.png", _chromium(), 1280, 3000)
+    assert problems == []

@@ -184,17 +184,3 @@ def test_core_never_imports_matplotlib():
             "liepos.tour.sections.spectrum(); "
             "assert 'matplotlib' not in sys.modules, sorted(m for m in sys.modules if 'matplotlib' in m)")
     subprocess.run([sys.executable, "-c", code], check=True)
-
-
-def test_the_page_renders_in_headless_chromium(tour_dir, tmp_path):
-    """The browser check of scripts/check_report.py: every image loads, the playground draws."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import check_report
-    finally:
-        sys.path.pop(0)
-    binary = check_report.find_chromium()
-    if binary is None:
-        pytest.skip("no chromium (apt-get install chromium) for the browser check")
-    problems = check_report.check(tour_dir / "index.html", tmp_path / "shot.png", binary, 1280, 3000)
-    assert problems == []

@@ -26,7 +26,8 @@ from liepos.tour import sections as S
 
 __all__ = ["ROW_COLORS", "KINDS", "FORMATS", "require_matplotlib", "figure", "save"]
 
-# one colour per row of the six (Okabe–Ito, colour-blind safe)
+# one colour per row of the six (Okabe–Ito, colour-blind safe). The same table is being made public as
+# liepos.classify.ROW_COLORS (the precision branch); at the merge this dict becomes that import.
 ROW_COLORS: dict[str, str] = {
     "growth": "#D55E00",  # vermillion: explodes
     "nope": "#7F7F7F",  # grey: holds
