@@ -160,7 +160,7 @@ def draw_trajectories(d: dict[str, Any]):
     from matplotlib.lines import Line2D
 
     fig = _new(13, 8.8, f"The six rows: A(u)·v for v = {tuple(d['vector'])}, lag u = 0 … {d['lags'][-1]:g}")
-    axes = fig.subplots(2, 3).ravel()
+    axes = fig.subplots(2, 3).ravel()  # (6,) panels, row-major
     lags = np.array(d["lags"])
     whole = np.isclose(lags, np.round(lags))
     for ax, (name, r) in zip(axes, d["rows"].items()):

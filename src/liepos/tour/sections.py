@@ -137,7 +137,7 @@ def _FG(g: Generator, t: float, s: float, origin: float | None = None) -> torch.
     """F(t)ᵀ G(s) measured through ``Encoding.query``/``key`` on the basis vectors."""
     enc = Encoding(g)
     d = g.dim
-    E = torch.eye(d, dtype=f64).reshape(d, 1, 1, d)  # batch of basis vectors e_i
+    E = torch.eye(d, dtype=f64).reshape(d, 1, 1, d)  # (d, 1, 1, d): a batch of the basis vectors e_i
     MF = enc.query(E, [t], origin=origin)[:, 0, 0, :]  # row i = F(t) e_i, so MF = F(t)ᵀ
     MG = enc.key(E, [s], origin=origin)[:, 0, 0, :]  # MG = G(s)ᵀ
     return MF @ MG.T
@@ -229,8 +229,8 @@ def lookup_table(n: int = 16, dim: int = 8, seed: int = 1) -> dict[str, Any]:
     lag = pos[:, None] - pos[None, :]
     g = Generator([0.0], [0.5], [1])
     entry = g.exp(lag)[..., 0, 0]  # (t, s): cos(0.5 (t − s))
-    qs = q.expand(1, 1, n, dim)
-    ks = k.expand(1, 1, n, dim)
+    qs = q.expand(1, 1, n, dim)  # (1, 1, n, dim): the same q at every position
+    ks = k.expand(1, 1, n, dim)  # (1, 1, n, dim)
     enc = rope(dim)
     rope_scores = (enc.query(qs, pos) @ enc.key(ks, pos).transpose(-1, -2))[0, 0]
     al = alibi(1, dim, slopes=[0.25])
@@ -370,7 +370,7 @@ def precision(dim: int = 128, base: float = 500000.0, planes: tuple[int, ...] | 
     worst_liepos = 0.0
     for k in planes:
         wk = mpmath.power(mpmath.mpf(base), mpmath.mpf(-2 * k) / dim)
-        ang = reduced_angle(w64[k].expand_as(pos), pos)
+        ang = reduced_angle(w64[k].expand_as(pos), pos)  # (P,)
         lc, ls = torch.cos(ang).float(), torch.sin(ang).float()
         a32 = pos.float() * inv32[k]
         hc, hs = torch.cos(a32), torch.sin(a32)
