@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from liepos.cli._common import UsageError, int_at_least, need_extra, out_file, real_in
-from liepos.cli.tour import MAX_DPI, _dpi
+from liepos.cli.tour import MAX_DPI, dpi
 
 __all__ = ["HELP", "EXAMPLES", "configure", "run"]
 
@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     kinds = _kinds()
     parser.add_argument("kind", metavar="KIND", choices=sorted(kinds), help="one of: " + ", ".join(kinds))
     parser.add_argument("--out", required=True, metavar="FILE", help="the figure to write: FILE.png or FILE.svg")
-    parser.add_argument("--dpi", type=_dpi, default=110, help=f"resolution, 1 to {MAX_DPI} (default 110)")
+    parser.add_argument("--dpi", type=dpi, default=110, help=f"resolution, 1 to {MAX_DPI} (default 110)")
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the figure's data as JSON")
     parser.add_argument("--base", type=real_in(1.0, open_low=True), default=None, help="RoPE base > 1 (clocks, scaling, precision)")
     parser.add_argument("--factor", type=real_in(1.0), default=None, help="context-extension factor >= 1 (scaling)")

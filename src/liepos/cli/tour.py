@@ -8,14 +8,15 @@ import webbrowser
 
 from liepos.cli._common import UsageError, int_at_least, need_extra, out_dir
 
-__all__ = ["HELP", "EXAMPLES", "configure", "run", "MAX_DPI"]
+__all__ = ["HELP", "EXAMPLES", "configure", "run", "MAX_DPI", "dpi"]
 
 HELP = "walk the whole theory on live numbers and write a shareable HTML page"
 EXAMPLES = ["liepos tour", "liepos tour --out my-tour --open", "liepos tour --inline --out shareable"]
 MAX_DPI = 600  # past this a figure of the tour is tens of megapixels: refused rather than slow
 
 
-def _dpi(text: str) -> int:
+def dpi(text: str) -> int:
+    """An argparse ``type`` for a figure resolution: an integer in 1 … :data:`MAX_DPI`."""
     value = int_at_least(1)(text)
     if value > MAX_DPI:
         raise argparse.ArgumentTypeError(f"must be <= {MAX_DPI}, got {value}")
@@ -27,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--open", action="store_true", help="open the page in a web browser when done")
     parser.add_argument("--inline", action="store_true",
                         help="write index.html alone: figures embedded, no figures/ and no numbers.json")
-    parser.add_argument("--dpi", type=_dpi, default=100, help=f"figure resolution, 1 to {MAX_DPI} (default 100)")
+    parser.add_argument("--dpi", type=dpi, default=100, help=f"figure resolution, 1 to {MAX_DPI} (default 100)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 

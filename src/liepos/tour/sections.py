@@ -182,6 +182,9 @@ def group_identities(seed: int = 0) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- 3. the six rows
+HEAD_DIM = 8  # the head dim of the shipped examples of the six rows (ALiBi adds 2 slot dims to it)
+
+
 def six_rows(max_lag: float = 40.0, points: int = 801) -> dict[str, Any]:
     """For each row: the toy generator X, its classification, and A(u)v for a fixed v as u grows.
 
@@ -190,7 +193,7 @@ def six_rows(max_lag: float = 40.0, points: int = 801) -> dict[str, Any]:
     v = torch.tensor([0.6, 0.8], dtype=f64)
     u = torch.linspace(0.0, max_lag, points, dtype=f64)
     out: dict[str, Any] = {"vector": v.tolist(), "lags": u.tolist(), "rows": {}}
-    examples = catalogue_examples()
+    examples = catalogue_examples(HEAD_DIM)
     for name, g in toy_generators().items():
         traj = g.exp(u) @ v  # (points, 2)
         entry, enc = examples[name]
@@ -200,7 +203,7 @@ def six_rows(max_lag: float = 40.0, points: int = 801) -> dict[str, Any]:
             "X": _mat(g.matrix()),
             "blocks": [list(b) for b in g.blocks],
             "classification": classification(g),
-            "example": {"entry": entry, "head_dim": enc.dim, "classification": classification(enc)},
+            "example": {"entry": entry, "head_dim": HEAD_DIM, "classification": classification(enc)},
             "trajectory": [[round(float(a), 6), round(float(b), 6)] for a, b in traj.tolist()],
             "norm": [round(float(n), 6) for n in traj.norm(dim=-1).tolist()],
         }
