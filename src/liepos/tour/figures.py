@@ -24,7 +24,7 @@ from typing import Any
 
 from liepos.tour import sections as S
 
-__all__ = ["ROW_COLORS", "KINDS", "FORMATS", "require_matplotlib", "figure", "save"]
+__all__ = ["ROW_COLORS", "KINDS", "FORMATS", "require_matplotlib", "section_params", "figure", "save"]
 
 # one colour per row of the six (Okabe–Ito, colour-blind safe). The same table is being made public as
 # liepos.classify.ROW_COLORS (the precision branch); at the merge this dict becomes that import.

@@ -96,8 +96,9 @@
         el("circle", { "class": "eig", cx: px(e.rate), cy: py(f), r: 4 + 2 * e.size, fill: c, stroke: "black",
                        "data-rate": e.rate, "data-freq": f, "data-row": e.row }, svg);
       });
-      text(svg, px(e.rate) + 10, py(e.freq) - 10, D.labels[e.row] + (e.size > 1 ? " (size " + e.size + ")" : ""),
-           e.rate > 0.05 ? "end" : "start", { fill: c, "font-weight": "bold" });
+      var right = px(e.rate) > (L + R) / 2;  // label on the side with room
+      text(svg, px(e.rate) + (right ? -10 : 10), py(e.freq) - 10, D.labels[e.row] + (e.size > 1 ? " (size " + e.size + ")" : ""),
+           right ? "end" : "start", { fill: c, "font-weight": "bold" });
     });
   }
 
@@ -148,7 +149,7 @@
     spectrum(s.eig, rowWord);
     table(s.table);
     document.getElementById("pg-row").innerHTML = "row: <b style='color:" + color + "'>" + D.labels[rowWord] +
-      "</b> (" + D.pictures[rowWord] + ") — key <code>" + key() + "</code>";
+      "</b> (" + D.pictures[rowWord] + ")";
     document.getElementById("pg").setAttribute("data-key", key());
   }
 
