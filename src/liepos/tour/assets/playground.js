@@ -96,9 +96,10 @@
         el("circle", { "class": "eig", cx: px(e.rate), cy: py(f), r: 4 + 2 * e.size, fill: c, stroke: "black",
                        "data-rate": e.rate, "data-freq": f, "data-row": e.row }, svg);
       });
-      var right = px(e.rate) > (L + R) / 2;  // label on the side with room
-      text(svg, px(e.rate) + (right ? -10 : 10), py(e.freq) - 10, D.labels[e.row] + (e.size > 1 ? " (size " + e.size + ")" : ""),
-           right ? "end" : "start", { fill: c, "font-weight": "bold" });
+      var label = text(svg, px(e.rate) + 10, py(e.freq) - 10, D.labels[e.row] + (e.size > 1 ? " (size " + e.size + ")" : ""),
+                       "start", { fill: c, "font-weight": "bold" });
+      var over = px(e.rate) + 10 + label.getComputedTextLength() - (R - 2);
+      if (over > 0) label.setAttribute("x", Math.max(L + 2, px(e.rate) + 10 - over));  // keep it inside the plane
     });
   }
 
