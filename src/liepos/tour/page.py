@@ -234,8 +234,8 @@ def _text_precision(d: dict[str, Any]) -> str:
 <p>A rotation by ω·t is only as good as the angle. A float32 pipeline (the frequency in float32, the position cast
 to float32, the product and the cosine in float32, as in Hugging Face's rotary embedding) loses the angle as
 positions grow: the product carries a relative error of about 10⁻⁷ times an angle of up to 10⁹ radians, and past
-2²⁴ the position itself is rounded. liepos forms ω·t exactly in float64 (a Dekker product), reduces it modulo 2π
-with a three-part constant, takes the cosine in float64 and only then casts to float32. Against a {40}-digit
+2²⁴ the position itself is rounded. liepos reduces the angle ω·t modulo 2π without rounding the product
+first (<code>liepos.tables.reduced_angle</code>), takes the cosine in float64 and only then casts to float32. Against a {d['digits']}-digit
 mpmath reference with the exact frequency base<sup>−2k/d</sup>, at {len(d['positions'])} positions up to
 2³¹ − 1 and four planes of RoPE d = {d['dim']}, base {d['base']:g}: the float32 pipeline reaches an error of
 <b>{_num(d['float32_max_error'])}</b>; liepos stays at float32's own rounding.</p>{_checks_table(d['errors'])}"""

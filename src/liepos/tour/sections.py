@@ -369,7 +369,8 @@ def precision(dim: int = 128, base: float = 500000.0, planes: tuple[int, ...] | 
     pos[-1] = 2**31 - 1
     w64 = rope_freqs(dim, base)
     inv32 = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # HF, float32
-    out: dict[str, Any] = {"available": True, "dim": dim, "base": base, "positions": pos.tolist(), "planes": {}}
+    out: dict[str, Any] = {"available": True, "dim": dim, "base": base, "digits": digits, "positions": pos.tolist(),
+                           "planes": {}}
     worst_liepos = 0.0
     for k in planes:
         wk = mpmath.power(mpmath.mpf(base), mpmath.mpf(-2 * k) / dim)
