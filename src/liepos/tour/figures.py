@@ -395,7 +395,8 @@ def draw_precision(d: dict[str, Any]):
     """cos/sin error against position: a float32 pipeline and liepos side by side, log scale."""
     import numpy as np
 
-    fig = _new(14, 5.4, f"Precision: |cos, sin error| against position, reference mpmath ({d.get('digits', '?')} digits)")
+    fig = _new(14, 5.4, "Precision: |cos, sin error| against position, reference mpmath"
+               + (f" ({d['digits']} digits)" if "digits" in d else ""))
     axes = fig.subplots(1, 2, sharey=True)
     if not d.get("available", True):
         for ax in axes:
