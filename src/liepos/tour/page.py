@@ -22,7 +22,6 @@ import base64
 import html
 import io
 import json
-import math
 import multiprocessing
 import platform
 import time
