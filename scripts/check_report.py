@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Render the ``liepos tour`` report in headless Chromium, screenshot it, and fail if an image does not load.
+"""Render the ``liepos tour`` page in headless Chromium, screenshot it, fail if an image does not load or the playground does not draw.
 
 Usage::
 
@@ -64,7 +64,9 @@ def check(index: Path, screenshot: Path, binary: str, width: int, height: int) -
         problems.append(f"chromium --dump-dom exited {dom.returncode}: {dom.stderr.strip()[-500:]}")
     if not m:
         problems.append("the page's image check did not run (no #img-check element in the rendered DOM)")
-    else:
+    elif not re.search(r'<svg id="pg-traj"[^>]*>.*?<polyline class="series" points="[\d., -]{20,}"', dom.stdout, flags=re.S):
+        problems.append("the playground did not draw its trajectory (no polyline in #pg-traj)")
+    if m:
         total, broken, srcs = int(m.group(1)), int(m.group(2)), m.group(3)
         print(f"images: {total} in the page, {broken} failed to load")
         if broken:

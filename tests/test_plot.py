@@ -1,99 +1,131 @@
-"""Figures: each kind alone, readable (labels, titles, legends), one colour per row, and `liepos plot`."""
+"""`liepos plot` and `liepos tour` on the command line: every figure alone, and bad input refused by name.
+
+The subcommand modules are driven through their own contract (`configure(parser)`, `run(args)`, bad input
+raised as `UsageError`), as the dispatcher `liepos.cli.main` drives them."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 pytest.importorskip("matplotlib")
 
-from matplotlib.colors import to_hex  # noqa: E402
-
-from liepos import _theory as T  # noqa: E402
-from liepos import plot as P  # noqa: E402
-from liepos.cli import main  # noqa: E402
+from liepos.cli import plot as plot_cli  # noqa: E402
+from liepos.cli import tour as tour_cli  # noqa: E402
+from liepos.cli._common import UsageError  # noqa: E402
+from liepos.tour import figures as F  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
-# figures that draw several series and so need a legend
-WITH_LEGEND = {"group", "trajectories", "fate", "clocks", "spectrum", "scaling", "precision", "alibi"}
 
 
-@pytest.fixture(scope="module")
-def figures():
-    return {kind: P.figure(kind) for kind in P.KINDS}
+def cli(module, *argv: str) -> tuple[int, str]:
+    """(exit status, message) of ``liepos <module> argv``: 2 and the one-line message for bad input."""
+    parser = argparse.ArgumentParser(prog=f"liepos {module.__name__.rsplit('.', 1)[-1]}", exit_on_error=False)
+    module.configure(parser)
+    try:
+        return module.run(parser.parse_args(list(argv))), ""
+    except (UsageError, argparse.ArgumentError) as err:
+        return 2, str(err)
 
 
-def test_row_colours_are_defined_once_for_the_six_rows():
-    assert tuple(P.ROW_COLORS) == T.ROWS
-    assert len(set(P.ROW_COLORS.values())) == 6
+def test_every_subcommand_module_follows_the_contract():
+    for module in (plot_cli, tour_cli):
+        assert isinstance(module.HELP, str) and "\n" not in module.HELP
+        assert module.EXAMPLES and all(e.startswith(f"liepos {module.__name__.rsplit('.', 1)[-1]}") for e in module.EXAMPLES)
 
 
-@pytest.mark.parametrize("kind", list(P.KINDS))
-def test_every_figure_is_readable(figures, kind):
-    fig = figures[kind]
-    assert fig._suptitle is not None and fig._suptitle.get_text()
-    plots = [ax for ax in fig.axes if ax.get_label() != "<colorbar>" and ax.axison]
-    assert plots, kind
-    for ax in plots:
-        assert ax.get_xlabel() and ax.get_ylabel(), (kind, ax.get_title())
-        assert ax.get_title() or len(plots) == 1, kind
-    if kind in WITH_LEGEND:
-        assert any(ax.get_legend() is not None for ax in plots), kind
-
-
-@pytest.mark.parametrize("kind", list(P.KINDS))
-def test_every_figure_saves_as_png(figures, kind, tmp_path):
-    path = P.save(figures[kind], tmp_path / f"{kind}.png", dpi=60)
-    data = path.read_bytes()
-    assert data[:8] == PNG and len(data) > 5_000
-
-
-def test_six_rows_use_their_colours(figures):
-    data = T.six_rows()
-    for fig_kind in ("trajectories", "fate"):
-        fig = figures[fig_kind]
-        colours = {to_hex(line.get_color()) for ax in fig.axes for line in ax.get_lines()}
-        for row in T.ROWS:
-            assert P.ROW_COLORS[row].lower() in colours, (fig_kind, row)
-    # each trajectory panel is titled with its row's label in its row's colour
-    titles = [(ax.get_title(), to_hex(ax.title.get_color())) for ax in figures["trajectories"].axes]
-    for row, (title, colour) in zip(data["rows"], titles):
-        assert T.ROW_LABELS[row] in title and colour == P.ROW_COLORS[row].lower()
-
-
-def test_trajectories_have_the_seeds_shapes():
-    rows = T.six_rows()["rows"]
-    norms = {k: r["norm"] for k, r in rows.items()}
-    assert all(abs(n - 1.0) < 1e-12 for n in norms["rotation"])  # the circle
-    assert all(abs(n - 1.0) < 1e-12 for n in norms["nope"])  # still
-    assert norms["decay"][-1] < 0.2 and norms["damped_rotation"][-1] < 0.25  # fade, spiral
-    assert norms["growth"][-1] > 10  # explosion
-    slide = rows["polynomial"]["trajectory"]
-    assert all(abs(p[1] - slide[0][1]) < 1e-12 for p in slide)  # the slide keeps its second coordinate
-
-
-def test_liepos_plot_command(tmp_path, capsys):
-    out = tmp_path / "spectrum.png"
-    js = tmp_path / "spectrum.json"
-    assert main(["plot", "spectrum", "--out", str(out), "--json", str(js), "--dpi", "60"]) == 0
+def test_plot_writes_png_and_json(tmp_path):
+    out, js = tmp_path / "spectrum.png", tmp_path / "spectrum.json"
+    assert cli(plot_cli, "spectrum", "--out", str(out), "--json", str(js), "--dpi", "40") == (0, "")
     assert out.read_bytes()[:8] == PNG
     data = json.loads(js.read_text())
     assert "rope" in data["entries"]
-    assert main(["plot", "clocks", "--base", "1000", "--out", str(tmp_path / "c.png"), "--dpi", "60"]) == 0
-    assert main(["plot", "scaling", "--factor", "4", "--out", str(tmp_path / "s.png"), "--dpi", "60"]) == 0
-    with pytest.raises(SystemExit):
-        main(["plot", "no-such-figure", "--out", str(tmp_path / "x.png")])
 
 
-def test_plot_help_lists_every_kind(capsys):
-    with pytest.raises(SystemExit):
-        main(["plot", "--help"])
-    text = capsys.readouterr().out
-    for kind in P.KINDS:
+def test_plot_writes_svg_for_an_svg_file(tmp_path):
+    out = tmp_path / "fate.svg"
+    assert cli(plot_cli, "fate", "--out", str(out))[0] == 0
+    text = out.read_text()
+    assert text.lstrip().startswith("<?xml") and "<svg" in text
+
+
+def test_plot_passes_its_flags_to_the_figure(tmp_path):
+    js = tmp_path / "s.json"
+    assert cli(plot_cli, "scaling", "--factor", "4", "--base", "10000", "--out", str(tmp_path / "s.png"),
+               "--json", str(js), "--dpi", "30")[0] == 0
+    d = json.loads(js.read_text())
+    assert (d["factor"], d["base"]) == (4.0, 10000.0)
+    assert cli(plot_cli, "clocks", "--base", "1000", "--out", str(tmp_path / "c.png"), "--json", str(js), "--dpi", "30")[0] == 0
+    assert json.loads(js.read_text())["bases"] == [1000.0]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["spectrum", "--out", "{tmp}"], "is a folder"),
+    (["spectrum", "--out", "{file}/x.png"], "{file}"),
+    (["spectrum", "--out", "{tmp}/x.jpg"], "must end in .png or .svg"),
+    (["clocks", "--dim", "-4", "--out", "{tmp}/x.png"], "must be >= 2, got -4"),
+    (["clocks", "--dim", "7", "--out", "{tmp}/x.png"], "--dim must be even"),
+    (["spectrum", "--dpi", "0", "--out", "{tmp}/x.png"], "must be >= 1, got 0"),
+    (["spectrum", "--dpi", "100000", "--out", "{tmp}/x.png"], "must be <= 600, got 100000"),
+    (["spectrum", "--factor", "4", "--out", "{tmp}/x.png"], "--factor is not a parameter of the 'spectrum' figure"),
+    (["scaling", "--base", "nan", "--out", "{tmp}/x.png"], "must be finite"),
+    (["no-such-figure", "--out", "{tmp}/x.png"], "invalid choice"),
+])
+def test_plot_refuses_bad_input_by_name(tmp_path, argv, needle):
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    subst = {"{tmp}": str(tmp_path), "{file}": str(afile)}
+    argv = [next((a.replace(k, v) for k, v in subst.items() if k in a), a) for a in argv]
+    needle = subst.get(needle, needle)
+    status, message = cli(plot_cli, *argv)
+    assert status == 2 and needle in message and "\n" not in message, message
+    assert not list(tmp_path.glob("x.*")), "a refused call wrote a file"
+
+
+def test_figure_api_refuses_unknown_kinds_and_parameters():
+    with pytest.raises(ValueError, match="`kind` must be one of"):
+        F.figure("nope-not-a-kind")
+    with pytest.raises(ValueError, match="takes no parameter factor"):
+        F.figure("spectrum", factor=2.0)
+    with pytest.raises(ValueError, match="must end in .png or .svg"):
+        F.save(F.figure("fate"), "x.pdf")
+
+
+def test_plot_help_lists_every_kind():
+    parser = argparse.ArgumentParser(prog="liepos plot")
+    plot_cli.configure(parser)
+    text = parser.format_help()
+    for kind in F.KINDS:
         assert f"liepos plot {kind}" in text
 
 
-def test_unknown_kind_in_python_api():
-    with pytest.raises(ValueError, match="unknown plot kind"):
-        P.figure("nope-not-a-kind")
+@pytest.mark.parametrize("under_a_file", [False, True])
+def test_tour_refuses_an_output_that_is_a_file_or_cannot_be_created(tmp_path, under_a_file):
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    target = afile / "sub" if under_a_file else afile
+    status, message = cli(tour_cli, "--out", str(target), "--quiet")
+    assert status == 2 and ("cannot be created" if under_a_file else "is a file, not a folder") in message, message
+
+
+def test_tour_refuses_bad_dpi(tmp_path):
+    assert cli(tour_cli, "--dpi", "0", "--out", str(tmp_path))[0] == 2
+    assert "<= 600" in cli(tour_cli, "--dpi", "100000", "--out", str(tmp_path))[1]
+
+
+def test_tour_open_without_a_browser_says_so_before_any_work(tmp_path):
+    """No $BROWSER, no display, no console browser on PATH: `--open` is refused at once, by name."""
+    env = {"PATH": os.path.dirname(sys.executable), "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HOME": str(tmp_path)}
+    code = ("import argparse, sys; from liepos.cli import tour as t; from liepos.cli._common import UsageError\n"
+            "p = argparse.ArgumentParser(); t.configure(p)\n"
+            "try: t.run(p.parse_args(sys.argv[1:]))\n"
+            "except UsageError as e: print(e); sys.exit(2)\n")
+    r = subprocess.run([sys.executable, "-c", code, "--open", "--out", str(tmp_path / "t")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no web browser found" in r.stdout, (r.stdout, r.stderr)
+    assert not (tmp_path / "t" / "index.html").exists()

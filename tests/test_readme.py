@@ -1,20 +1,41 @@
-"""The README's and the guides' Python examples run as written.
+"""The README's and the docs' Python examples run as written, each ALONE in a fresh interpreter.
 
-The README's blocks run in order in one namespace; each guide under docs/guide runs after them, in a
-copy of that namespace."""
+Every ```python block of README.md and of docs/**/*.md is run by itself in a new `python` process (its own
+imports, its own inputs, nothing from an earlier block), after the README's set-up command; a failure
+names the file and the block."""
+
+from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-GUIDES = sorted((README.parent / "docs" / "guide").glob("*.md"))
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCK = re.compile(r"^```python\n(.*?)^```", flags=re.S | re.M)
 
 
-def blocks(path: Path = README):
-    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+def blocks(path: Path) -> list[str]:
+    return BLOCK.findall(path.read_text(encoding="utf-8"))
+
+
+# blocks of other owners' guides that fail alone on this branch (no `import liepos as lp` of their own), as
+# reported to the lead for routing; non-strict, so that each turns XPASS the moment its owner fixes it
+FAIL_ALONE = {"docs/guide/attention.md:0": "attn", "docs/guide/learnable.md:0": "core",
+              "docs/guide/learnable.md:1": "core", "docs/guide/scaling.md:0": "core"}
+
+
+def _example(page: Path, i: int, code: str):
+    name = f"{page.relative_to(ROOT)}:{i}"
+    marks = [pytest.mark.xfail(reason=f"fails alone: routed to {FAIL_ALONE[name]}", strict=False)] if name in FAIL_ALONE else []
+    return pytest.param(page, i, code, id=name, marks=marks)
+
+
+EXAMPLES = [_example(page, i, code) for page in PAGES for i, code in enumerate(blocks(page))]
 
 
 def test_readme_has_the_two_setup_commands_and_ci_runs_the_test_command():
@@ -23,22 +44,18 @@ def test_readme_has_the_two_setup_commands_and_ci_runs_the_test_command():
     setup = [b.strip() for b in bash if "pip install" in b]
     assert len(setup) == 2, setup
     assert setup[0].endswith("liepos tour") and setup[1].endswith("python -m pytest")
-    ci = (README.parent / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
     assert setup[1] in ci
 
 
+def test_every_page_with_examples_is_found():
+    assert blocks(README), "the README's quickstart"
+    assert any(p.values[0].parent.name == "guide" for p in EXAMPLES)
+
+
 @pytest.mark.slow
-def test_readme_python_examples_run():
-    torch.manual_seed(0)
-    ns: dict = {}
-    _run(README, ns)
-    for guide in GUIDES:
-        _run(guide, dict(ns))
-
-
-def _run(path: Path, ns: dict) -> None:
-    for i, code in enumerate(blocks(path)):
-        try:
-            exec(compile(code, f"{path.name} python block {i}", "exec"), ns)  # noqa: S102 - our own docs
-        except Exception as err:  # pragma: no cover - the message names the block
-            raise AssertionError(f"{path.name} python block {i} failed: {type(err).__name__}: {err}\n{code}") from err
+@pytest.mark.parametrize("page,index,code", EXAMPLES)
+def test_example_runs_alone_in_a_fresh_interpreter(page, index, code, tmp_path):
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (
+        f"{page.relative_to(ROOT)} python block {index} fails alone:\n{r.stderr[-3000:]}\n--- the block ---\n{code}")

@@ -1,8 +1,8 @@
-"""The live computations behind ``liepos tour`` and ``liepos plot``: the seeds' argument, measured.
+"""The tour's sections as data: the theory's argument, measured live by liepos.
 
 Every function here returns plain data (floats, lists, nested dicts) computed by liepos itself:
-nothing is a frozen number. :mod:`liepos.plot` draws them, :mod:`liepos.report` writes them to
-``numbers.json`` and an HTML page. This module never imports matplotlib.
+nothing is a frozen number. :mod:`liepos.tour.figures` draws them, :mod:`liepos.tour.page` writes
+them to ``numbers.json`` and an HTML page. This module never imports matplotlib.
 
 Measured identities carry their bound, ``{"value": err, "bound": b}``, so that a report (and the
 tests) can say *passed* without re-deriving tolerances::
@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from liepos.attention import attention
-from liepos.catalogue import CATALOGUE, alibi, alibi_slopes, decay, nope, rope, rope_freqs, xpos
+from liepos.classify import NAMES, classify
+from liepos.catalogue import CATALOGUE, alibi, alibi_slopes, rope, rope_freqs, xpos
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 from liepos.tables import reduced_angle
@@ -30,13 +31,14 @@ from liepos.tables import reduced_angle
 __all__ = [
     "ROWS", "ROW_LABELS", "ROW_PICTURES", "toy_generators", "classification",
     "where_position", "group_identities", "six_rows", "lookup_table", "clocks", "spectrum",
-    "context_extension", "precision", "alibi_slide", "SECTIONS",
+    "context_extension", "precision", "alibi_slide", "SECTIONS", "measured_errors", "json_safe",
 ]
 
 f64 = torch.float64
 
-# the seeds' six rows, in the order of their table
-ROWS = ("growth", "nope", "decay", "rotation", "damped_rotation", "polynomial")
+# the theory's six rows, in the order of its table (defined once, in liepos.classify)
+ROWS = NAMES
+# the tour's words for each row: a name a reader knows, and the picture of A(u)v as the lag grows
 ROW_LABELS = {
     "growth": "growth",
     "nope": "NoPE",
@@ -71,7 +73,7 @@ def _mat(x: torch.Tensor, digits: int = 4) -> list[list[float]]:
 
 
 def toy_generators() -> dict[str, Generator]:
-    """One small generator per row of the seeds' table (2 dims each, so a trajectory is a plane curve)."""
+    """One small generator per row of the six (2 dims each, so a trajectory is a plane curve)."""
     return {
         "growth": Generator([0.15, 0.08], [0.0, 0.0], [1, 1], allow_growth=True),
         "nope": Generator([0.0, 0.0], [0.0, 0.0], [1, 1]),
@@ -82,26 +84,21 @@ def toy_generators() -> dict[str, Generator]:
     }
 
 
-def catalogue_examples(head_dim: int = 8, num_heads: int = 4) -> dict[str, Encoding]:
-    """A shipped (or explicitly allowed) encoding for each row."""
-    return {
-        "growth": decay([-0.05] * head_dim, allow_growth=True),
-        "nope": nope(head_dim),
-        "decay": decay(2.0 ** -torch.linspace(1.0, 11.0, head_dim, dtype=f64)),
-        "rotation": rope(head_dim),
-        "damped_rotation": xpos(head_dim),
-        "polynomial": alibi(num_heads, head_dim),
-    }
+def catalogue_examples(head_dim: int = 8, num_heads: int = 4) -> dict[str, tuple[str, Encoding]]:
+    """For each row, the first catalogue entry of that row: ``row -> (entry name, encoding)``."""
+    out: dict[str, tuple[str, Encoding]] = {}
+    for name, entry in CATALOGUE.items():
+        if entry.row in ROWS and entry.row not in out:
+            out[entry.row] = (name, entry.build(head_dim, num_heads))
+    return out
 
 
 def classification(x: Any) -> dict[str, Any]:
-    """``liepos.classify(x)`` as data: counts, blocks and the table."""
-    from liepos.classify import classify
-
+    """``liepos.classify(x)`` as data: counts, blocks ``[rate, freq, size]``, their row names, the table."""
     c = classify(x)
     counts = {k: int(v) for k, v in dict(c.counts).items()}
-    blocks = [tuple(float(v) if i < 2 else int(v) for i, v in enumerate(b)) for b in getattr(c, "blocks", [])]
-    return {"counts": counts, "blocks": [list(b) for b in blocks], "table": str(c)}
+    blocks = [[float(r), float(w), int(n)] for r, w, n in c.blocks]
+    return {"counts": counts, "blocks": blocks, "names": list(c.names), "table": str(c)}
 
 
 # ---------------------------------------------------------------------- 1. where position enters
@@ -140,7 +137,7 @@ def _FG(g: Generator, t: float, s: float, origin: float | None = None) -> torch.
     """F(t)ᵀ G(s) measured through ``Encoding.query``/``key`` on the basis vectors."""
     enc = Encoding(g)
     d = g.dim
-    E = torch.eye(d, dtype=f64).reshape(d, 1, 1, d)  # batch of basis vectors e_i
+    E = torch.eye(d, dtype=f64).reshape(d, 1, 1, d)  # (d, 1, 1, d): a batch of the basis vectors e_i
     MF = enc.query(E, [t], origin=origin)[:, 0, 0, :]  # row i = F(t) e_i, so MF = F(t)ᵀ
     MG = enc.key(E, [s], origin=origin)[:, 0, 0, :]  # MG = G(s)ᵀ
     return MF @ MG.T
@@ -185,22 +182,28 @@ def group_identities(seed: int = 0) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- 3. the six rows
-def six_rows(max_lag: float = 20.0, points: int = 401) -> dict[str, Any]:
-    """For each row: the toy generator X, its classification, and A(u)v for a fixed v as u grows."""
+HEAD_DIM = 8  # the head dim of the shipped examples of the six rows (ALiBi adds 2 slot dims to it)
+
+
+def six_rows(max_lag: float = 40.0, points: int = 801) -> dict[str, Any]:
+    """For each row: the toy generator X, its classification, and A(u)v for a fixed v as u grows.
+
+    The window reaches u = 40 so that growth's exponential overtakes the slide's straight line
+    (|A(u)v| ≈ 0.6 e^{0.15u} against ≈ 0.8u: they cross near u = 23)."""
     v = torch.tensor([0.6, 0.8], dtype=f64)
     u = torch.linspace(0.0, max_lag, points, dtype=f64)
     out: dict[str, Any] = {"vector": v.tolist(), "lags": u.tolist(), "rows": {}}
-    examples = catalogue_examples()
+    examples = catalogue_examples(HEAD_DIM)
     for name, g in toy_generators().items():
         traj = g.exp(u) @ v  # (points, 2)
-        enc = examples[name]
+        entry, enc = examples[name]
         out["rows"][name] = {
             "label": ROW_LABELS[name],
             "picture": ROW_PICTURES[name],
             "X": _mat(g.matrix()),
             "blocks": [list(b) for b in g.blocks],
             "classification": classification(g),
-            "example": {"encoding": repr(enc), "classification": classification(enc)},
+            "example": {"entry": entry, "head_dim": HEAD_DIM, "classification": classification(enc)},
             "trajectory": [[round(float(a), 6), round(float(b), 6)] for a, b in traj.tolist()],
             "norm": [round(float(n), 6) for n in traj.norm(dim=-1).tolist()],
         }
@@ -229,19 +232,17 @@ def lookup_table(n: int = 16, dim: int = 8, seed: int = 1) -> dict[str, Any]:
     lag = pos[:, None] - pos[None, :]
     g = Generator([0.0], [0.5], [1])
     entry = g.exp(lag)[..., 0, 0]  # (t, s): cos(0.5 (t − s))
-    qs = q.expand(1, 1, n, dim)
-    ks = k.expand(1, 1, n, dim)
+    qs = q.expand(1, 1, n, dim)  # (1, 1, n, dim): the same q at every position
+    ks = k.expand(1, 1, n, dim)  # (1, 1, n, dim)
     enc = rope(dim)
     rope_scores = (enc.query(qs, pos) @ enc.key(ks, pos).transpose(-1, -2))[0, 0]
     al = alibi(1, dim, slopes=[0.25])
     alibi_scores = (al.query(qs, pos) @ al.key(ks, pos).transpose(-1, -2))[0, 0]
     # an absolute encoding: sinusoidal vectors added to q and k (Vaswani et al.)
-    i = torch.arange(dim // 2, dtype=f64)
     ang = pos[:, None] * rope_freqs(dim)[None, :]
     P = torch.stack((ang.sin(), ang.cos()), dim=-1).flatten(-2)  # (n, dim)
     abs_scores = (q + P) @ (k + P).T
     causal = (lag >= 0)
-    del i
     return {
         "n": n,
         "A_entry": _mat(entry), "rope_scores": _mat(rope_scores),
@@ -259,8 +260,12 @@ def lookup_table(n: int = 16, dim: int = 8, seed: int = 1) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- 5. a bank of clocks
+# the score at gap 3 of the theory's worked example (d = 16, base 10000), as printed there to 3 decimals
+WORKED_EXAMPLE_SCORE = 5.543
+
+
 def clocks(bases: tuple[float, ...] = (100.0, 10000.0, 500000.0), dim: int = 64, max_gap: int = 30000) -> dict[str, Any]:
-    """RoPE frequencies for several bases, score against gap, and the seeds' worked example."""
+    """RoPE frequencies for several bases, score against gap, and the theory's worked example (d = 16)."""
     freqs = {f"{b:g}": rope_freqs(dim, b).tolist() for b in bases}
     gaps = torch.unique(torch.cat([
         torch.arange(0, 64, dtype=f64),
@@ -271,7 +276,7 @@ def clocks(bases: tuple[float, ...] = (100.0, 10000.0, 500000.0), dim: int = 64,
         w = rope_freqs(dim, b)
         # q = k = (1, 0) in every plane: score(u) = Σ_k cos(ω_k u), normalised by the planes
         curves[f"{b:g}"] = (torch.cos(reduced_angle(w[None, :], gaps[:, None])).sum(-1) / (dim // 2)).tolist()
-    # the worked example of the seeds: d = 16, base 10000, every plane of q and k = (1, 0)
+    # the theory's worked example: d = 16, base 10000, every plane of q and k = (1, 0)
     enc = rope(16)
     q = torch.zeros(1, 1, 1, 16, dtype=f64)
     q[..., 0::2] = 1.0
@@ -287,9 +292,9 @@ def clocks(bases: tuple[float, ...] = (100.0, 10000.0, 500000.0), dim: int = 64,
         "worked_example": {
             "dim": 16, "base": 10000.0, "pairs": table, "closed_form_gap3": closed,
             "planes": [{"k": i, "freq": float(w), "turn_every": float(2 * math.pi / w)} for i, w in enumerate(w16.tolist())],
-            "seeds_value": 5.543,
+            "theory_value": WORKED_EXAMPLE_SCORE,
             "errors": {
-                "score(5,2) vs seeds' 5.543 (3 decimals)": _measured(abs(table[0]["score"] - 5.543), 5e-4),
+                "score(5,2) vs the theory's 5.543 (3 decimals)": _measured(abs(table[0]["score"] - WORKED_EXAMPLE_SCORE), 5e-4),
                 "score(5,2) vs closed form Σcos(3ω_k)": _measured(abs(table[0]["score"] - closed), 1e-12),
                 "score(t,s) shift-invariant (gap 3, t up to 1e6)": _measured(
                     max(abs(r["score"] - table[0]["score"]) for r in table[:4]), 1e-9),
@@ -299,33 +304,21 @@ def clocks(bases: tuple[float, ...] = (100.0, 10000.0, 500000.0), dim: int = 64,
 
 
 # ---------------------------------------------------------------------- 6. fate and rhythm
-def _row_of(rate: float, freq: float, size: int) -> str:
-    if rate > 0:
-        return "growth"
-    if size >= 2:
-        return "polynomial"
-    if freq == 0:
-        return "nope" if rate == 0 else "decay"
-    return "rotation" if rate == 0 else "damped_rotation"
+def _points(x: Any) -> list[dict[str, Any]]:
+    """The distinct blocks of ``x`` as points (rate λ, frequency |ω|, size) with the row ``classify`` names."""
+    c = classify(x)
+    pts = sorted({(round(r, 12), round(abs(w), 12), n, name) for (r, w, n), name in zip(c.blocks, c.names)})
+    return [{"rate": r, "freq": w, "size": n, "row": name} for r, w, n, name in pts]
 
 
 def spectrum(head_dim: int = 16, num_heads: int = 4) -> dict[str, Any]:
-    """Every catalogue entry's blocks as points (rate λ, frequency ω) with their row."""
+    """Every catalogue entry's blocks as points (rate λ, frequency ω) with their row, and the growth example."""
     entries = {}
     for name, entry in CATALOGUE.items():
         enc = entry.build(head_dim, num_heads)
-        pts = sorted({(round(r, 12), round(abs(w), 12), n) for r, w, n in enc.generator.blocks})
-        entries[name] = {
-            "row": entry.row,
-            "points": [{"rate": r, "freq": w, "size": n, "row": _row_of(r, w, n)} for r, w, n in pts],
-            "classification": classification(enc),
-        }
-    entries["growth (example)"] = {
-        "row": "growth",
-        "points": [{"rate": 0.05, "freq": 0.0, "size": 1, "row": "growth"},
-                   {"rate": 0.02, "freq": 0.1, "size": 1, "row": "growth"}],
-        "classification": classification(Generator([0.05, 0.02], [0.0, 0.1], [1, 1], allow_growth=True)),
-    }
+        entries[name] = {"row": entry.row, "points": _points(enc), "classification": classification(enc)}
+    growth = toy_generators()["growth"]  # diag(0.15, 0.08): the six rows' growth example
+    entries["growth (example)"] = {"row": "growth", "points": _points(growth), "classification": classification(growth)}
     return {"head_dim": head_dim, "num_heads": num_heads, "entries": entries}
 
 
@@ -376,11 +369,12 @@ def precision(dim: int = 128, base: float = 500000.0, planes: tuple[int, ...] | 
     pos[-1] = 2**31 - 1
     w64 = rope_freqs(dim, base)
     inv32 = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # HF, float32
-    out: dict[str, Any] = {"available": True, "dim": dim, "base": base, "positions": pos.tolist(), "planes": {}}
+    out: dict[str, Any] = {"available": True, "dim": dim, "base": base, "digits": digits, "positions": pos.tolist(),
+                           "planes": {}}
     worst_liepos = 0.0
     for k in planes:
         wk = mpmath.power(mpmath.mpf(base), mpmath.mpf(-2 * k) / dim)
-        ang = reduced_angle(w64[k].expand_as(pos), pos)
+        ang = reduced_angle(w64[k].expand_as(pos), pos)  # (P,)
         lc, ls = torch.cos(ang).float(), torch.sin(ang).float()
         a32 = pos.float() * inv32[k]
         hc, hs = torch.cos(a32), torch.sin(a32)
@@ -446,6 +440,21 @@ SECTIONS: dict[str, tuple[str, Any]] = {
     "precision": ("Precision", precision),
     "alibi": ("ALiBi is a slide", alibi_slide),
 }
+
+
+def json_safe(x: Any) -> Any:
+    """A JSON-safe copy of section data: non-finite floats become None, tuples lists, keys strings.
+
+    >>> json_safe({"a": (1.0, float("nan")), 2: [float("inf")]})
+    {'a': [1.0, None], '2': [None]}
+    """
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def measured_errors(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
