@@ -34,10 +34,10 @@ _INTERRUPTED, _BROKEN_PIPE = 130, 141
 
 # name -> the module that implements it, in the order `liepos --help` lists them
 SUBCOMMANDS: dict[str, str] = {
-    "tour": "liepos.report",  # MERGE: the tour engineer's "liepos.cli.tour" replaces this old module
+    "tour": "liepos.cli.tour",
     "classify": "liepos.cli.classify",
     "catalogue": "liepos.cli.catalogue",
-    "plot": "liepos.plot",  # MERGE: the tour engineer's "liepos.cli.plot" replaces this old module
+    "plot": "liepos.cli.plot",
     "bench": "liepos.cli.bench",
     "diagnose": "liepos.cli.diagnose",
     "explore": "liepos.explore",  # MERGE: the explore engineer's "liepos.cli.explore" replaces this old module
