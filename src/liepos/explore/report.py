@@ -1,0 +1,156 @@
+"""The sweep's reports: ``table.md`` (in-distribution accuracy beside every extrapolation figure),
+``results.json``, ``loss_vs_length.png`` (a line per encoding in its row's colour) and, with learned
+generators, ``learned_spectrum.png`` (where their eigenvalues λ ± iω went on the spectrum plane).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import liepos as lp
+from liepos.explore.spec import from_spec
+
+__all__ = ["table", "write_reports", "plot_lengths", "plot_learned", "row_of"]
+
+
+def _cell(entry: dict | None, metric: str, many: bool) -> str:
+    if entry is None:
+        return "—"
+    m, s = entry[metric], entry[metric + "_std"]
+    if not math.isfinite(m):
+        return f"diverged ({entry['diverged']}/{entry['seeds']})"
+    return f"{m:.3f} ± {s:.3f}" if many else f"{m:.3f}"
+
+
+def table(results: dict, metric: str = "loss") -> str:
+    """Markdown: a row per encoding (and scaling map): seeds learned, in-distribution accuracy, ``metric`` per length."""
+    cfg = results["config"]
+    lens, T = cfg["eval_lens"], cfg["train_len"]
+    many = len(results["seeds"]) > 1
+    head = ("| encoding | learned | acc at train length | "
+            + " | ".join(f"{L}{'*' if L == T else ''}" for L in lens) + " |")
+    rows = [head, "|" + "---|" * (len(lens) + 3)]
+    for name, row in results["summary"].items():
+        mark = f"{row['learned']}/{row['seeds']}" + ("" if row["learned"] == row["seeds"] else " ✗ not learned")
+        acc = f"{row['in_acc']:.3f} ± {row['in_acc_std']:.3f}" if many else f"{row['in_acc']:.3f}"
+        cells = [_cell(row["lengths"].get(str(L)), metric, many) for L in lens]
+        rows.append(f"| {name} | {mark} | {acc} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def write_reports(results: dict, out: Path, log=print) -> None:
+    out = Path(out)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    cfg = results["config"]
+    p = results["runs"][0]["parameters"] if results["runs"] else 0
+    text = [
+        f"# liepos explore: task {cfg['task']}, train length {cfg['train_len']} (* marks it), "
+        f"{cfg['steps']} steps, batch {cfg['batch_size']}, d_model {cfg['d_model']}, {cfg['layers']} layers, "
+        f"{cfg['heads']} heads ({p:,} parameters), seeds {results['seeds']}",
+        "", "`learned`: seeds that learned the task at the training length (accuracy ≥ 0.9 for a synthetic "
+        "task; for the LM, a loss below the byte-frequency entropy). `@map`: that context-extension map "
+        "applied past the training length.",
+        "", "## eval loss (nats/token, all positions)", "", table(results, "loss"),
+        "", "## eval accuracy (all positions)", "", table(results, "acc"),
+        "", "## eval loss, last quarter of each sequence (nats/token)", "", table(results, "loss_tail"), "",
+    ]
+    (out / "table.md").write_text("\n".join(text))
+    log("\n".join(text[4:7]))
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log(f"wrote {out / 'table.md'}, {out / 'results.json'} (matplotlib missing: no figures)")
+        return
+    plot_lengths(results, out / "loss_vs_length.png")
+    written = [out / "table.md", out / "results.json", out / "loss_vs_length.png"]
+    if any(r.get("learned_generator") for r in results["runs"]):
+        plot_learned(results, out / "learned_spectrum.png")
+        written.append(out / "learned_spectrum.png")
+    log("wrote " + ", ".join(str(w) for w in written))
+
+
+def row_of(name: str, results: dict) -> str:
+    """The row of the six whose colour an encoding is drawn in: its dominant blocks' row
+    (for a learned generator, the one its final blocks mostly ended in)."""
+    row = results["summary"][name]
+    if row.get("dominant"):
+        return row["dominant"]
+    c = lp.classify(from_spec(row["base"].split("|")[0], 16, 2))  # the first head group's encoding
+    counts = dict(c.counts)
+    if c.num_slots:  # ALiBi's bias rides on its polynomial slot block: that is its row
+        return "polynomial"
+    return max(counts, key=counts.get)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_lengths(results: dict, path: Path) -> None:
+    """Loss against evaluation length, a line per row of the summary in its row's colour."""
+    from liepos.plot import ROW_COLORS
+
+    plt = _pyplot()
+    cfg = results["config"]
+    lens = cfg["eval_lens"]
+    styles = ["-", "--", ":", "-."]
+    markers = "osD^vP*X"
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    seen: dict[str, int] = {}
+    for name, row in results["summary"].items():
+        colour_row = row_of(name, results)
+        k = seen.get(colour_row, 0)
+        seen[colour_row] = k + 1
+        for ax, metric in ((axes[0], "loss"), (axes[1], "loss_tail")):
+            pts = [(L, row["lengths"][str(L)]) for L in lens if str(L) in row["lengths"]]
+            ax.errorbar([L for L, _ in pts], [e[metric] for _, e in pts], yerr=[e[metric + "_std"] for _, e in pts],
+                        color=ROW_COLORS[colour_row], ls=styles[k % 4], marker=markers[k % len(markers)],
+                        capsize=3, lw=1.6, ms=5, label=f"{name} ({colour_row.replace('_', ' ')})")
+    for ax, label in ((axes[0], "eval loss, all positions (nats/token)"),
+                      (axes[1], "eval loss, last quarter (nats/token)")):
+        ax.axvline(cfg["train_len"], color="grey", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{cfg['task']}: trained at {cfg['train_len']} tokens, {cfg['steps']} steps")
+    axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_learned(results: dict, path: Path) -> None:
+    """Every learned block's eigenvalue λ ± iω at the start (hollow) and the end (filled), per encoding."""
+    from liepos.plot import ROW_COLORS
+
+    plt = _pyplot()
+    specs = [e for e in results["encodings"] if any(r["encoding"] == e and r.get("learned_generator")
+                                                    for r in results["runs"])]
+    fig, axes = plt.subplots(1, len(specs), figsize=(4.6 * len(specs), 4.2), squeeze=False)
+    for ax, spec in zip(axes[0], specs):
+        for r in (r for r in results["runs"] if r["encoding"] == spec and r.get("learned_generator")):
+            traj = r["learned_generator"]["trajectory"]
+            for snap, filled in ((traj[0], False), (traj[-1], True)):
+                for g in snap["generators"]:
+                    for head in g["blocks"]:
+                        for lam, om, n in head:
+                            row = "polynomial" if n > 1 else ("damped_rotation" if om > 0 else "decay")
+                            c = ROW_COLORS[row]
+                            ax.scatter([lam], [om], s=18 + 10 * n, facecolors=c if filled else "none",
+                                       edgecolors=c, linewidths=0.8, alpha=0.8)
+        ax.set_xscale("symlog", linthresh=1e-3)
+        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.axvline(0, color="#999999", lw=0.6)
+        ax.set_xlabel("rate λ (per token; symmetric log axis)")
+        ax.set_ylabel("frequency ω (radians per token; symmetric log axis)")
+        ax.set_title(f"{spec}: start (hollow) → trained (filled)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
