@@ -24,9 +24,9 @@ EXAMPLES = [
 ]
 
 DEFAULT_ENCODINGS = "rope,alibi,xpos,nope,decay,jordan3"
-# the reduced sweep for CI: the ladder's first rung (lookup), learned by RoPE and ALiBi in 200 steps
+# the reduced sweep for CI: the ladder's first rung (lookup), learned by RoPE and ALiBi in 300 steps
 # of a one-layer d_model-64 model; evaluated from the training length to 16× it
-QUICK = dict(task="lookup", d_model=64, layers=1, heads=2, steps=200, batch_size=32, train_len=32,
+QUICK = dict(task="lookup", d_model=64, layers=1, heads=2, steps=300, batch_size=32, train_len=32,
              eval_lens=[32, 64, 128, 256, 512], eval_tokens=4096, warmup=20, lr=5e-3)
 _FIELDS = ("task", "text_file", "train_len", "eval_lens", "steps", "batch_size", "micro_batches", "lr",
            "d_model", "layers", "heads", "eval_tokens", "eval_scaling")
@@ -75,7 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--heads", type=int_at_least(1), default=None, help="attention heads (default 4)")
     a("--eval-tokens", type=int_at_least(1), default=None, help="tokens evaluated per length (default 32768)")
     a("--out", default="runs/explore", help="output directory (default runs/explore)")
-    a("--quick", action="store_true", help="reduced sweep for CI (lookup task, 200 steps, lengths 32..512)")
+    a("--quick", action="store_true", help="reduced sweep for CI (lookup task, 300 steps, lengths 32..512)")
     a("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="device (default cpu)")
     a("--threads", type=int_at_least(1), default=None, help="torch CPU threads (default: torch's; 1 with --quick)")
     a("--save-model", action="store_true", help="also save each final state_dict next to its JSON")
