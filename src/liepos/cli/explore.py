@@ -28,7 +28,7 @@ DEFAULT_ENCODINGS = "rope,alibi,xpos,nope,decay,jordan3"
 # of a one-layer d_model-64 model; evaluated from the training length to 16× it
 QUICK = dict(task="lookup", d_model=64, layers=1, heads=2, steps=300, batch_size=32, train_len=32,
              eval_lens=[32, 64, 128, 256, 512], eval_tokens=4096, warmup=20, lr=5e-3)
-_FIELDS = ("task", "text_file", "train_len", "eval_lens", "steps", "batch_size", "micro_batches", "lr",
+_FIELDS = ("task", "text_file", "train_len", "eval_lens", "steps", "batch_size", "micro_batches", "lr", "warmup",
            "d_model", "layers", "heads", "eval_tokens", "eval_scaling")
 
 
@@ -70,6 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--micro-batches", type=int_at_least(1), default=None,
       help="slices of the global batch whose gradients are summed (default 2; a multiple of the process count)")
     a("--lr", type=real_in(0.0, open_low=True), default=None, help="peak learning rate (default 3e-3)")
+    a("--warmup", type=int_at_least(0), default=None, help="linear warm-up steps (default 50)")
     a("--d-model", type=int_at_least(1), default=None, help="model width (default 128)")
     a("--layers", type=int_at_least(1), default=None, help="decoder blocks (default 5)")
     a("--heads", type=int_at_least(1), default=None, help="attention heads (default 4)")
@@ -125,6 +126,18 @@ def _check(cfg, encodings: list[str], world: int) -> None:
                                  f"{n - 2} tokens need at least {n}")
 
 
+def _probe_write(folder) -> None:
+    """Create ``folder`` and a file in it now, so an unwritable output fails before any training (root too)."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise UsageError(f"--out: cannot write run results into {str(folder)!r}: {err.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -138,9 +151,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--device cuda: no CUDA device is available (use --device cpu or auto)")
     _check(cfg, encodings, int(os.environ.get("WORLD_SIZE", "1")))
     out = out_dir("--out", args.out)
-    runs = out / "runs"
-    if runs.exists() and not (runs.is_dir() and os.access(runs, os.W_OK | os.X_OK)):
-        raise UsageError(f"--out {str(out)!r}: its runs folder {str(runs)!r} is not a writable folder")
+    _probe_write(out / "runs")
     torch.set_num_threads(args.threads or (1 if args.quick else torch.get_num_threads()))
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:

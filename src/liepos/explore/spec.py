@@ -38,7 +38,8 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 
-__all__ = ["Part", "parse_part", "parse_spec", "from_spec", "split_heads", "SpecEncoding", "MAIN_OPTION"]
+__all__ = ["Part", "parse_part", "parse_spec", "from_spec", "split_heads", "SpecEncoding", "MAIN_OPTION",
+           "one_axis", "decoder_entries"]
 
 # the option a bare value sets, per catalogue entry (``decay:0.01`` is ``rate=0.01``)
 MAIN_OPTION = {"decay": "rate", "growth": "rate", "jordan": "size", "rope": "base", "retnet": "base",
@@ -48,6 +49,20 @@ _SHORT = re.compile(r"^([a-z_]+?)(\d+)$")  # ``jordan3`` is ``jordan:size=3``
 # a head dim every catalogue entry builds at (divisible by 2…6): used to ask whether a part has rotation blocks
 _PROBE_DIM = 60
 LEARN = "learn"
+
+
+def one_axis(enc: object) -> bool:
+    """Whether ``enc`` is an encoding of one position axis (the decoder's token index).
+
+    Several-axes encodings (axial RoPE, M-RoPE) carry ``num_axes`` on their generator (or on the
+    encoding, before the one-class merge); a one-axis generator has none, or ``None``."""
+    return (isinstance(enc, Encoding) and getattr(enc, "num_axes", None) in (None, 1)
+            and getattr(enc.generator, "num_axes", None) is None)
+
+
+def decoder_entries() -> list[str]:
+    """The registry's entries that build a one-axis encoding: every name the decoder can run alone."""
+    return [name for name, entry in lp.CATALOGUE.items() if one_axis(entry.build(_PROBE_DIM, 1))]
 
 
 @dataclass(frozen=True)
@@ -71,8 +86,11 @@ class Part:
         except TypeError as err:
             known = [p for p in inspect.signature(entry.build).parameters if p not in ("head_dim", "num_heads")]
             raise ValueError(f"bad option for {self.name!r} in {self.text!r}: {err}; its options: {known}") from None
-        if not isinstance(enc, Encoding) or enc.generator.num_heads not in (None, num_heads):
-            raise ValueError(f"{self.text!r} does not build a one-axis encoding for {num_heads} heads")
+        except ValueError as err:
+            raise ValueError(f"{self.text!r}: {err}") from None
+        if not one_axis(enc) or enc.generator.num_heads not in (None, num_heads):
+            raise ValueError(f"{self.text!r} does not build a one-axis encoding for {num_heads} heads; "
+                             f"the decoder's positions are token indices (one axis)")
         return enc
 
 

@@ -158,6 +158,11 @@ STDLIB_FILES = (
 )
 
 
+def _bytes(data: bytes) -> torch.Tensor:
+    """The bytes as a long tensor (an empty one for no bytes, which ``torch.frombuffer`` refuses)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long() if data else torch.zeros(0, dtype=torch.long)
+
+
 @dataclass
 class TextTask(Task):
     """Byte-level LM. Every file is split 90/10 into train/eval, so both see every file's style."""
@@ -190,10 +195,7 @@ class TextTask(Task):
             val.append(data[cut:])
         self.files = [name for name, _ in blobs]
         self.sha256 = h.hexdigest()
-        self._data = {
-            "train": torch.frombuffer(bytearray(b"".join(train)), dtype=torch.uint8).long(),
-            "eval": torch.frombuffer(bytearray(b"".join(val)), dtype=torch.uint8).long(),
-        }
+        self._data = {split: _bytes(b"".join(parts)) for split, parts in (("train", train), ("eval", val))}
 
     def sample(self, gen, batch, length, split="train"):
         data = self._data[split]
