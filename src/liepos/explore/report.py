@@ -10,9 +10,11 @@ import math
 from pathlib import Path
 
 import liepos as lp
-from liepos.explore.spec import from_spec
+from liepos.explore.spec import from_spec, split_heads
 
-__all__ = ["table", "write_reports", "plot_lengths", "plot_learned", "row_of"]
+__all__ = ["table", "write_reports", "plot_lengths", "plot_learned", "plot_map", "row_of", "map_points", "FAR"]
+
+FAR = 16  # "the map" compares the loss at FAR × the training length with the loss at the training length
 
 
 def _cell(entry: dict | None, metric: str, many: bool) -> str:
@@ -29,15 +31,27 @@ def table(results: dict, metric: str = "loss") -> str:
     cfg = results["config"]
     lens, T = cfg["eval_lens"], cfg["train_len"]
     many = len(results["seeds"]) > 1
+    far = FAR * T in lens and str(T) in results["summary"][next(iter(results["summary"]))]["lengths"]
     head = ("| encoding | learned | acc at train length | "
-            + " | ".join(f"{L}{'*' if L == T else ''}" for L in lens) + " |")
-    rows = [head, "|" + "---|" * (len(lens) + 3)]
+            + " | ".join(f"{L}{'*' if L == T else ''}" for L in lens) + (f" | Δ {T}→{FAR * T} |" if far else " |"))
+    rows = [head, "|" + "---|" * (len(lens) + 3 + far)]
     for name, row in results["summary"].items():
         mark = f"{row['learned']}/{row['seeds']}" + ("" if row["learned"] == row["seeds"] else " ✗ not learned")
         acc = f"{row['in_acc']:.3f} ± {row['in_acc_std']:.3f}" if many else f"{row['in_acc']:.3f}"
         cells = [_cell(row["lengths"].get(str(L)), metric, many) for L in lens]
+        if far:
+            d = _delta(row, T, metric)
+            cells.append("diverged" if not math.isfinite(d) else f"{d:+.3f}")
         rows.append(f"| {name} | {mark} | {acc} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def _delta(row: dict, train_len: int, metric: str = "loss") -> float:
+    """``metric`` at FAR × the training length minus at the training length (NaN when it diverged)."""
+    far, near = row["lengths"].get(str(FAR * train_len)), row["lengths"].get(str(train_len))
+    if far is None or near is None:
+        return float("nan")
+    return far[metric] - near[metric]
 
 
 def write_reports(results: dict, out: Path, log=print) -> None:
@@ -68,6 +82,9 @@ def write_reports(results: dict, out: Path, log=print) -> None:
     if any(r.get("learned_generator") for r in results["runs"]):
         plot_learned(results, out / "learned_spectrum.png")
         written.append(out / "learned_spectrum.png")
+    if FAR * cfg["train_len"] in cfg["eval_lens"]:
+        plot_map([results], out / "map.png")
+        written.append(out / "map.png")
     log("wrote " + ", ".join(str(w) for w in written))
 
 
@@ -153,4 +170,75 @@ def plot_learned(results: dict, path: Path) -> None:
         ax.set_title(f"{spec}: start (hollow) → trained (filled)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def map_points(results: dict) -> list[tuple[str, list[tuple[float, float, int]], float]]:
+    """``(row name, blocks (λ, ω, n) of every head, loss change train length → FAR×)`` per summary row.
+
+    Fixed encodings: their blocks as built (a scaling map: as it applies at FAR × the training
+    length). Learned generators: the trained blocks of every layer, seed 0's run (shown unscaled, so
+    their rows with a map are left out)."""
+    from liepos.explore.sweep import scaling_transform
+
+    cfg = results["config"]
+    T, hd, H = cfg["train_len"], cfg["d_model"] // cfg["heads"], cfg["heads"]
+    out = []
+    for name, row in results["summary"].items():
+        run = next(r for r in results["runs"] if r["encoding"] == row["base"])
+        if run.get("learned_generator"):
+            if row["scaling"]:
+                continue
+            blocks = [tuple(b) for g in run["learned_generator"]["final"] for head in g["blocks"] for b in head]
+        else:
+            blocks = []
+            for a, b, spec in split_heads(row["base"], H):
+                enc = from_spec(spec, hd, b - a)
+                if row["scaling"]:
+                    enc = scaling_transform(row["scaling"], T)(enc, FAR * T)
+                g = enc.generator
+                rates, freqs = g.rates.reshape(-1, g.num_blocks), g.freqs.reshape(-1, g.num_blocks)  # (heads, blocks)
+                blocks += [(float(rates[h, i]), float(freqs[h, i]), n)
+                           for h in range(rates.shape[0]) for i, n in enumerate(g.sizes)]
+        out.append((name, blocks, _delta(row, T)))
+    return out
+
+
+def plot_map(results_list: list[dict], path: Path) -> None:
+    """"The map": the spectrum plane (rate λ, frequency ω), a point per block of every encoding, coloured
+    by its loss change from the training length to FAR × it (one panel per results, e.g. per task)."""
+    import matplotlib
+
+    plt = _pyplot()
+    panels = [(r, map_points(r)) for r in results_list]
+    deltas = [d for _, pts in panels for _, _, d in pts if math.isfinite(d)]
+    norm = matplotlib.colors.Normalize(vmin=min(deltas + [0.0]), vmax=max(deltas + [0.0]) or 1.0)
+    cmap = matplotlib.colormaps["viridis"]
+    markers = "osD^vP*Xh<>p"
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.2 * len(panels), 5.4), squeeze=False)
+    for ax, (res, pts) in zip(axes[0], panels):
+        for k, (name, blocks, d) in enumerate(pts):
+            lam = [b[0] for b in blocks]
+            om = [b[1] for b in blocks]
+            size = [14 + 12 * (b[2] - 1) for b in blocks]
+            kw = dict(marker=markers[k % len(markers)], s=size, linewidths=0.6, alpha=0.75)
+            if math.isfinite(d):
+                ax.scatter(lam, om, color=cmap(norm(d)), edgecolors="black", label=f"{name} ({d:+.2f})", **kw)
+            else:
+                ax.scatter(lam, om, facecolors="none", edgecolors="#D55E00", label=f"{name} (diverged)", **kw)
+        ax.set_xscale("symlog", linthresh=1e-4)
+        ax.set_yscale("symlog", linthresh=1e-4)
+        ax.axvline(0, color="#999999", lw=0.6, zorder=0)
+        ax.axvspan(0, 1, color="#D55E00", alpha=0.06, zorder=0)
+        cfg = res["config"]
+        ax.set_title(f"{cfg['task']}: loss change from {cfg['train_len']} to {FAR * cfg['train_len']} tokens",
+                     fontsize=10)
+        ax.set_xlabel("rate λ per token (symmetric log axis; λ > 0 shaded: growth)")
+        ax.set_ylabel("frequency ω, radians per token (symmetric log axis)")
+        ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="encoding (Δ nats/token)",
+                  title_fontsize=7)
+    sm = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
+    fig.colorbar(sm, ax=axes[0].tolist(), location="bottom", shrink=0.5, pad=0.14,
+                 label=f"loss change, training length → {FAR}× (nats/token)")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
