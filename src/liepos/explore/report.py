@@ -143,31 +143,47 @@ def plot_lengths(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _row_name(lam: float, om: float, n: int, tol: float) -> str:
+    """The row of one block (rate, frequency, size), a rate or frequency within ``tol`` of 0 counting as 0."""
+    g = lp.Generator([lam], [om], [n], complex=[om != 0.0])
+    return lp.classify(g, tol=tol).names[0]
+
+
 def plot_learned(results: dict, path: Path) -> None:
-    """Every learned block's eigenvalue λ ± iω at the start (hollow) and the end (filled), per encoding."""
+    """Every learned block's eigenvalue λ ± iω at the start (hollow) and the end (filled), per encoding,
+    in the colour of the row it ends in (rates and frequencies below NEGLIGIBLE / longest length count as 0)."""
+    from matplotlib.lines import Line2D
+
+    from liepos.explore.train import NEGLIGIBLE
     from liepos.plot import ROW_COLORS
 
     plt = _pyplot()
+    tol = NEGLIGIBLE / max(results["config"]["eval_lens"])
     specs = [e for e in results["encodings"] if any(r["encoding"] == e and r.get("learned_generator")
                                                     for r in results["runs"])]
-    fig, axes = plt.subplots(1, len(specs), figsize=(4.6 * len(specs), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(specs), figsize=(5.2 * len(specs), 4.4), squeeze=False)
     for ax, spec in zip(axes[0], specs):
+        rows = set()
         for r in (r for r in results["runs"] if r["encoding"] == spec and r.get("learned_generator")):
             traj = r["learned_generator"]["trajectory"]
             for snap, filled in ((traj[0], False), (traj[-1], True)):
                 for g in snap["generators"]:
                     for head in g["blocks"]:
                         for lam, om, n in head:
-                            row = "polynomial" if n > 1 else ("damped_rotation" if om > 0 else "decay")
+                            row = _row_name(lam, om, n, tol)
+                            rows.add(row)
                             c = ROW_COLORS[row]
                             ax.scatter([lam], [om], s=18 + 10 * n, facecolors=c if filled else "none",
                                        edgecolors=c, linewidths=0.8, alpha=0.8)
-        ax.set_xscale("symlog", linthresh=1e-3)
-        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_xscale("symlog", linthresh=1e-4)
+        ax.set_yscale("symlog", linthresh=1e-4)
         ax.axvline(0, color="#999999", lw=0.6)
-        ax.set_xlabel("rate λ (per token; symmetric log axis)")
-        ax.set_ylabel("frequency ω (radians per token; symmetric log axis)")
-        ax.set_title(f"{spec}: start (hollow) → trained (filled)", fontsize=9)
+        ax.set_xlabel("rate λ per token (symmetric log axis)")
+        ax.set_ylabel("frequency ω, radians per token (symmetric log axis)")
+        ax.set_title(f"{spec}: start (hollow) → trained (filled), every seed and layer", fontsize=9)
+        handles = [Line2D([], [], ls="", marker="o", color=ROW_COLORS[k], label=k.replace("_", " "))
+                   for k in ROW_COLORS if k in rows]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", title="row (trained)", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
