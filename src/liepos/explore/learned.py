@@ -14,7 +14,7 @@ construction so no optimiser step can leave it:
 >>> g = LearnedGenerator(lp.CATALOGUE["jordan"].build(3, size=3), 1)
 >>> with torch.no_grad():
 ...     _ = g.raw_coupling.fill_(0.5)
-...     X = g().generator.matrix()
+...     X = g().generator.matrix()[0]  # head 0: λI + cN
 >>> c = COUPLING_RANGE ** math.tanh(0.5)
 >>> bool(torch.allclose(X.diagonal(1), torch.full((2,), c, dtype=X.dtype)))
 True
