@@ -70,13 +70,15 @@ class LearnedGenerator(nn.Module):
     def freqs(self) -> torch.Tensor:
         """``ω``, shape ``(heads, blocks)``: ``exp(b)`` on rotating blocks, 0 on real ones."""
         w = torch.zeros_like(self.raw_rate)
-        return w.index_put((torch.arange(w.shape[0])[:, None], torch.tensor(self.rotating, dtype=torch.long)),
+        dev = w.device
+        return w.index_put((torch.arange(w.shape[0], device=dev)[:, None],
+                            torch.tensor(self.rotating, dtype=torch.long, device=dev)),
                            torch.exp(self.raw_freq)) if self.rotating else w
 
     def couplings(self) -> torch.Tensor:
         """``c ∈ (1/C, C)`` per Jordan block of size ≥ 2 (in block order)."""
         if self.raw_coupling is None:
-            return torch.zeros(0, dtype=torch.float64)
+            return torch.zeros(0, dtype=torch.float64, device=self.raw_rate.device)
         return COUPLING_RANGE ** torch.tanh(self.raw_coupling)
 
     def basis(self) -> torch.Tensor | None:
@@ -93,10 +95,11 @@ class LearnedGenerator(nn.Module):
         for n, cplx in zip(self.sizes, self.complex):
             w = 2 if cplx else 1
             if n == 1:
-                scales.append(torch.ones(w, dtype=torch.float64))
+                scales.append(torch.ones(w, dtype=torch.float64, device=self.raw_rate.device))
                 continue
             cb = next(c)
-            powers = torch.arange(n, dtype=torch.float64).repeat_interleave(w)  # j for each of the n·w dims
+            # j for each of the n·w dims
+            powers = torch.arange(n, dtype=torch.float64, device=self.raw_rate.device).repeat_interleave(w)
             scales.append(cb ** (-powers))
         return torch.cat(scales)
 

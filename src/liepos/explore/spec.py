@@ -237,7 +237,7 @@ class SpecEncoding(nn.Module):
         if diag is None:
             return enc, None
         storage = torch.empty_like(diag)
-        storage[enc.plan.perm] = diag  # storage index perm[c] holds canonical c
+        storage[enc.plan.perm.to(diag.device)] = diag  # storage index perm[c] holds canonical c
         return enc, storage[: self.head_dim]  # the slot dims (trailing) are never coupled
 
     def _joined(self) -> tuple[Encoding, torch.Tensor | None]:
@@ -252,10 +252,14 @@ class SpecEncoding(nn.Module):
         enc = join(encs, self.name)
         if all(d is None for d in diags):
             return enc, None
-        ones = [torch.ones(e.generator.dim - e.num_slots, dtype=torch.float64) for e in encs]
-        diag = [o if d is None else d for o, d in zip(ones, diags)]
+        dev = next(d for d in diags if d is not None).device  # the learned parameters' device
+
+        def ones(n: int) -> torch.Tensor:
+            return torch.ones(n, dtype=torch.float64, device=dev)
+
+        diag = [ones(e.generator.dim - e.num_slots) if d is None else d for e, d in zip(encs, diags)]
         slot_dims = enc.generator.dim - sum(len(d) for d in diag)  # the slot block, last in canonical order
-        return enc, torch.cat([*diag, torch.ones(slot_dims, dtype=torch.float64)])
+        return enc, torch.cat([*diag, ones(slot_dims)])
 
 
 def from_spec(spec: str | Encoding, head_dim: int, num_heads: int = 1) -> Encoding:
