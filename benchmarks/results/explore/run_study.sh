@@ -15,3 +15,6 @@ python -m liepos.explore --task lm --encodings "$ENC" --eval-scaling "$MAPS" --s
     --threads 1 --no-progress --out "$OUT/lm"
 end=$(date +%s)
 echo "study wall time: lookup $((mid - start)) s, lm $((end - mid)) s, total $((end - start)) s"
+# the corners: Jordan sizes, rate sweeps, growth rates, mixtures (lookup, the quick budget)
+python -m liepos.explore --quick --encodings "jordan2,jordan4,jordan5,decay:0.01,decay:0.1,xpos:scale=64,growth:0.01,growth:0.2,rope+decay,rope|alibi" \
+    --seed 0,1,2 --eval-tokens 8192 --threads 1 --no-progress --out "$OUT/corners"
