@@ -189,22 +189,22 @@ def plot_learned(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def map_points(results: dict) -> list[tuple[str, list[tuple[float, float, int]], float]]:
+def map_points(results: dict, scaled: tuple[str, ...] = ("rope",)) -> list[tuple[str, list, float]]:
     """``(row name, blocks (λ, ω, n) of every head, loss change train length → FAR×)`` per summary row.
 
-    Fixed encodings: their blocks as built (a scaling map: as it applies at FAR × the training
-    length). Learned generators: the trained blocks of every layer, seed 0's run (shown unscaled, so
-    their rows with a map are left out)."""
+    Fixed encodings: their blocks as built; the rows of a scaling map only for the encodings in
+    ``scaled``, their blocks as the map sets them at FAR × the training length. Learned generators:
+    the trained blocks of every layer, seed 0's run."""
     from liepos.explore.sweep import scaling_transform
 
     cfg = results["config"]
     T, hd, H = cfg["train_len"], cfg["d_model"] // cfg["heads"], cfg["heads"]
     out = []
     for name, row in results["summary"].items():
+        if row["scaling"] and row["base"] not in scaled:
+            continue
         run = next(r for r in results["runs"] if r["encoding"] == row["base"])
         if run.get("learned_generator"):
-            if row["scaling"]:
-                continue
             blocks = [tuple(b) for g in run["learned_generator"]["final"] for head in g["blocks"] for b in head]
         else:
             blocks = []
