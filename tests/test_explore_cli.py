@@ -67,8 +67,29 @@ def test_quick_sweep_records_learned_generators_growth_and_yarn(quick):
     assert rope["eval_scaled"]["yarn"]["512"]["loss"] != rope["eval"]["512"]["loss"]
     assert json.loads(run_path(quick, "alibi", 0).read_text())["eval_scaled"]["yarn"] == {
         "not_applied": "no rotation block"}
-    assert (quick / "loss_vs_length.png").stat().st_size > 1000
-    assert (quick / "learned_spectrum.png").stat().st_size > 1000
+    for figure in ("loss_vs_length.png", "learned_spectrum.png", "map.png"):
+        assert (quick / figure).stat().st_size > 1000, figure
+
+
+@pytest.mark.slow
+def test_the_map_places_each_encoding_at_its_blocks(quick):
+    """A point per block: RoPE at (0, ω_k), RoPE @yarn at YaRN's frequencies for 16×, learned at their final blocks."""
+    import liepos as lp
+    from liepos.explore.report import FAR, map_points
+    from liepos.explore.sweep import scaling_transform
+
+    res = json.loads((quick / "results.json").read_text())
+    points = {name: (blocks, delta) for name, blocks, delta in map_points(res)}
+    hd, T = cli.QUICK["d_model"] // cli.QUICK["heads"], cli.QUICK["train_len"]
+    for name, enc in (("rope", lp.rope(hd)), ("rope @yarn", scaling_transform("yarn", T)(lp.rope(hd), FAR * T))):
+        blocks, delta = points[name]
+        want = enc.generator.freqs.tolist()
+        assert sorted({om for _, om, _ in blocks}) == pytest.approx(sorted(set(want)))  # heads share them
+        assert all(lam == 0 and n == 1 for lam, _, n in blocks)
+        row = res["summary"][name]["lengths"]
+        assert delta == pytest.approx(row[str(FAR * T)]["loss"] - row[str(T)]["loss"])
+    final = json.loads(run_path(quick, "learn", 0).read_text())["learned_generator"]["final"]
+    assert points["learn"][0] == [tuple(b) for g in final for h in g["blocks"] for b in h]
 
 
 def test_resume_skips_finished_runs_and_redoes_a_removed_one_identically(tmp_path, capsys):
