@@ -42,7 +42,8 @@ def table(results: dict, metric: str = "loss") -> str:
         if far:
             d = _delta(row, T, metric)
             cells.append("diverged" if not math.isfinite(d) else f"{d:+.3f}")
-        rows.append(f"| {name} | {mark} | {acc} | " + " | ".join(cells) + " |")
+        shown = name.replace("|", "\\|")  # a head-group spec's '|' is not a column
+        rows.append(f"| {shown} | {mark} | {acc} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -231,8 +232,9 @@ def plot_map(results_list: list[dict], path: Path) -> None:
     norm = matplotlib.colors.Normalize(vmin=min(deltas + [0.0]), vmax=max(deltas + [0.0]) or 1.0)
     cmap = matplotlib.colormaps["viridis"]
     markers = "osD^vP*Xh<>p"
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.2 * len(panels), 5.4), squeeze=False)
-    for ax, (res, pts) in zip(axes[0], panels):
+    # one panel per row of the figure: each legend sits right of its own panel
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8.6, 5.2 * len(panels)), squeeze=False, layout="constrained")
+    for ax, (res, pts) in zip(axes[:, 0], panels):
         for k, (name, blocks, d) in enumerate(pts):
             lam = [b[0] for b in blocks]
             om = [b[1] for b in blocks]
@@ -254,7 +256,7 @@ def plot_map(results_list: list[dict], path: Path) -> None:
         ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="encoding (Δ nats/token)",
                   title_fontsize=7)
     sm = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
-    fig.colorbar(sm, ax=axes[0].tolist(), location="bottom", shrink=0.5, pad=0.14,
+    fig.colorbar(sm, ax=axes[:, 0].tolist(), location="bottom", shrink=0.6,
                  label=f"loss change, training length → {FAR}× (nats/token)")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
