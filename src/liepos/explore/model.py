@@ -12,6 +12,7 @@ splits the heads into contiguous equal groups (an Encoding in a tuple must be bu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -19,9 +20,12 @@ from torch import nn
 
 import liepos as lp
 from liepos.encoding import Encoding
-from liepos.explore.spec import from_spec, split_heads
+from liepos.explore.spec import SpecEncoding, split_heads
 
-__all__ = ["ModelConfig", "Decoder", "Block"]
+# an evaluation-time change of an encoding (a context-extension map): (encoding, sequence length) -> encoding
+Transform = Callable[[Encoding, int], Encoding]
+
+__all__ = ["ModelConfig", "Decoder", "Block", "Transform"]
 
 
 @dataclass
@@ -36,6 +40,20 @@ class ModelConfig:
         return asdict(self)
 
 
+class _Fixed(nn.Module):
+    """An :class:`~liepos.Encoding` given directly, as a module: ``forward()`` returns it."""
+
+    def __init__(self, enc: Encoding) -> None:
+        super().__init__()
+        self.enc, self.name = enc, enc.name
+
+    def forward(self) -> Encoding:
+        return self.enc
+
+    def canonical(self) -> tuple[Encoding, None]:
+        return self.enc, None
+
+
 class Block(nn.Module):
     def __init__(self, d_model: int, heads: int, encoding, mlp_ratio: int = 4) -> None:
         super().__init__()
@@ -43,16 +61,23 @@ class Block(nn.Module):
             raise ValueError(f"d_model {d_model} must be divisible by heads {heads}")
         self.heads, self.head_dim = heads, d_model // heads
         if isinstance(encoding, Encoding):
-            self.groups = [(0, heads, encoding)]
+            spans, specs = [(0, heads)], [encoding]
         elif isinstance(encoding, (list, tuple)):
             # one spec or Encoding per contiguous group of heads
             n = len(encoding)
             if not 1 <= n <= heads or heads % n:
                 raise ValueError(f"{n} head groups do not divide {heads} heads evenly")
             w = heads // n
-            self.groups = [(i * w, (i + 1) * w, from_spec(e, self.head_dim, w)) for i, e in enumerate(encoding)]
+            spans, specs = [(i * w, (i + 1) * w) for i in range(n)], list(encoding)
         else:
-            self.groups = [(a, b, from_spec(s, self.head_dim, b - a)) for a, b, s in split_heads(encoding, heads)]
+            groups = split_heads(encoding, heads)
+            spans, specs = [(a, b) for a, b, _ in groups], [s for _, _, s in groups]
+        self.spans = spans
+        # one module per head group: fixed encodings, or learned generators whose parameters train here
+        self.encoders = nn.ModuleList(
+            _Fixed(s) if isinstance(s, Encoding) else SpecEncoding(s, self.head_dim, b - a)
+            for (a, b), s in zip(spans, specs)
+        )
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
@@ -61,12 +86,22 @@ class Block(nn.Module):
             nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def groups(self) -> list[tuple[int, int, Encoding]]:
+        """``(first head, end head, encoding)`` per head group, with the learned parts' current values."""
+        return [(a, b, m()) for (a, b), m in zip(self.spans, self.encoders)]
+
+    def forward(self, x: torch.Tensor, transform: Transform | None = None) -> torch.Tensor:
         B, S, D = x.shape
         qkv = self.qkv(self.ln1(x)).view(B, S, 3, self.heads, self.head_dim)  # (B, S, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, S, hd)
-        # positions default to arange(S) (bottom-right aligned, causal): the fast path of lp.attention
-        outs = [lp.attention(q[:, a:b], k[:, a:b], v[:, a:b], enc, causal=True) for a, b, enc in self.groups]
+        outs = []
+        for (a, b), m in zip(self.spans, self.encoders):
+            enc, p = m.canonical()  # canonical blocks, and the learned diagonal basis P = diag(p) or None
+            enc = transform(enc, S) if transform is not None else enc
+            qg, kg = (q[:, a:b], k[:, a:b]) if p is None else (q[:, a:b] * p.to(q.dtype), k[:, a:b] / p.to(k.dtype))
+            # positions default to arange(S) (bottom-right aligned, causal): the fast path of lp.attention
+            outs.append(lp.attention(qg, kg, v[:, a:b], enc, causal=True))
         y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, H, S, hd)
         y = y.transpose(1, 2).reshape(B, S, D)  # (B, S, D)
         x = x + self.proj(y)
@@ -99,8 +134,9 @@ class Decoder(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, transform: Transform | None = None) -> torch.Tensor:
+        """Logits; ``transform(enc, length)`` replaces every encoding for this call (evaluation-time scaling)."""
         x = self.embed(tokens)  # (B, S, D)
         for blk in self.blocks:
-            x = blk(x)
+            x = blk(x, transform)
         return self.ln_f(x) @ self.embed.weight.T  # (B, S, vocab), tied head

@@ -4,6 +4,14 @@ Each task samples ``(x, y)`` of shape ``(batch, length)`` from a ``torch.Generat
 target at every position, ``IGNORE`` (−100) where nothing is scored. ``split`` is ``"train"`` or
 ``"eval"``; evaluation batches come from a fixed generator so every encoding sees the same data.
 
+The ladder, from the easiest rung: ``lookup`` (one attention hop, content only), ``recall`` (an
+induction pattern: a previous-token hop, then a content hop), ``copy`` (an exact offset),
+``count`` (an exact window).
+
+* ``lookup``: key–value *pair tokens* ``(k, v)`` (one token each) with, here and there, a *query
+  token* ``k?``; the target at a query is the value its key was paired with earlier in the sequence
+  (every sequence draws its own key→value map). One attention hop by content finds it, so the rung
+  is learned at small budgets, and only position can spoil it at longer lengths.
 * ``copy``: random symbols; the target at ``t`` is the symbol at ``t − lag`` (a fixed lag).
 * ``recall``: associative recall; ``k₁ v₁ k₂ v₂ …`` with a random key→value map per sequence;
   at a key that has appeared before the target is its value. The distance to the previous
@@ -22,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["IGNORE", "Task", "CopyTask", "RecallTask", "CountTask", "TextTask", "make_task", "TASKS", "STDLIB_FILES"]
+__all__ = ["IGNORE", "Task", "LookupTask", "CopyTask", "RecallTask", "CountTask", "TextTask", "make_task", "TASKS", "STDLIB_FILES"]
 
 IGNORE = -100
 
@@ -36,6 +44,36 @@ class Task:
 
     def describe(self) -> dict:
         return {"name": self.name, "vocab_size": self.vocab_size}
+
+
+@dataclass
+class LookupTask(Task):
+    """Pair tokens ``k·V + v`` (``K·V`` of them), query tokens ``K·V + k``, value targets ``K·V + K + v``."""
+
+    keys: int = 8
+    values: int = 8
+    query_every: int = 4  # one query token in this many positions, on average
+    name: str = "lookup"
+
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
+        return self.keys * self.values + self.keys + self.values
+
+    def sample(self, gen, batch, length, split="train"):
+        K, V = self.keys, self.values
+        table = torch.randint(V, (batch, K), generator=gen)  # (B, K): this sequence's key -> value
+        k = torch.randint(K, (batch, length), generator=gen)  # (B, L)
+        v = table.gather(1, k)  # (B, L)
+        query = torch.rand(batch, length, generator=gen) < 1.0 / self.query_every
+        seen = torch.nn.functional.one_hot(k, K).masked_fill(query.unsqueeze(-1), 0).cumsum(1)  # (B, L, K)
+        before = seen.gather(2, k.unsqueeze(-1)).squeeze(-1) > 0  # a pair token with this key came earlier
+        x = torch.where(query, K * V + k, k * V + v)
+        y = torch.where(query & before, K * V + K + v, torch.full_like(v, IGNORE))
+        return x, y
+
+    def describe(self):
+        return {"name": self.name, "vocab_size": self.vocab_size, "keys": self.keys, "values": self.values,
+                "query_every": self.query_every}
 
 
 @dataclass
@@ -120,6 +158,11 @@ STDLIB_FILES = (
 )
 
 
+def _bytes(data: bytes) -> torch.Tensor:
+    """The bytes as a long tensor (an empty one for no bytes, which ``torch.frombuffer`` refuses)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long() if data else torch.zeros(0, dtype=torch.long)
+
+
 @dataclass
 class TextTask(Task):
     """Byte-level LM. Every file is split 90/10 into train/eval, so both see every file's style."""
@@ -152,10 +195,7 @@ class TextTask(Task):
             val.append(data[cut:])
         self.files = [name for name, _ in blobs]
         self.sha256 = h.hexdigest()
-        self._data = {
-            "train": torch.frombuffer(bytearray(b"".join(train)), dtype=torch.uint8).long(),
-            "eval": torch.frombuffer(bytearray(b"".join(val)), dtype=torch.uint8).long(),
-        }
+        self._data = {split: _bytes(b"".join(parts)) for split, parts in (("train", train), ("eval", val))}
 
     def sample(self, gen, batch, length, split="train"):
         data = self._data[split]
@@ -166,6 +206,12 @@ class TextTask(Task):
         w = data[idx]
         return w[:, :-1], w[:, 1:]
 
+    def unigram_entropy(self) -> float:
+        """Entropy (nats) of the training bytes' frequencies: the loss of the best context-free predictor."""
+        p = torch.bincount(self._data["train"], minlength=256).double()
+        p = p[p > 0] / p.sum()
+        return float(-(p * p.log()).sum())
+
     def describe(self):
         return {
             "name": self.name, "vocab_size": self.vocab_size, "source": self.path or "python-stdlib",
@@ -174,7 +220,7 @@ class TextTask(Task):
         }
 
 
-TASKS = {"lm": TextTask, "copy": CopyTask, "recall": RecallTask, "count": CountTask}
+TASKS = {"lm": TextTask, "lookup": LookupTask, "copy": CopyTask, "recall": RecallTask, "count": CountTask}
 
 
 def make_task(name: str, text_file: str | None = None) -> Task:

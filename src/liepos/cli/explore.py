@@ -1,0 +1,176 @@
+"""``liepos explore``: train small decoders across the design space, test them at longer lengths.
+
+Every flag is checked before any training starts (bad input: one line, exit status 2). Specs are
+resolved through :data:`liepos.CATALOGUE` (see :mod:`liepos.explore.spec` for the grammar). Under
+``torchrun`` the same command trains one model over the processes (see :mod:`liepos.explore.train`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from liepos.cli._common import UsageError, int_at_least, out_dir, real_in
+
+__all__ = ["HELP", "EXAMPLES", "configure", "run", "main", "QUICK", "DEFAULT_ENCODINGS"]
+
+HELP = "train small models across the design space and measure what extrapolates"
+EXAMPLES = [
+    "liepos explore --quick --out runs/quick",
+    "liepos explore --quick --encodings rope,alibi,learn,growth --eval-scaling yarn,ntk --out runs/q2",
+    "liepos explore --task lm --encodings rope,alibi,decay:0.01,jordan4,rope+decay,rope|alibi --steps 600",
+    "torchrun --standalone --nproc_per_node 2 -m liepos.explore --quick --out runs/ddp",
+]
+
+DEFAULT_ENCODINGS = "rope,alibi,xpos,nope,decay,jordan3"
+# the reduced sweep for CI: the ladder's first rung (lookup), learned by RoPE and ALiBi in 300 steps
+# of a one-layer d_model-64 model; evaluated from the training length to 16× it
+QUICK = dict(task="lookup", d_model=64, layers=1, heads=2, steps=300, batch_size=32, train_len=32,
+             eval_lens=[32, 64, 128, 256, 512], eval_tokens=4096, warmup=20, lr=5e-3)
+_FIELDS = ("task", "text_file", "train_len", "eval_lens", "steps", "batch_size", "micro_batches", "lr", "warmup",
+           "d_model", "layers", "heads", "eval_tokens", "eval_scaling")
+
+
+def _ints(low: int):
+    one = int_at_least(low)
+
+    def parse(text: str) -> list[int]:
+        vals = [one(v) for v in text.split(",") if v.strip()]
+        if not vals:
+            raise argparse.ArgumentTypeError(f"expected at least one integer, got {text!r}")
+        return vals
+
+    parse.__name__ = f"comma-separated integers >= {low}"
+    return parse
+
+
+def _names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from liepos.explore.tasks import TASKS
+
+    a = parser.add_argument
+    a("--encodings", default=None,
+      help=f"comma-separated specs: a catalogue entry with options (decay:0.01, growth:0.02, jordan4, "
+           f"xpos:scale=256), learn[:start], sums a+b (split the head dim), '|' between head groups "
+           f"(default {DEFAULT_ENCODINGS})")
+    a("--task", default=None, choices=sorted(TASKS), help="task (default lm; lookup with --quick)")
+    a("--text-file", default=None, help="train the LM on this file instead of the stdlib sources")
+    a("--train-len", type=int_at_least(2), default=None, help="training sequence length (default 64)")
+    a("--eval-lens", type=_ints(2), default=None, help="evaluation lengths (default 64,128,256,512,1024)")
+    a("--eval-scaling", type=_names, default=None,
+      help="context-extension maps applied past the training length, NAME[:FACTOR][,…] "
+           "(linear, ntk, dynamic, yarn, llama3; factor = eval length / train length unless given)")
+    a("--steps", type=int_at_least(1), default=None, help="training steps per run (default 1000)")
+    a("--seed", type=_ints(0), default=[0], help="seed or comma-separated seeds (default 0)")
+    a("--batch-size", type=int_at_least(1), default=None, help="global batch size (default 32)")
+    a("--micro-batches", type=int_at_least(1), default=None,
+      help="slices of the global batch whose gradients are summed (default 2; a multiple of the process count)")
+    a("--lr", type=real_in(0.0, open_low=True), default=None, help="peak learning rate (default 3e-3)")
+    a("--warmup", type=int_at_least(0), default=None, help="linear warm-up steps (default 50)")
+    a("--d-model", type=int_at_least(1), default=None, help="model width (default 128)")
+    a("--layers", type=int_at_least(1), default=None, help="decoder blocks (default 5)")
+    a("--heads", type=int_at_least(1), default=None, help="attention heads (default 4)")
+    a("--eval-tokens", type=int_at_least(1), default=None, help="tokens evaluated per length (default 32768)")
+    a("--out", default="runs/explore", help="output directory (default runs/explore)")
+    a("--quick", action="store_true", help="reduced sweep for CI (lookup task, 300 steps, lengths 32..512)")
+    a("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="device (default cpu)")
+    a("--threads", type=int_at_least(1), default=None, help="torch CPU threads (default: torch's; 1 with --quick)")
+    a("--save-model", action="store_true", help="also save each final state_dict next to its JSON")
+    a("--no-progress", action="store_true", help="no progress lines")
+
+
+def _config(args: argparse.Namespace):
+    from liepos.explore.train import TrainConfig
+
+    fields = dict(QUICK) if args.quick else {}
+    for name in _FIELDS:
+        v = getattr(args, name, None)
+        if v is not None:
+            fields[name] = v
+    return TrainConfig(**fields)
+
+
+def _check(cfg, encodings: list[str], world: int) -> None:
+    """Everything that can be refused before training: specs, maps, shapes, data, the process count."""
+    from liepos.explore.spec import SpecEncoding, split_heads
+    from liepos.explore.sweep import parse_scaling
+    from liepos.explore.tasks import make_task
+
+    if cfg.d_model % cfg.heads:
+        raise UsageError(f"--d-model {cfg.d_model} must be divisible by --heads {cfg.heads}")
+    if cfg.micro_batches % world or cfg.batch_size % cfg.micro_batches:
+        raise UsageError(f"--batch-size {cfg.batch_size} must split into --micro-batches {cfg.micro_batches}, "
+                         f"a multiple of the {world} processes")
+    try:
+        for e in encodings:
+            for a, b, g in split_heads(e, cfg.heads):
+                SpecEncoding(g, cfg.d_model // cfg.heads, b - a)
+        for s in cfg.eval_scaling:
+            parse_scaling(s)
+        if cfg.task != "lm" and cfg.text_file:
+            raise ValueError("--text-file only applies to --task lm")
+        task = make_task(cfg.task, cfg.text_file)
+    except (ValueError, TypeError) as err:
+        raise UsageError(str(err)) from None
+    if cfg.task == "lm":
+        sizes = task.describe()
+        need = {"train": cfg.train_len + 2, "eval": max(cfg.eval_lens + [cfg.train_len]) + 2}
+        for split, n in need.items():
+            if sizes[f"{split}_bytes"] < n:
+                where = f"--text-file {cfg.text_file!r}" if cfg.text_file else "the standard-library corpus"
+                raise UsageError(f"{where} gives {sizes[f'{split}_bytes']} {split} bytes; windows of "
+                                 f"{n - 2} tokens need at least {n}")
+
+
+def _probe_write(folder) -> None:
+    """Create ``folder`` and a file in it now, so an unwritable output fails before any training (root too)."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise UsageError(f"--out: cannot write run results into {str(folder)!r}: {err.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from liepos.explore.sweep import sweep
+
+    cfg = _config(args)
+    encodings = _names(args.encodings or DEFAULT_ENCODINGS)
+    if not encodings:
+        raise UsageError("--encodings names no encoding")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available (use --device cpu or auto)")
+    _check(cfg, encodings, int(os.environ.get("WORLD_SIZE", "1")))
+    out = out_dir("--out", args.out)
+    _probe_write(out / "runs")
+    torch.set_num_threads(args.threads or (1 if args.quick else torch.get_num_threads()))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        sweep(cfg, encodings, args.seed, out, device=args.device, progress=not args.no_progress,
+              save_model=args.save_model)
+    except KeyboardInterrupt:
+        print("liepos explore: interrupted; rerun the same command to resume from the finished runs",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m liepos.explore`` (and ``torchrun -m liepos.explore``): this subcommand alone."""
+    p = argparse.ArgumentParser(prog="liepos explore", description=HELP)
+    configure(p)
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as err:
+        print(f"liepos explore: {err}", file=sys.stderr)
+        return 2
