@@ -164,7 +164,7 @@ def test_every_subcommand_module_has_the_contract():
         assert callable(mod.configure) and callable(mod.run), name
         if path.startswith("liepos.cli."):
             assert isinstance(mod.HELP, str) and "\n" not in mod.HELP
-            assert all(e.startswith(("liepos ", "python ")) for e in mod.EXAMPLES)
+            assert all(e.startswith(("liepos ", "python ", "torchrun ")) for e in mod.EXAMPLES)
 
 
 # ---------------------------------------------------------------------- hypothesis: garbage argv

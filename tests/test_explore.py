@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 import liepos as lp
 from liepos.explore import from_spec, split_heads
+from liepos.explore.spec import decoder_entries
 from liepos.explore.learned import COUPLING_RANGE, LearnedGenerator, snapshot
 from liepos.explore.model import Decoder, ModelConfig
 from liepos.explore.spec import SpecEncoding, parse_part
-from liepos.explore.sweep import learned, scaling_transform
+from liepos.explore.eval_scaling import scaling_transform
+from liepos.explore.sweep import learned
 from liepos.explore.tasks import IGNORE, CopyTask, CountTask, LookupTask, RecallTask, make_task
 from liepos.explore.train import TrainConfig, evaluate, train_run
 
@@ -39,13 +41,21 @@ def test_every_spec_builds_and_attends(spec):
     assert torch.allclose(lp.attention(q, k, v, enc), lp.attention_reference(q, k, v, enc), atol=1e-9)
 
 
-@pytest.mark.parametrize("name", sorted(lp.CATALOGUE))
+@pytest.mark.parametrize("name", sorted(decoder_entries()))
 def test_a_bare_name_is_the_catalogue_entry(name):
     """The grammar resolves through the one registry: ``name`` is ``CATALOGUE[name].build(dim, heads)``."""
     part = parse_part(name)
     assert part.name == name and not part.options
     got, want = part.build(16, 2), lp.CATALOGUE[name].build(16, 2)
     assert torch.equal(got.generator.exp(5.0), want.generator.exp(5.0))
+
+
+@pytest.mark.parametrize("name", sorted(set(lp.CATALOGUE) - set(decoder_entries())))
+def test_a_several_axes_entry_is_refused_by_name(name):
+    """The decoder's positions are token indices: axial RoPE / M-RoPE are refused, naming the entry."""
+    assert lp.CATALOGUE[name].build(16, 1).num_axes is not None
+    with pytest.raises(ValueError, match=name):
+        parse_part(name).build(16, 2)
 
 
 @pytest.mark.parametrize("spec, name, options", [

@@ -76,7 +76,7 @@ def test_the_map_places_each_encoding_at_its_blocks(quick):
     """A point per block: RoPE at (0, ω_k), RoPE @yarn at YaRN's frequencies for 16×, learned at their final blocks."""
     import liepos as lp
     from liepos.explore.report import FAR, map_points
-    from liepos.explore.sweep import scaling_transform
+    from liepos.explore.eval_scaling import scaling_transform
 
     res = json.loads((quick / "results.json").read_text())
     points = {name: (blocks, delta) for name, blocks, delta in map_points(res)}

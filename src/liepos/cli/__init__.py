@@ -40,19 +40,8 @@ SUBCOMMANDS: dict[str, str] = {
     "plot": "liepos.cli.plot",
     "bench": "liepos.cli.bench",
     "diagnose": "liepos.cli.diagnose",
-    "explore": "liepos.explore",  # MERGE: the explore engineer's "liepos.cli.explore" replaces this old module
+    "explore": "liepos.cli.explore",
 }
-
-# MERGE: the old modules above have configure/run but no HELP/EXAMPLES; this table goes with them
-_OLD_TEXT: dict[str, tuple[str, list[str]]] = {
-    "liepos.report": ("walk the whole theory on live numbers and write a shareable HTML report",
-                      ["liepos tour", "liepos tour --out my-tour --open"]),
-    "liepos.plot": ("draw one figure of the tour alone",
-                    ["liepos plot spectrum --out spectrum.png", "liepos plot trajectories --out rows.png"]),
-    "liepos.explore": ("train small models across the design space and measure what extrapolates",
-                       ["liepos explore --quick --out runs/quick"]),
-}
-
 
 class _ParseError(Exception):
     def __init__(self, prog: str, message: str) -> None:
@@ -68,8 +57,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _text(mod: ModuleType) -> tuple[str, list[str]]:
-    if mod.__name__ in _OLD_TEXT:
-        return _OLD_TEXT[mod.__name__]
     return mod.HELP, list(mod.EXAMPLES)
 
 

@@ -97,7 +97,7 @@ def _config(args: argparse.Namespace):
 def _check(cfg, encodings: list[str], world: int) -> None:
     """Everything that can be refused before training: specs, maps, shapes, data, the process count."""
     from liepos.explore.spec import SpecEncoding, split_heads
-    from liepos.explore.sweep import parse_scaling
+    from liepos.explore.eval_scaling import parse_scaling
     from liepos.explore.tasks import make_task
 
     if cfg.d_model % cfg.heads:

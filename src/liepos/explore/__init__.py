@@ -14,17 +14,6 @@ resumable) and :mod:`~liepos.explore.report` (tables, figures). The command line
 
 from __future__ import annotations
 
-from typing import Any
-
 from liepos.explore.spec import from_spec, parse_spec, split_heads
 
-__all__ = ["from_spec", "parse_spec", "split_heads", "configure", "run"]
-
-
-def __getattr__(name: str) -> Any:
-    # `configure` / `run` stay importable from here for the dispatcher until it points at liepos.cli.explore
-    if name in ("configure", "run", "QUICK", "DEFAULT_ENCODINGS"):
-        from liepos.cli import explore as cli
-
-        return getattr(cli, name)
-    raise AttributeError(f"module 'liepos.explore' has no attribute {name!r}")
+__all__ = ["from_spec", "parse_spec", "split_heads"]

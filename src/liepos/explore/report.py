@@ -113,7 +113,7 @@ def _pyplot():
 
 def plot_lengths(results: dict, path: Path) -> None:
     """Loss against evaluation length, a line per row of the summary in its row's colour."""
-    from liepos.plot import ROW_COLORS
+    from liepos.tour.figures import ROW_COLORS  # MERGE: liepos.classify
 
     plt = _pyplot()
     cfg = results["config"]
@@ -156,7 +156,7 @@ def plot_learned(results: dict, path: Path) -> None:
     from matplotlib.lines import Line2D
 
     from liepos.explore.train import NEGLIGIBLE
-    from liepos.plot import ROW_COLORS
+    from liepos.tour.figures import ROW_COLORS  # MERGE: liepos.classify
 
     plt = _pyplot()
     tol = NEGLIGIBLE / max(results["config"]["eval_lens"])
@@ -196,7 +196,7 @@ def map_points(results: dict, scaled: tuple[str, ...] = ("rope",)) -> list[tuple
     Fixed encodings: their blocks as built; the rows of a scaling map only for the encodings in
     ``scaled``, their blocks as the map sets them at FAR × the training length. Learned generators:
     the trained blocks of every layer, seed 0's run."""
-    from liepos.explore.sweep import scaling_transform
+    from liepos.explore.eval_scaling import scaling_transform
 
     cfg = results["config"]
     T, hd, H = cfg["train_len"], cfg["d_model"] // cfg["heads"], cfg["heads"]

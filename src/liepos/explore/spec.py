@@ -52,12 +52,9 @@ LEARN = "learn"
 
 
 def one_axis(enc: object) -> bool:
-    """Whether ``enc`` is an encoding of one position axis (the decoder's token index).
-
-    Several-axes encodings (axial RoPE, M-RoPE) carry ``num_axes`` on their generator (or on the
-    encoding, before the one-class merge); a one-axis generator has none, or ``None``."""
-    return (isinstance(enc, Encoding) and getattr(enc, "num_axes", None) in (None, 1)
-            and getattr(enc.generator, "num_axes", None) is None)
+    """Whether ``enc`` is an encoding of one position axis (the decoder's token index); several-axes
+    encodings (axial RoPE, M-RoPE) have ``num_axes`` set."""
+    return isinstance(enc, Encoding) and enc.num_axes is None
 
 
 def decoder_entries() -> list[str]:

@@ -11,7 +11,6 @@ six rows' ``counts`` summed over the model, and the ``trajectory`` of snapshots)
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import time
@@ -22,11 +21,12 @@ import torch
 
 import liepos as lp
 from liepos.encoding import Encoding
+from liepos.explore.eval_scaling import scaling_transform
 from liepos.explore.model import Decoder, Transform
 from liepos.explore.tasks import Task, make_task
 from liepos.explore.train import Dist, TrainConfig, evaluate, train_run
 
-__all__ = ["sweep", "collect", "learned", "scaling_transform", "parse_scaling", "LEARNED_ACC", "METRICS"]
+__all__ = ["sweep", "collect", "learned", "LEARNED_ACC", "METRICS"]
 
 # a synthetic task is learned when its accuracy at the training length reaches this (issue 15's bar)
 LEARNED_ACC = 0.9
@@ -44,42 +44,6 @@ def learned(task: Task, in_distribution: dict) -> bool:
     if task.name == "lm":
         return in_distribution["loss"] < task.unigram_entropy()
     return in_distribution["acc"] >= LEARNED_ACC
-
-
-def parse_scaling(text: str) -> tuple[str, float | None]:
-    """``'yarn'`` → ``('yarn', None)`` (factor = eval length / train length); ``'yarn:4'`` → ``('yarn', 4.0)``."""
-    name, _, factor = text.strip().lower().partition(":")
-    if name not in lp.scaling.SCALINGS:
-        raise ValueError(f"unknown scaling {name!r}; known: {', '.join(sorted(lp.scaling.SCALINGS))}")
-    if not factor:
-        return name, None
-    try:
-        f = float(factor)
-    except ValueError:
-        raise ValueError(f"scaling factor must be a number, got {factor!r} in {text!r}") from None
-    if not (f >= 1 and math.isfinite(f)):
-        raise ValueError(f"scaling factor must be a finite number >= 1, got {f:g} in {text!r}")
-    return name, f
-
-
-def scaling_transform(text: str, train_len: int) -> Transform:
-    """``(enc, length) -> enc``: the map ``text`` applied past ``train_len`` to encodings with rotation blocks.
-
-    The factor is ``length / train_len`` unless ``text`` gives one; ``original_max_position_embeddings``
-    is ``train_len``. Encodings without a rotation block, and lengths up to ``train_len``, pass unchanged.
-    """
-    name, fixed = parse_scaling(text)
-    fn = lp.scaling.SCALINGS[name]
-    extra = {"original_max_position_embeddings": train_len} if "original_max_position_embeddings" in \
-        inspect.signature(fn).parameters else {}
-
-    def apply(enc: Encoding, length: int) -> Encoding:
-        if length <= train_len or not any(enc.generator.complex):
-            return enc
-        out = lp.scaling.scale(enc, name, factor=fixed or length / train_len, **extra)
-        return out.at_length(length)
-
-    return apply
 
 
 def _refusal(model: Decoder, transform: Transform, length: int) -> str | None:
