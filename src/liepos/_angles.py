@@ -1,0 +1,230 @@
+"""Angles ``ω·t mod 2π`` for every finite float64 frequency and time (Payne–Hanek reduction).
+
+The defining identity: for float64 tensors ``freq`` (ω) and ``pos`` (t),
+
+    reduced_angle(ω, t) = ω·t − 2πk   (the exact real product ω·t, k an integer, result in [−π, π])
+
+to within ``ulp(result) + 2⁻⁷⁰`` (a faithful rounding of the exact reduced value), whatever the sizes
+of ω and t: ``1e-6 · 1e300`` is as exact as ``1.0 · 3.0``. No float64 rounding of ``ω·t`` ever
+happens: the product is split into exact parts first.
+
+How (each step exact unless said):
+
+1. ``ω = m_ω 2^{e_ω}``, ``t = m_t 2^{e_t}`` (``frexp``, mantissas in [½, 1)); Dekker's product
+   ``m_ω m_t = h + l`` exactly, so ``ω t = (h + l) 2^E`` with ``E = e_ω + e_t`` (no overflow, even
+   when ``ω t`` itself exceeds the float64 range).
+2. For each part ``v 2^E`` (``v = h`` and ``v = l``): ``v 2^E = M 2^U`` with ``M`` a 53-bit integer.
+   The bits of ``1/(2π)`` above ``2^{−24b}``, ``b = max(0, ⌊U/24⌋)``, contribute an integer to
+   ``M 2^U/(2π)`` and are dropped; what is left is ``frac(y · G_b)`` with ``y = v 2^{E−24b}``
+   (``|y| < 2⁷⁷``) and ``G_b = frac(2^{24b}/(2π))`` stored as three float64 chunks (159 bits, so
+   the truncation error is below ``2⁷⁷·2⁻¹⁵⁹ = 2⁻⁸²``). Products ``y·g`` are split exactly by
+   Dekker's algorithm and their integer parts removed exactly (``p − round(p)``).
+3. The fractional parts are summed as a double-double, wrapped to [−½, ½], and multiplied by the
+   double-double ``2π``; the one rounding to float64 is the last step.
+
+Products with ``|ω t| < 2`` need no reduction and are returned as ``ω t`` rounded once. When every
+``|ω t|`` is below :data:`_CODY_WAITE_LIMIT` (the usual case: the position tables of a model), a
+three-part Cody–Waite reduction, exact there, is used instead: same result bound, a third of the work.
+
+The reduction has the derivative of ``ω t`` (``∂/∂ω = t``, ``∂/∂t = ω``): the reduced value is
+computed without autograd and the gradient flows through ``ω t − stop_gradient(ω t)``, which is 0.
+
+>>> import math, torch
+>>> f64 = torch.float64
+>>> w, t = torch.tensor([1.0], dtype=f64), torch.tensor([1e22], dtype=f64)
+>>> r = float(reduced_angle(w, t))           # sin(1e22) is a classic test of range reduction
+>>> abs(math.sin(r) - (-0.8522008497671888)) < 1e-15
+True
+>>> t = torch.tensor([2.0**40 + 3.0], dtype=f64)   # a shift by a multiple of 2π·2^k changes nothing
+>>> bool(reduced_angle(w, t) == reduced_angle(w, t.double()))
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["reduced_angle", "inv_two_pi_bits", "PI_BITS"]
+
+_TWO_PI = 2.0 * math.pi
+_SPLITTER = 134217729.0  # 2^27 + 1: Veltkamp's splitter for 53-bit significands
+_CHUNK_BITS = 24  # the exponent step between consecutive entries of the table of 1/(2π)
+_G_PARTS = 3  # float64 chunks per table entry: 3·53 = 159 bits past the dropped integer bits
+# float64 exponents run from −1074 to 1023, so E = e_ω + e_t lies in [−2148, 2048]; the largest
+# table index needed is ⌊(2048 − 53)/24⌋ = 83. A few spare entries keep the slicing simple.
+_MAX_EXPONENT = 2 * 1024
+_TABLE_SIZE = (_MAX_EXPONENT - 53) // _CHUNK_BITS + 2
+PI_BITS = _TABLE_SIZE * _CHUNK_BITS + _G_PARTS * 53 + 64  # bits of 1/(2π) the table is cut from
+# Cody–Waite: 2π = _C1 + _C2 + _C3 with _C1, _C2 of 26 significant bits, so k·_C1, k·_C2 are exact
+# for |k| < 2^27: every |ω t| below 2^27·2π (≈ 8.4e8) reduces exactly with three products.
+_CODY_WAITE_LIMIT = 2.0**27 * _TWO_PI
+
+
+def _pi_scaled(bits: int) -> int:
+    """⌊π · 2^bits⌋ in integer arithmetic (Machin: π = 16 atan(1/5) − 4 atan(1/239))."""
+    guard = 32
+    one = 1 << (bits + guard)
+
+    def atan_inv(x: int) -> int:  # atan(1/x) · one, by its Taylor series
+        total = term = one // x
+        x2, n, sign = x * x, 1, 1
+        while term:
+            term //= x2
+            n += 2
+            sign = -sign
+            total += sign * (term // n)
+        return total
+
+    return (16 * atan_inv(5) - 4 * atan_inv(239)) >> guard
+
+
+def inv_two_pi_bits(bits: int) -> int:
+    """⌊2^bits / (2π)⌋ exactly (the first ``bits`` fractional bits of 1/(2π), as an integer).
+
+    >>> abs(inv_two_pi_bits(60) / 2**60 - 1 / (2 * 3.141592653589793)) < 1e-16
+    True
+    """
+    pi = _pi_scaled(bits + 8)  # π·2^(bits+8), the extra bits absorb the floor of the division
+    return (1 << (2 * bits + 8)) // (2 * pi)
+
+
+def _table() -> torch.Tensor:
+    """``G[b] = frac(2^{24b} / (2π))`` as three float64 chunks each: shape (_TABLE_SIZE, 3)."""
+    total = PI_BITS
+    inv = inv_two_pi_bits(total)  # 1/(2π) = inv · 2^-total (to 2^-total)
+    rows = []
+    for b in range(_TABLE_SIZE):
+        shift = total - _CHUNK_BITS * b  # frac(2^{24b} · inv · 2^-total) = (inv mod 2^shift) · 2^-shift
+        rest = inv & ((1 << shift) - 1)
+        row = []
+        for _ in range(_G_PARTS):
+            # the leading 53 bits of rest · 2^-shift, as an exact float64, then take them off
+            drop = max(rest.bit_length() - 53, 0)
+            lead = (rest >> drop) << drop
+            row.append(math.ldexp(float(lead >> drop), drop - shift) if lead else 0.0)
+            rest -= lead
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)  # (_TABLE_SIZE, _G_PARTS)
+
+
+_G = _table()
+
+
+def _two_pi_parts(parts: int, lead_bits: int) -> list[float]:
+    """2π as ``parts`` float64 numbers of ``lead_bits`` significant bits each (the last: 53)."""
+    total = 200
+    rest = 2 * _pi_scaled(total)  # 2π · 2^total
+    out = []
+    for i in range(parts):
+        keep = lead_bits if i < parts - 1 else 53
+        drop = max(rest.bit_length() - keep, 0)
+        lead = (rest >> drop) << drop
+        out.append(math.ldexp(float(lead >> drop), drop - total))
+        rest -= lead
+    return out
+
+
+_TWO_PI_HI, _TWO_PI_LO = _two_pi_parts(2, 53)  # 2π as a double-double
+_C1, _C2, _C3 = _two_pi_parts(3, 26)  # the Cody–Waite split
+
+
+def _two_prod(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dekker's exact product: ``a·b = p + e`` exactly in float64, without fma (|a|, |b| < 2^995)."""
+    p = a * b
+    ca = _SPLITTER * a
+    ah = ca - (ca - a)
+    al = a - ah
+    cb = _SPLITTER * b
+    bh = cb - (cb - b)
+    bl = b - bh
+    e = ((ah * bh - p) + ah * bl + al * bh) + al * bl
+    return p, e
+
+
+def _two_sum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Knuth's exact sum: ``a + b = s + e`` exactly in float64."""
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    return s, e
+
+
+def _frac_part(p: torch.Tensor) -> torch.Tensor:
+    """``p − round(p)`` in [−½, ½], exact for every float64 ``p``."""
+    return p - torch.round(p)
+
+
+def _turns(v: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``frac(v · 2^E / (2π))`` as a double-double ``(hi, lo)``, for float64 ``v`` and int ``E``."""
+    m, ev = torch.frexp(v)  # v = m · 2^ev, |m| in [½, 1) (m = 0 for v = 0)
+    shift = ev.to(torch.int64) + E
+    units = shift - 53  # v · 2^E = (m · 2^53) · 2^units, an integer times 2^units
+    b = torch.div(units, _CHUNK_BITS, rounding_mode="floor").clamp(0, _TABLE_SIZE - 1)
+    y = torch.ldexp(m, (shift - _CHUNK_BITS * b).to(torch.float64))  # |y| < 2^77 once b > 0
+    g = _G.to(v.device)[b]  # (..., 3): frac(2^{24b}/(2π)) in three chunks
+    p0, e0 = _two_prod(y, g[..., 0])  # |p0| < 2^77
+    p1, e1 = _two_prod(y, g[..., 1])  # |p1| < 2^24
+    tail = e1 + y * g[..., 2]  # |·| < 2^-28; its rounding is below 2^-80
+    s, err = _two_sum(_frac_part(p0), _frac_part(e0))
+    s, err2 = _two_sum(_frac_part(s), _frac_part(p1))
+    return _frac_part(s), err + err2 + tail
+
+
+def _payne_hanek(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``ω t mod 2π`` in [−π, π] for any finite float64 ω, t (no autograd)."""
+    mw, ew = torch.frexp(freq)
+    mt, et = torch.frexp(pos)
+    h, l = _two_prod(mw, mt)  # m_ω m_t = h + l exactly; |h| in [¼, 1)
+    E = ew.to(torch.int64) + et.to(torch.int64)
+    hi1, lo1 = _turns(h, E)
+    hi2, lo2 = _turns(l, E)
+    s, err = _two_sum(hi1, hi2)
+    k = torch.round(s)
+    s, lo = _two_sum(s - k, lo1 + lo2 + err)  # the turns, wrapped to [−½, ½], as a double-double
+    p, e = _two_prod(s, torch.full_like(s, _TWO_PI_HI))
+    reduced = p + (e + s * _TWO_PI_LO + lo * _TWO_PI_HI)
+    small = E <= 1  # |ω t| < 2: no reduction needed; ω t rounded once (its tiny values kept)
+    return torch.where(small, freq * pos, reduced)
+
+
+def _cody_waite(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """``hi + lo mod 2π`` for ``|hi| < _CODY_WAITE_LIMIT`` (``hi + lo`` the exact product)."""
+    k = torch.round(hi / _TWO_PI)
+    return (((hi - k * _C1) - k * _C2) - k * _C3) + lo
+
+
+def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``freq · pos`` reduced to [−π, π] in float64, the product taken exactly (broadcasting).
+
+    ``reduced_angle(ω, t) = ω t − 2πk`` for the exact real product, to ``ulp(result) + 2⁻⁷⁰``, for
+    every finite float64 ω and t (see the module docstring); differentiable as ``ω t``.
+
+    >>> import torch
+    >>> w = torch.tensor([1e-6, 1.0, 1e3], dtype=torch.float64)
+    >>> t = torch.tensor([3.0, 2.0**31 - 1, 1e300], dtype=torch.float64)
+    >>> r = reduced_angle(w, t)
+    >>> bool(r[0] == 3e-6) and bool(r.abs().max() <= torch.pi)
+    True
+    """
+    freq = freq.to(torch.float64)
+    pos = pos.to(torch.float64)
+    with torch.no_grad():
+        w, t = freq.detach(), pos.detach()
+        if torch.compiler.is_compiling():
+            r = _payne_hanek(*torch.broadcast_tensors(w, t))  # no data-dependent branch when compiled
+        else:
+            hi, lo = _two_prod(w, t)  # NaN when the splitting overflows (|ω| or |t| > 2^995)
+            size = hi.abs() + lo.abs()
+            if bool(size.max() < _CODY_WAITE_LIMIT) if size.numel() else True:  # NaN: not below
+                r = _cody_waite(hi, lo)
+            else:
+                w, t = torch.broadcast_tensors(w, t)
+                big = ~(size < _CODY_WAITE_LIMIT)
+                r = _cody_waite(torch.where(big, 0.0, hi), torch.where(big, 0.0, lo))
+                r[big] = _payne_hanek(w[big], t[big])
+    if not (freq.requires_grad or pos.requires_grad):
+        return r
+    x = freq * pos
+    return r + (x - x.detach())  # the value r, the derivative of ω t
