@@ -90,7 +90,7 @@ def test_table_of_inverse_two_pi_is_the_digits_of_mpmath():
     # every row is frac(2^{24b}/(2π)) to 159 bits
     with mpmath.workprec(bits + 64):
         for b in (0, 1, 17, _angles._TABLE_SIZE - 1):
-            row = _angles._G[b].tolist()
+            row = _angles._G[:, b].tolist()
             want = mpmath.frac(mpmath.mpf(2) ** (24 * b) / (2 * mpmath.pi))
             assert abs(sum(mpmath.mpf(v) for v in row) - want) < mpmath.mpf(2) ** -158
 

@@ -50,6 +50,7 @@ __all__ = ["reduced_angle", "inv_two_pi_bits", "PI_BITS"]
 
 _TWO_PI = 2.0 * math.pi
 _SPLITTER = 134217729.0  # 2^27 + 1: Veltkamp's splitter for 53-bit significands
+_SPLIT_LIMIT = 2.0**995  # below this, _SPLITTER · x does not overflow
 _CHUNK_BITS = 24  # the exponent step between consecutive entries of the table of 1/(2π)
 _G_PARTS = 3  # float64 chunks per table entry: 3·53 = 159 bits past the dropped integer bits
 # float64 exponents run from −1074 to 1023, so E = e_ω + e_t lies in [−2148, 2048]; the largest
@@ -91,7 +92,7 @@ def inv_two_pi_bits(bits: int) -> int:
 
 
 def _table() -> torch.Tensor:
-    """``G[b] = frac(2^{24b} / (2π))`` as three float64 chunks each: shape (_TABLE_SIZE, 3)."""
+    """``G[:, b] = frac(2^{24b} / (2π))`` as three float64 chunks: shape (3, _TABLE_SIZE)."""
     total = PI_BITS
     inv = inv_two_pi_bits(total)  # 1/(2π) = inv · 2^-total (to 2^-total)
     rows = []
@@ -106,7 +107,7 @@ def _table() -> torch.Tensor:
             row.append(math.ldexp(float(lead >> drop), drop - shift) if lead else 0.0)
             rest -= lead
         rows.append(row)
-    return torch.tensor(rows, dtype=torch.float64)  # (_TABLE_SIZE, _G_PARTS)
+    return torch.tensor(rows, dtype=torch.float64).T.contiguous()  # (_G_PARTS, _TABLE_SIZE)
 
 
 _G = _table()
@@ -163,10 +164,10 @@ def _turns(v: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     units = shift - 53  # v · 2^E = (m · 2^53) · 2^units, an integer times 2^units
     b = torch.div(units, _CHUNK_BITS, rounding_mode="floor").clamp(0, _TABLE_SIZE - 1)
     y = torch.ldexp(m, (shift - _CHUNK_BITS * b).to(torch.float64))  # |y| < 2^77 once b > 0
-    g = _G.to(v.device)[b]  # (..., 3): frac(2^{24b}/(2π)) in three chunks
-    p0, e0 = _two_prod(y, g[..., 0])  # |p0| < 2^77
-    p1, e1 = _two_prod(y, g[..., 1])  # |p1| < 2^24
-    tail = e1 + y * g[..., 2]  # |·| < 2^-28; its rounding is below 2^-80
+    g0, g1, g2 = (_G[j].to(v.device).take(b) for j in range(_G_PARTS))  # frac(2^{24b}/(2π))
+    p0, e0 = _two_prod(y, g0)  # |p0| < 2^77
+    p1, e1 = _two_prod(y, g1)  # |p1| < 2^24
+    tail = e1 + y * g2  # |·| < 2^-28; its rounding is below 2^-80
     s, err = _two_sum(_frac_part(p0), _frac_part(e0))
     s, err2 = _two_sum(_frac_part(s), _frac_part(p1))
     return _frac_part(s), err + err2 + tail
@@ -195,6 +196,13 @@ def _cody_waite(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     return (((hi - k * _C1) - k * _C2) - k * _C3) + lo
 
 
+def _cody_waite_suffices(w: torch.Tensor, t: torch.Tensor) -> bool:
+    """Whether every ``|ω t|`` is below the Cody–Waite limit, from the inputs' largest magnitudes
+    (``max|ω| · max|t|`` bounds every product; NaN and inf answer no)."""
+    wmax, tmax = w.abs().max(), t.abs().max()
+    return bool((wmax * tmax < _CODY_WAITE_LIMIT) & (wmax < _SPLIT_LIMIT) & (tmax < _SPLIT_LIMIT))
+
+
 def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """``freq · pos`` reduced to [−π, π] in float64, the product taken exactly (broadcasting).
 
@@ -215,13 +223,13 @@ def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             r = _payne_hanek(*torch.broadcast_tensors(w, t))  # no data-dependent branch when compiled
         else:
-            hi, lo = _two_prod(w, t)  # NaN when the splitting overflows (|ω| or |t| > 2^995)
-            size = hi.abs() + lo.abs()
-            if bool(size.max() < _CODY_WAITE_LIMIT) if size.numel() else True:  # NaN: not below
+            hi, lo = _two_prod(w, t)
+            if w.numel() == 0 or t.numel() == 0 or _cody_waite_suffices(w, t):
                 r = _cody_waite(hi, lo)
             else:
                 w, t = torch.broadcast_tensors(w, t)
-                big = ~(size < _CODY_WAITE_LIMIT)
+                # NaN where the splitting overflowed (|ω| or |t| > 2^995): the general path too
+                big = ~(hi.abs() + lo.abs() < _CODY_WAITE_LIMIT)
                 r = _cody_waite(torch.where(big, 0.0, hi), torch.where(big, 0.0, lo))
                 r[big] = _payne_hanek(w[big], t[big])
     if not (freq.requires_grad or pos.requires_grad):
