@@ -134,10 +134,12 @@ def test_numeric_zero_tolerance():
     assert c.blocks[0] == (0.0, 0.0, 1)
     c = classify(np.array([[1e-17, 0.0], [0.0, -0.5]]))
     assert c.counts["nope"] == 1 and c.counts["decay"] == 1
-    # ...and a coarse tol makes a slow decay NoPE
-    g = generator_of([(-1e-4, 0.0, 1)])
-    assert classify(g).counts == only("decay")
-    assert classify(g, tol=1e-3).counts == only("nope")
+    # ...and a coarse tol makes a slow decay NoPE: tol is relative to the generator's scale
+    g = generator_of([(-1e-4, 0.0, 1), (0.0, 1.0, 1)])
+    assert classify(g).counts == {**only("decay"), "rotation": 1}
+    assert classify(g, tol=1e-3).counts == {**only("nope"), "rotation": 1}
+    alone = generator_of([(-1e-4, 0.0, 1)])  # its own scale: a decay at every tol < 1
+    assert classify(alone, tol=0.99).counts == only("decay")
 
 
 def test_complex_block_with_zero_freq_is_two_real_blocks():
