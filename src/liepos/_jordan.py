@@ -10,8 +10,7 @@
 
 Two paths:
 
-* **exact** (every entry an int, ``fractions.Fraction`` or sympy Rational, or ``exact=True``):
-  sympy's ``Matrix.jordan_form``, converted to the real form; sizes and zero tests are exact.
+* **exact** (rational entries where that is cheap, or ``exact=True``): sympy's ``Matrix.jordan_form``, converted to the real form; sizes and zero tests are exact.
 * **numeric** (floats, or ``exact=False``): scipy's real Schur form. Eigenvalues are clustered
   with a radius from their condition numbers, ``‖X‖_F`` and float64 eps (or ``tol``), the Schur
   form is reordered to isolate each cluster's invariant subspace, the cluster mean (which is as
@@ -19,14 +18,7 @@ Two paths:
   ``(X - λI)^k`` restricted to that subspace, and the chains are built there. A cluster whose
   rank sequence is not that of a nilpotent matrix is split at its widest gap and tried again.
 
->>> import numpy as np
->>> X = np.array([[0.0, 2.0], [-2.0, 0.0]])
->>> blocks, P = real_jordan(X)
->>> blocks
-[(0.0, 2.0, 1)]
->>> J = canonical_form(blocks)
->>> bool(np.allclose(P @ J @ np.linalg.inv(P), X))
-True
+The identity ``X P = P J`` is checked in :func:`real_jordan`'s doctest.
 """
 
 from __future__ import annotations
@@ -527,26 +519,15 @@ def _eig_condition(Tc: np.ndarray) -> np.ndarray:
     return kappa
 
 
-class _UnionFind:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
+def _components(link: np.ndarray) -> list[list[int]]:
+    """Connected components of the graph with adjacency ``link`` (m, m), ordered by first member."""
+    from scipy.sparse.csgraph import connected_components
 
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def union(self, i: int, j: int) -> None:
-        a, b = self.find(i), self.find(j)
-        if a != b:
-            self.parent[max(a, b)] = min(a, b)
-
-    def groups(self, members) -> list[list[int]]:
-        out: dict[int, list[int]] = {}
-        for i in members:
-            out.setdefault(self.find(i), []).append(i)
-        return list(out.values())
+    _, labels = connected_components(link, directed=False)
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(labels.tolist()):
+        groups.setdefault(g, []).append(i)
+    return list(groups.values())
 
 
 def _split_widest(w: np.ndarray, members: list[int]) -> list[list[int]]:
@@ -565,12 +546,7 @@ def _split_widest(w: np.ndarray, members: list[int]) -> list[list[int]]:
         longest = max(longest, float(best_masked[j]))
         in_tree[j] = True
         best = np.minimum(best, dist[j])
-    uf = _UnionFind(m)
-    for a in range(m):
-        for b in range(a + 1, m):
-            if dist[a, b] < longest * (1 - 1e-12):
-                uf.union(a, b)
-    return [[members[k] for k in g] for g in uf.groups(range(m))]
+    return [[members[k] for k in g] for g in _components(dist < longest * (1 - 1e-12))]
 
 
 def _ranks(N: np.ndarray, thresholds) -> list[int] | None:
@@ -711,7 +687,6 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
     kappa = np.maximum(kappa, kappa[partner])  # λ and its conjugate have one condition number
 
     # --- clustering: λ_i ~ λ_j when their uncertainty discs touch
-    uf = _UnionFind(d)
     if tol is None:
         cap = normX * max(_EPS ** 0.125, noise ** (1.0 / d))
         rho = np.minimum(10.0 * kappa * eta, cap)
@@ -726,9 +701,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
             radius[i, partner[i]] if tol is None else 2 * tol
         ):
             link[i, partner[i]] = link[partner[i], i] = True
-    for i, j in zip(*np.nonzero(np.triu(link, 1))):
-        uf.union(int(i), int(j))
-    clusters = uf.groups(range(d))
+    clusters = _components(link)
 
     # a cluster's chains must reproduce its restriction B = μI + N this well (else: split it)
     fit_tol = max(math.sqrt(_EPS) * normX, 10.0 * eta, 0.0 if tol is None else 10.0 * tol)
