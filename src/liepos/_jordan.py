@@ -665,7 +665,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
     normX = float(np.linalg.norm(A))
     eta0 = _EPS * normX  # rounding
     eta = noise * normX  # the assumed backward error (>= rounding)
-    zero_tol_default = 1000.0 * d * eta0
+    zero_tol_default = max(1000.0 * d * eta0, 10.0 * eta)
 
     # already canonical (and no tolerance to merge with): P = I
     canon = _canonical_parse(A) if tol is None else None
@@ -779,7 +779,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
         else:
             cond = max(float(s_recip), 1e-300)
             zero_tol = min(
-                max(1000.0 * eta0 / cond, 10.0 * eta / cond, zero_tol_default),
+                max(1000.0 * eta0 / cond, 10.0 * eta / cond, zero_tol_default),  # ≥ 10η
                 max(math.sqrt(_EPS) * normX, 10.0 * eta),
             )
         rate = float(np.real(mu))
