@@ -10,7 +10,8 @@
 
 Two paths:
 
-* **exact** (rational entries where that is cheap, or ``exact=True``): sympy's ``Matrix.jordan_form``, converted to the real form; sizes and zero tests are exact.
+* **exact** (rational entries where that is cheap, or ``exact=True``): sympy's
+  ``Matrix.jordan_form``, converted to the real form; sizes and zero tests are exact.
 * **numeric** (floats, or ``exact=False``): scipy's real Schur form. Eigenvalues are clustered
   with a radius from their condition numbers, ``‖X‖_F`` and float64 eps (or ``tol``), the Schur
   form is reordered to isolate each cluster's invariant subspace, the cluster mean (which is as
@@ -534,7 +535,7 @@ def _split_widest(w: np.ndarray, members: list[int]) -> list[list[int]]:
     """Single-linkage components of ``members`` with the longest spanning-tree edges removed."""
     m = len(members)
     z = w[members]
-    dist = np.abs(z[:, None] - z[None, :])
+    dist = np.abs(z[:, None] - z[None, :])  # (m, m) pairwise distances
     # Prim's algorithm for the minimum spanning tree edge lengths
     in_tree = np.zeros(m, bool)
     in_tree[0] = True
@@ -592,6 +593,7 @@ def _chains(N: np.ndarray, ranks: list[int]) -> list[np.ndarray]:
         if c > 0:
             K = kernels[k]
             W = np.concatenate(
+                # the kernel and each inherited vector as an (m, 1) column
                 [kernels[k - 1]] + [v[:, None] / max(np.linalg.norm(v), 1e-300) for v in level],
                 axis=1,
             )
@@ -691,10 +693,10 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
         cap = normX * max(_EPS ** 0.125, noise ** (1.0 / d))
         rho = np.minimum(10.0 * kappa * eta, cap)
         floor = 64.0 * d * eta
-        radius = rho[:, None] + rho[None, :] + floor
+        radius = rho[:, None] + rho[None, :] + floor  # (d, d)
     else:
         radius = np.full((d, d), tol)
-    dist = np.abs(w[:, None] - w[None, :])
+    dist = np.abs(w[:, None] - w[None, :])  # (d, d) pairwise distances
     link = dist <= radius
     for i in range(d):  # a pair within the radius of the real axis is a real eigenvalue
         if partner[i] != i and 2 * abs(w[i].imag) <= (

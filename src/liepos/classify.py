@@ -2,17 +2,15 @@
 
 A generator ``X = P J P^{-1}`` (``J``: canonical real Jordan blocks (rate λ, frequency ω, size n))
 gives ``A(u) = exp(uX) = P exp(uJ) P^{-1}``, so the behaviour of ``A(u)`` along the lag is the
-behaviour of its blocks, whatever the basis P. Six rows exhaust the possibilities:
+behaviour of its blocks, whatever the basis P. Six rows exhaust the possibilities; they are
+defined once, in :data:`ROWS` (name, block condition, the seeds' words, a colour for figures):
 
-* ``growth``: λ > 0 (any ω, n): explodes; forbidden (refused unless asked for);
-* ``nope``: λ = 0, ω = 0, n = 1: nothing; NoPE;
-* ``decay``: λ < 0, ω = 0, n = 1: fades; decay (linear attention, SSMs);
-* ``rotation``: λ = 0, ω ≠ 0, n = 1: spins, the circle; RoPE;
-* ``damped_rotation``: λ < 0, ω ≠ 0, n = 1: spins + fades, the spiral; xPos, RetNet;
-* ``polynomial``: λ ≤ 0, n ≥ 2 (any ω): grows polynomially, the slide; ALiBi (size 2 with slots).
+>>> [(r.name, r.block) for r in ROWS][:2]
+[('growth', 'λ > 0 (any ω, n)'), ('nope', 'λ = 0, ω = 0, n = 1')]
 
-Zero tests are exact for rational input (the sympy path of :func:`liepos._jordan.real_jordan`)
-and use a tolerance for floating-point input.
+Zero tests are exact for cheap rational input (the sympy path of
+:func:`liepos._jordan.real_jordan`) and use a tolerance relative to the scale of X otherwise
+(:func:`classify`).
 
 >>> c = classify([[0, 1], [-1, 0]])      # ints: exact; X = P J P^{-1} with P = I
 >>> c.counts['rotation'], c.blocks
@@ -85,7 +83,8 @@ def row_of(rate_sign: int, freq_nonzero: bool, size: int) -> str:
     """The name of the row a block belongs to, from the sign of its rate, whether its frequency is
     non-zero, and its size (the conditions of :data:`ROWS`).
 
-    >>> [row_of(*b) for b in [(1, False, 1), (0, False, 1), (-1, False, 1), (0, True, 1), (-1, True, 1), (0, True, 2)]] == list(NAMES)
+    >>> one_per_row = [(1, False, 1), (0, False, 1), (-1, False, 1), (0, True, 1), (-1, True, 1), (0, True, 2)]
+    >>> [row_of(*b) for b in one_per_row] == list(NAMES)
     True
     """
     if rate_sign > 0:
