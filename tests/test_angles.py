@@ -22,8 +22,10 @@ PREC_BITS = 2600  # enough for |ω t| up to 2^2048 with 500 bits to spare after 
 
 
 def exact_reduced(w: float, t: float) -> mpmath.mpf:
-    """ω t − 2π·round(ω t / 2π) in 2600-bit arithmetic (the exact float64 inputs)."""
-    with mpmath.workprec(PREC_BITS):
+    """ω t − 2π·round(ω t / 2π) from the exact float64 inputs, with 300 bits past the integer part
+    (at most PREC_BITS)."""
+    size = math.frexp(w)[1] + math.frexp(t)[1] if w and t else 0
+    with mpmath.workprec(min(PREC_BITS, 300 + max(size, 0))):
         x = mpmath.mpf(w) * mpmath.mpf(t)
         two_pi = 2 * mpmath.pi
         return x - two_pi * mpmath.nint(x / two_pi)
@@ -58,6 +60,17 @@ def test_matches_mpmath_for_times_up_to_1e300(pairs):
 @given(finite, finite)
 def test_matches_mpmath_for_every_finite_float64(w, t):
     assert_exact([w], [t])  # includes products past the float64 range (1e300 · 1e300)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(log_freq, st.floats(0.0, 18.0).map(lambda e: 10.0**e)), min_size=1, max_size=8))
+def test_per_frequency_path_matches_mpmath(pairs):
+    """The reduction through ω/(2π) formed once per frequency (|ω t| < 2^80·2π: t up to 1e18)."""
+    ws, ts = zip(*pairs)
+    assert_exact(list(ws), list(ts), fn=lambda w, t: _angles._per_frequency(w, t))
+    w = torch.tensor(ws, dtype=F64)[None, :]  # (1, n): broadcast as the tables do
+    t = torch.tensor(ts, dtype=F64)[:, None]  # (n, 1)
+    assert torch.equal(torch.diagonal(_angles._per_frequency(w, t)), _angles._per_frequency(w[0], t[:, 0]))
 
 
 def test_extremes_and_near_multiples_of_two_pi():
