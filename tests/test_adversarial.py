@@ -9,6 +9,7 @@ import torch
 from contract import contract_rows, measured_error
 
 import liepos as lp
+from liepos._jordan import canonical_form
 from liepos.classify import DEFAULT_TOL, classify
 
 F64 = torch.float64
@@ -62,9 +63,39 @@ def test_hang_integer_matrices_take_the_numeric_path_past_8():
     for d in (9, 20, 32):
         c = classify(rng.integers(-3, 4, (d, d)))
         assert not c.exact and c.dim == d
-    small = classify([[0, 1, 0], [-1, 0, 0], [0, 0, -2]])  # factors of degree <= 2: exact
+    small = classify([[0, 1, 0], [-1, 0, 0], [0, 0, -2]])  # linear and simple quadratic: exact
     assert small.exact and sorted(small.names) == ["decay", "rotation"]
     assert classify(rng.integers(-3, 4, (4, 4)), exact=False).exact is False
+
+
+def integer_conjugate(blocks) -> list[list[int]]:
+    """B J B⁻¹ with B unimodular (unit triangular factors): an integer matrix with blocks J."""
+    J = canonical_form(blocks).astype(np.int64)
+    d = J.shape[0]
+    rng = np.random.default_rng(1)
+    U = np.eye(d, dtype=np.int64) + np.triu(rng.integers(-2, 3, (d, d)), 1)
+    L = np.eye(d, dtype=np.int64) + np.tril(rng.integers(-1, 2, (d, d)), -1)
+    B = U @ L
+    Binv = np.round(np.linalg.inv(B)).astype(np.int64)
+    assert (B @ Binv == np.eye(d)).all()
+    return (B @ J @ Binv).tolist()
+
+
+@pytest.mark.parametrize(
+    "blocks,exact",
+    [
+        ([(-1.0, 0.0, 3), (-2.0, 0.0, 3), (0.0, 0.0, 2)], True),  # rational eigenvalues: sympy, fast
+        ([(0.0, 1.0, 1), (0.0, 2.0, 1)], True),  # simple square roots at 4×4: sympy
+        ([(0.0, 2.0, 4)], False),  # a repeated quadratic factor (45 s in sympy): numeric
+        ([(0.0, 3.0, 1), (-1.0, 0.0, 3), (0.0, 0.0, 3)], False),  # square roots at 8×8: numeric
+    ],
+)
+def test_hang_exact_only_where_sympy_is_cheap(blocks, exact):
+    c = classify(integer_conjugate(blocks))
+    assert c.exact is exact
+    want = classify(canonical_form(blocks))
+    assert sorted(c.names) == sorted(want.names)
+    assert sorted(b[2] for b in c.blocks) == sorted(b[2] for b in blocks)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

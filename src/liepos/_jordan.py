@@ -38,9 +38,11 @@ Block = tuple[float, float, int]
 
 _EPS = float(np.finfo(np.float64).eps)
 # above this, rational input takes the numeric path unless exact=True: sympy's Jordan form of a
-# 20×20 integer matrix took 28–88 s, of 32×32 more than 900 s (issue 13); 8×8 with factors of
-# degree ≤ 2 takes well under a second
+# 20×20 integer matrix took 28–88 s, of 32×32 more than 900 s (issue 13). With rational
+# eigenvalues 8×8 takes 0.2 s; square-root eigenvalues cost more (0.25 s at 4×4, 1.5 s at 6×6,
+# 2.8 s at 8×8 with one quadratic factor, 45 s with a repeated one), so they stop at 4×4.
 _AUTO_EXACT_MAX_DIM = 8
+_AUTO_EXACT_SURD_DIM = 4
 # entries beyond 2^±500 are scaled by a power of two first: ‖X‖_F² stays finite (at 1e154 it
 # overflowed and every rate was dropped, issue 13)
 _SCALE_FREE_EXPONENT = 500
@@ -110,9 +112,9 @@ def real_jordan(
             power of two first (exactly), so no norm overflows, even at ``|X_ij| ~ 1e300``.
         exact: ``True`` forces the exact sympy path (floats are converted exactly; it can take
             minutes for d > 8 and irreducible factors of degree ≥ 3), ``False`` the numeric
-            path; default: exact when every entry is rational, ``dim <= 8`` and the
-            characteristic polynomial factors over ℚ into factors of degree ≤ 2 (then sympy is
-            fast: its roots are rationals or square roots), numeric otherwise.
+            path; default: exact when every entry is rational and sympy is cheap: ``dim <= 8``
+            with rational eigenvalues, or ``dim <= 4`` with simple quadratic factors of the
+            characteristic polynomial too; numeric otherwise.
 
     Returns:
         a :class:`JordanForm`; ``blocks, P = real_jordan(X)`` unpacks its blocks and basis.
@@ -309,15 +311,18 @@ def _check_tolerance(name: str, value: float | None) -> float | None:
 
 
 def _cheap_exact(rational: list[list[Any]]) -> bool:
-    """Whether the characteristic polynomial factors over ℚ into factors of degree ≤ 2: then
-    sympy's Jordan form has rational or square-root entries and its zero tests are fast (cubic and
-    higher factors bring nested radicals whose simplification can take minutes)."""
+    """Whether sympy's Jordan form is cheap (see :data:`_AUTO_EXACT_MAX_DIM`): the characteristic
+    polynomial factors over ℚ into linear factors (rational eigenvalues, any multiplicity), or,
+    up to 4×4, also simple quadratic ones (a conjugate pair or two real square roots). Cubic and
+    higher factors bring nested radicals whose simplification takes minutes."""
     import sympy as sp
 
-    M = sp.Matrix(rational)
     lam = sp.Symbol("lam")
-    _, factors = sp.factor_list(M.charpoly(lam).as_expr(), lam)
-    return all(sp.degree(f, lam) <= 2 for f, _ in factors)
+    _, factors = sp.factor_list(sp.Matrix(rational).charpoly(lam).as_expr(), lam)
+    degrees = [(sp.degree(f, lam), m) for f, m in factors]
+    if all(deg == 1 for deg, _ in degrees):
+        return True
+    return len(rational) <= _AUTO_EXACT_SURD_DIM and all(deg == 1 or (deg, m) == (2, 1) for deg, m in degrees)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -292,8 +292,9 @@ def classify(x: Any, *, tol: float | None = None, exact: bool | None = None) -> 
       one Jordan block; a rate is 0 when within about ``10·tol·‖X‖`` of 0 (divided by the
       eigenvalue's reciprocal condition number). Default :data:`DEFAULT_TOL` = sqrt(eps) ≈ 1.5e-8:
       X is known to about 8 digits (a 3×3 Jordan block plus 1e-9 noise is ``polynomial``).
-      Rational entries (ints, fractions) with d ≤ 8 and a characteristic polynomial that
-      factors into degrees ≤ 2 are decided exactly (sympy), as is every matrix with ``exact=True``.
+      Rational entries (ints, fractions) are decided exactly (sympy) where that is cheap (d ≤ 8
+      with rational eigenvalues, d ≤ 4 with simple square roots), as is every matrix with
+      ``exact=True``.
     * a Generator or encoding: its blocks are given; a rate or frequency is 0 when within
       ``tol·scale`` of 0, ``scale`` the largest ``|λ|``, ``|ω|`` (and 1 when a block has n ≥ 2).
       Default :data:`GENERATOR_TOL` = 64·eps.
