@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import liepos as lp
 
 F64 = torch.float64
+HEADS = 2  # every tensor has two heads (per-head encodings have two)
 EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8}
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 
@@ -23,6 +24,9 @@ ENCODINGS = {
     "jordan": (lambda base, rate: lp.jordan(3, rate=-rate), True),
     "rope+jordan": (lambda base, rate: lp.Encoding(lp.direct_sum(
         lp.rope(4, base=base).generator, lp.jordan(2, rate=-rate).generator)), True),
+    "alibi": (lambda base, rate: lp.alibi(HEADS, 8), True),  # slots carry the per-head slopes
+    "per-head": (lambda base, rate: lp.Encoding(lp.Generator(  # a heads axis: (heads, blocks)
+        [[-rate, 0.0], [-rate / 3, -rate]], [[1.0, 100.0 / base], [0.5, 10.0 / base]], [1, 1])), True),
 }
 encodings = st.tuples(st.sampled_from(sorted(ENCODINGS)), st.sampled_from([1e4, 5e5]),
                       st.floats(0.01, 0.5))
@@ -60,16 +64,19 @@ def test_fast_path_equals_the_float64_reference(spec, dtype, pattern, seq, seed)
     p = positions(pattern, seq, seed)
     origin = p[:1] if fades else None  # decaying blocks are re-centred (their scales stay finite)
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(2, 1, seq, dims(enc), dtype=F64, generator=g).to(dtype)
+    q = torch.randn(2, HEADS, seq, dims(enc), dtype=F64, generator=g).to(dtype)
     for side in ("query", "key"):
         fast = getattr(enc, side)(q, p, origin=origin)
         ref = getattr(enc, f"{side}_reference")(q.double(), p, origin=origin)
         bound = 16 * dims(enc) * EPS[dtype] * max(1.0, float(ref.abs().max()))
-        assert fast.dtype == dtype
+        # the dtype of q, or float32 for low-precision q when slots are appended (ALiBi keeps them
+        # in float32)
+        slots_dtype = torch.float32 if getattr(enc, "num_slots", 0) and dtype == torch.bfloat16 else dtype
+        assert fast.dtype == slots_dtype
         assert float((fast.double() - ref).abs().max()) <= bound, (side, spec, dtype, pattern)
 
 
-JORDAN = {"jordan", "rope+jordan"}  # encodings with a polynomial block (issue 13 item 1)
+JORDAN = {"jordan", "rope+jordan"}  # encodings with a Jordan block (issue 13 item 1; ALiBi's is in slots)
 
 
 def attention_error(spec, dtype, pattern, seq, seed, padded=False) -> tuple[float, float]:
@@ -77,7 +84,7 @@ def attention_error(spec, dtype, pattern, seq, seed, padded=False) -> tuple[floa
     enc, _ = build(spec)
     p = positions(pattern, seq, seed)
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 2, seq, dims(enc), dtype=F64, generator=g).to(dtype) for _ in range(3))
+    q, k, v = (torch.randn(1, HEADS, seq, dims(enc), dtype=F64, generator=g).to(dtype) for _ in range(3))
     kw = {"positions": p, "key_positions": p}
     full = torch.ones(seq, seq, dtype=torch.bool).tril()  # (queries, keys): causal in token order
     if pattern == "packed":  # two documents in one row: no attention across them
@@ -121,7 +128,7 @@ def test_decode_equals_the_full_forward(spec, pattern, chunks, seed):
     seq = sum(chunks)
     p = positions("far" if pattern == "far" else "integer", seq, seed)
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 2, seq, dims(enc), dtype=F64, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, HEADS, seq, dims(enc), dtype=F64, generator=g) for _ in range(3))
     full = lp.attention(q, k, v, enc, positions=p, key_positions=p)
     cache, rows, start = lp.KVCache(), [], 0
     for n in chunks:
@@ -137,7 +144,7 @@ def test_decode_equals_the_full_forward(spec, pattern, chunks, seed):
 def test_an_invisible_key_changes_no_output(spec, seq, seed, how):
     enc, _ = build(spec)
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 1, seq, dims(enc), dtype=F64, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, HEADS, seq, dims(enc), dtype=F64, generator=g) for _ in range(3))
     p = torch.arange(seq, dtype=F64)
     k2, v2 = k.clone(), v.clone()
     k2[:, :, -1] += 5.0  # the last key: later than every other query, or padded out
@@ -177,7 +184,7 @@ REFUSALS = {
 def test_every_refused_call_leaves_the_cache_unchanged(spec, seq, refusal, seed):
     enc, _ = build(spec)
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 2, seq, dims(enc), dtype=F64, generator=g) for _ in range(3))
+    q, k, v = (torch.randn(1, HEADS, seq, dims(enc), dtype=F64, generator=g) for _ in range(3))
     cache = lp.KVCache()
     p = 10.0 + torch.arange(seq, dtype=F64)
     lp.attention(q, k, v, enc, positions=p, key_positions=p, cache=cache)
