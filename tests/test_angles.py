@@ -167,3 +167,18 @@ def test_broadcasting_and_dtypes():
     assert r.shape == (2, 2) and r.dtype == F64
     assert_exact([float(w[0, 1])], [1e10])
     assert math.isclose(float(r[0, 1]), float(exact_reduced(float(w[0, 1]), 1e10)), rel_tol=1e-15)
+
+
+def test_inside_torch_compile_exact_where_it_applies_and_nan_past_it():
+    """Compiled graphs take the per-frequency reduction (no data-dependent branch, no frexp):
+    equal to eager up to |ω t| < 2^80·2π, NaN past it (never a wrong angle)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    f = torch.compile(reduced_angle, fullgraph=True, backend="aot_eager")
+    w = lp.rope_freqs(16).to(F64)[None, :]  # (1, 8)
+    t = torch.tensor([0.0, 3.0, 2.0**40 + 1, 1e18, 1e24], dtype=F64)[:, None]  # (5, 1)
+    assert torch.equal(f(w, t), reduced_angle(w, t))
+    out = f(w, torch.tensor([[1e26]], dtype=F64))  # ω = 1: 1e26 > 2^80·2π; ω ≈ 3e-4: below
+    assert torch.isnan(out[0, 0])
+    assert torch.equal(out[0, -1:], reduced_angle(w[0, -1:], torch.tensor([1e26], dtype=F64)))

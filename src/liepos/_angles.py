@@ -116,6 +116,7 @@ def _table() -> torch.Tensor:
 
 
 _G = _table()
+_INV_TWO_PI = tuple(_G[:, 0].tolist())  # 1/(2π) in three float64 chunks (row b = 0)
 
 
 def _two_pi_parts(parts: int, lead_bits: int) -> list[float]:
@@ -171,13 +172,16 @@ def _frac_sum(p0: torch.Tensor, e0: torch.Tensor, p1: torch.Tensor, tail: torch.
 
 
 def _turns(v: torch.Tensor, E: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``frac(v · 2^E / (2π))`` as a double-double ``(hi, lo)``, for float64 ``v`` and int ``E``."""
+    """``frac(v · 2^E / (2π))`` as a double-double ``(hi, lo)``, for float64 ``v`` and an integer
+    exponent ``E`` (held in float64)."""
     m, ev = torch.frexp(v)  # v = m · 2^ev, |m| in [½, 1) (m = 0 for v = 0)
-    shift = ev.to(torch.int64) + E
+    # exponents are small integers, exact in float64 (inductor cannot vectorise int32 → int64)
+    shift = ev.to(torch.float64) + E
     units = shift - 53  # v · 2^E = (m · 2^53) · 2^units, an integer times 2^units
-    b = torch.div(units, _CHUNK_BITS, rounding_mode="floor").clamp(0, _TABLE_SIZE - 1)
-    y = torch.ldexp(m, (shift - _CHUNK_BITS * b).to(torch.float64))  # |y| < 2^77 once b > 0
-    g0, g1, g2 = (_G[j].to(v.device).take(b) for j in range(_G_PARTS))  # frac(2^{24b}/(2π))
+    b = torch.floor(units / _CHUNK_BITS).clamp(0, _TABLE_SIZE - 1)
+    y = torch.ldexp(m, shift - _CHUNK_BITS * b)  # |y| < 2^77 once b > 0
+    index = b.to(torch.int64)
+    g0, g1, g2 = (_G[j].to(v.device).take(index) for j in range(_G_PARTS))  # frac(2^{24b}/(2π))
     p0, e0 = _two_prod(y, g0)  # |p0| < 2^77
     p1, e1 = _two_prod(y, g1)  # |p1| < 2^24
     return _frac_sum(p0, e0, p1, e1 + y * g2)  # |e1 + y g2| < 2^-28; its rounding is below 2^-80
@@ -196,7 +200,7 @@ def _payne_hanek(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     mw, ew = torch.frexp(freq)
     mt, et = torch.frexp(pos)
     h, l = _two_prod(mw, mt)  # m_ω m_t = h + l exactly; |h| in [¼, 1)
-    E = ew.to(torch.int64) + et.to(torch.int64)
+    E = ew.to(torch.float64) + et.to(torch.float64)
     hi1, lo1 = _turns(h, E)
     hi2, lo2 = _turns(l, E)
     s, err = _two_sum(hi1, hi2)
@@ -212,7 +216,7 @@ def _per_frequency(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     ``2⁸⁰·2⁻¹⁵⁵ = 2⁻⁷⁵`` turns, at a third of the work of :func:`_payne_hanek` (the splitting of
     each operand happens before the broadcast).
     """
-    g0, g1, g2 = _G[:, 0].tolist()  # 1/(2π) in three chunks
+    g0, g1, g2 = _INV_TWO_PI
     q0, e0 = _two_prod(freq, torch.full_like(freq, g0))
     q1, e1 = _two_prod(freq, torch.full_like(freq, g1))
     c1, r = _two_sum(e0, q1)
@@ -246,6 +250,15 @@ def _reduce(w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return _payne_hanek(*torch.broadcast_tensors(w, t))
 
 
+def _compiled_reduction(w: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The reduction inside ``torch.compile``: :func:`_per_frequency` (inductor cannot compile the
+    exponent arithmetic of ``frexp`` that Payne–Hanek needs), NaN — loudly, never a wrong angle —
+    where it does not apply: ``|ω t| ≥ 2^80·2π`` (past 7.6e24 at ω = 1), or ``0 < |ω| < 2^-800``."""
+    x = w * t
+    bad = ~(x.abs() < _TURNS_LIMIT * _TWO_PI) | ((w != 0) & (w.abs() < _MIN_FREQ) & (x.abs() >= 2.0))
+    return torch.where(bad, torch.nan, _per_frequency(w, t))
+
+
 def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """``freq · pos`` reduced to [−π, π] in float64, the product taken exactly (broadcasting).
 
@@ -264,7 +277,7 @@ def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         w, t = freq.detach(), pos.detach()
         if torch.compiler.is_compiling():
-            r = _payne_hanek(*torch.broadcast_tensors(w, t))  # no data-dependent branch when compiled
+            r = _compiled_reduction(w, t)  # no data-dependent branch when compiled
         else:
             r = _reduce(w, t)
     if not (freq.requires_grad or pos.requires_grad):
