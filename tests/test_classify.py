@@ -219,3 +219,22 @@ def test_classification_dataclass_fields():
     c = classify(generator_of([(0.0, 1.0, 1)]))
     assert isinstance(c, Classification)
     assert c.num_blocks == 1 and c.blocks == [(0.0, 1.0, 1)] and c.names == ["rotation"]
+
+
+# ------------------------------------------------------------------ the table of rows, once
+def test_rows_are_one_public_table():
+    import re
+
+    from liepos.classify import ROW_COLORS, ROWS, row_of
+
+    assert tuple(r.name for r in ROWS) == NAMES
+    assert list(ROW_COLORS) == list(NAMES)
+    assert all(re.fullmatch(r"#[0-9A-F]{6}", r.color) for r in ROWS)
+    assert len({r.color for r in ROWS}) == 6  # one distinct colour per row
+    # the condition of each row names the block SEED_ROWS gives it
+    for name, (rate, freq, n) in SEED_ROWS.items():
+        assert row_of(int(np.sign(rate)), freq != 0, n) == name
+    # the rendered table carries the seeds' words of every row
+    text = str(classify(generator_of(list(SEED_ROWS.values()))))
+    for r in ROWS:
+        assert r.behaviour in text and r.known_as in text
