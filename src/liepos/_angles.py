@@ -139,6 +139,10 @@ def _two_pi_parts(parts: int, lead_bits: int) -> list[float]:
 
 _TWO_PI_HI, _TWO_PI_LO = _two_pi_parts(2, 53)  # 2π as a double-double
 _C1, _C2, _C3 = _two_pi_parts(3, 26)  # the Cody–Waite split
+_TWO_PI_HI_HALVES = (  # Veltkamp's halves of _TWO_PI_HI, as _two_prod splits every operand
+    _SPLITTER * _TWO_PI_HI - (_SPLITTER * _TWO_PI_HI - _TWO_PI_HI),
+    _TWO_PI_HI - (_SPLITTER * _TWO_PI_HI - (_SPLITTER * _TWO_PI_HI - _TWO_PI_HI)),
+)
 
 
 def _two_prod(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,7 +199,12 @@ def _radians(turns: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     """``2π · (turns + lo)`` wrapped to [−π, π], from a double-double number of turns."""
     k = torch.round(turns)
     s, lo = _two_sum(turns - k, lo)
-    p, e = _two_prod(s, torch.full_like(s, _TWO_PI_HI))
+    p = s * _TWO_PI_HI  # Dekker's product with the halves of the constant split once
+    sh = _SPLITTER * s
+    sh = sh - (sh - s)
+    sl = s - sh
+    e = ((sh * _TWO_PI_HI_HALVES[0] - p) + sh * _TWO_PI_HI_HALVES[1] + sl * _TWO_PI_HI_HALVES[0]) \
+        + sl * _TWO_PI_HI_HALVES[1]
     return p + (e + s * _TWO_PI_LO + lo * _TWO_PI_HI)
 
 
@@ -227,8 +236,8 @@ def _per_frequency(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     c2 = (r + e1) + freq * g2
     p0, f0 = _two_prod(pos, q0)  # (…, seq, planes) from (…, seq, 1) and (…, 1, planes)
     p1, f1 = _two_prod(pos, c1)
-    x = freq * pos
-    return torch.where(x.abs() < 2.0, x, _radians(*_frac_sum(p0, f0, p1, f1 + pos * c2)))
+    # every error is relative to |ω t| or below 2^-75 turns: small products need no special case
+    return _radians(*_frac_sum(p0, f0, p1, f1 + pos * c2))
 
 
 def _cody_waite(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
