@@ -3,7 +3,7 @@
 RoPE with 64 frequencies (head dim 128) at 1×4096 positions: ``build_tables`` with the previous
 reduction (Dekker product + three-part Cody–Waite, exact only for |ω t| < 2^27·2π ≈ 8.4e8) against
 the current one (the same where it is exact, Payne–Hanek past it), at positions 0…4095 (near) and
-2^40 + 0…4095 (far: millisecond timestamps), timed with ``torch.utils.benchmark``. The error column
+2^40 + 0…4095 (far: millisecond timestamps), timed with ``torch.utils.benchmark``, before and after alternating. The error column
 is the largest |angle − exact| over the 4096×64 angles, the exact value from mpmath (2600 bits) on a
 sample of 512 of them.
 
@@ -13,6 +13,7 @@ Writes ``benchmarks/results/angles.md``. Run: ``python benchmarks/angles.py``.
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import mpmath
@@ -26,6 +27,7 @@ POSITIONS = 4096
 HEAD_DIM = 128  # 64 rotation planes
 FAR = 2.0**40
 SAMPLE = 512
+ROUNDS = 5  # alternating before/after timings per row; the median of each is reported
 
 
 def previous_reduction(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -61,21 +63,26 @@ def main() -> None:
     rows = []
     for label, offset in (("near (0…4095)", 0.0), ("far (2^40 + 0…4095)", FAR)):
         pos = offset + torch.arange(POSITIONS, dtype=torch.float64)
-        times = {}
-        for name, reduce in (("before", previous_reduction), ("after", _angles.reduced_angle)):
-            tables.reduced_angle = reduce  # build_tables looks the reduction up in its module
-            try:
-                t = benchmark.Timer("build(enc, pos)", globals={"build": build, "enc": enc, "pos": pos})
-                times[name] = t.blocked_autorange(min_run_time=1.0).median * 1e3
-            finally:
-                tables.reduced_angle = _angles.reduced_angle
+        runs: dict[str, list[float]] = {"before": [], "after": []}
+        reductions = {"before": previous_reduction, "after": _angles.reduced_angle}
+        timer = benchmark.Timer("build(enc, pos)", globals={"build": build, "enc": enc, "pos": pos})
+        for _ in range(ROUNDS):  # alternate, so that a busy machine slows both alike
+            for name, reduce in reductions.items():
+                tables.reduced_angle = reduce  # build_tables looks the reduction up in its module
+                try:
+                    runs[name].append(timer.blocked_autorange(min_run_time=0.3).median * 1e3)
+                finally:
+                    tables.reduced_angle = _angles.reduced_angle
+        times = {name: statistics.median(v) for name, v in runs.items()}
+        for name, reduce in reductions.items():
             times[name + " error"] = max_error(reduce, freqs, pos)
         rows.append((label, times))
     lines = [
         "# Angle reduction: table build time and accuracy",
         "",
         f"`python benchmarks/angles.py` (torch {torch.__version__}, 1 thread): `build_tables` of "
-        f"`lp.rope({HEAD_DIM})` at 1×{POSITIONS} positions, median of `torch.utils.benchmark`; "
+        f"`lp.rope({HEAD_DIM})` at 1×{POSITIONS} positions, median of {ROUNDS} alternating "
+        f"`torch.utils.benchmark` runs each; "
         f"error: the largest |angle − exact| on {SAMPLE} sampled angles against mpmath.",
         "",
         "| positions | before (ms) | after (ms) | after / before | error before | error after |",
