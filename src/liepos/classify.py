@@ -107,7 +107,7 @@ class Classification:
         names: the name of each block, aligned with ``blocks``.
         dim: the dimension d of X (per head).
         exact: whether the zero tests were exact (rational input through sympy).
-        tol: the tolerance of the zero tests (0.0 when exact).
+        tol: the relative tolerance of the zero tests (see :func:`classify`; 0.0 when exact).
         num_heads: the heads axis of a generator, or ``None``.
         num_slots: constant slots of an encoding (ALiBi's bias), 0 if none.
         source: ``"matrix"``, ``"generator"`` or ``"encoding"``.
@@ -198,7 +198,7 @@ class Classification:
         return "; ".join(parts)
 
     def __str__(self) -> str:
-        mode = "exact" if self.exact else f"numeric, zero tol {self.tol:.2g}"
+        mode = "exact" if self.exact else f"numeric, tol {self.tol:.2g} of the scale"
         heads = "" if self.num_heads is None else f" × {self.num_heads} heads"
         plural = "" if self.num_blocks == 1 else "s"
         title = (
