@@ -96,7 +96,7 @@ def test_both_reductions_agree_where_both_apply():
 
 
 def test_table_of_inverse_two_pi_is_the_digits_of_mpmath():
-    bits = _angles.PI_BITS
+    bits = _angles.TABLE_BITS
     with mpmath.workprec(bits + 64):
         ref = int(mpmath.floor(mpmath.mpf(2) ** bits / (2 * mpmath.pi)))
     assert inv_two_pi_bits(bits) == ref

@@ -51,7 +51,7 @@ import math
 
 import torch
 
-__all__ = ["reduced_angle", "inv_two_pi_bits", "PI_BITS"]
+__all__ = ["reduced_angle", "inv_two_pi_bits", "TABLE_BITS"]
 
 _TWO_PI = 2.0 * math.pi
 _SPLITTER = 134217729.0  # 2^27 + 1: Veltkamp's splitter for 53-bit significands
@@ -62,7 +62,7 @@ _G_PARTS = 3  # float64 chunks per table entry: 3·53 = 159 bits past the droppe
 # table index needed is ⌊(2048 − 53)/24⌋ = 83. A few spare entries keep the slicing simple.
 _MAX_EXPONENT = 2 * 1024
 _TABLE_SIZE = (_MAX_EXPONENT - 53) // _CHUNK_BITS + 2
-PI_BITS = _TABLE_SIZE * _CHUNK_BITS + _G_PARTS * 53 + 64  # bits of 1/(2π) the table is cut from
+TABLE_BITS = _TABLE_SIZE * _CHUNK_BITS + _G_PARTS * 53 + 64  # bits of 1/(2π) the table is cut from
 # Cody–Waite: 2π = _C1 + _C2 + _C3 with _C1, _C2 of 26 significant bits, so k·_C1, k·_C2 are exact
 # for |k| < 2^27: every |ω t| below 2^27·2π (≈ 8.4e8) reduces exactly with three products.
 _CODY_WAITE_LIMIT = 2.0**27 * _TWO_PI
@@ -100,45 +100,34 @@ def inv_two_pi_bits(bits: int) -> int:
     return (1 << (2 * bits + 8)) // (2 * pi)
 
 
+def _leading_floats(value: int, scale: int, widths: list[int]) -> list[float]:
+    """``value · 2^-scale`` as float64 numbers of the given significant widths, each the leading bits
+    of what the previous ones left, exactly (their sum is the value, truncated after the last)."""
+    out = []
+    for keep in widths:
+        drop = max(value.bit_length() - keep, 0)
+        lead = (value >> drop) << drop
+        out.append(math.ldexp(float(lead >> drop), drop - scale) if lead else 0.0)
+        value -= lead
+    return out
+
+
 def _table() -> torch.Tensor:
     """``G[:, b] = frac(2^{24b} / (2π))`` as three float64 chunks: shape (3, _TABLE_SIZE)."""
-    total = PI_BITS
-    inv = inv_two_pi_bits(total)  # 1/(2π) = inv · 2^-total (to 2^-total)
+    inv = inv_two_pi_bits(TABLE_BITS)  # 1/(2π) = inv · 2^-TABLE_BITS (to 2^-TABLE_BITS)
     rows = []
     for b in range(_TABLE_SIZE):
-        shift = total - _CHUNK_BITS * b  # frac(2^{24b} · inv · 2^-total) = (inv mod 2^shift) · 2^-shift
-        rest = inv & ((1 << shift) - 1)
-        row = []
-        for _ in range(_G_PARTS):
-            # the leading 53 bits of rest · 2^-shift, as an exact float64, then take them off
-            drop = max(rest.bit_length() - 53, 0)
-            lead = (rest >> drop) << drop
-            row.append(math.ldexp(float(lead >> drop), drop - shift) if lead else 0.0)
-            rest -= lead
-        rows.append(row)
+        shift = TABLE_BITS - _CHUNK_BITS * b  # frac(2^{24b}/(2π)) = (inv mod 2^shift) · 2^-shift
+        rows.append(_leading_floats(inv & ((1 << shift) - 1), shift, [53] * _G_PARTS))
     return torch.tensor(rows, dtype=torch.float64).T.contiguous()  # (_G_PARTS, _TABLE_SIZE)
 
 
 _G = _table()
 _INV_TWO_PI = tuple(_G[:, 0].tolist())  # 1/(2π) in three float64 chunks (row b = 0)
-
-
-def _two_pi_parts(parts: int, lead_bits: int) -> list[float]:
-    """2π as ``parts`` float64 numbers of ``lead_bits`` significant bits each (the last: 53)."""
-    total = 200
-    rest = 2 * _pi_scaled(total)  # 2π · 2^total
-    out = []
-    for i in range(parts):
-        keep = lead_bits if i < parts - 1 else 53
-        drop = max(rest.bit_length() - keep, 0)
-        lead = (rest >> drop) << drop
-        out.append(math.ldexp(float(lead >> drop), drop - total))
-        rest -= lead
-    return out
-
-
-_TWO_PI_HI, _TWO_PI_LO = _two_pi_parts(2, 53)  # 2π as a double-double
-_C1, _C2, _C3 = _two_pi_parts(3, 26)  # the Cody–Waite split
+_TWO_PI_SCALE = 200  # bits of 2π past the binary point that its splits are cut from
+_TWO_PI_INT = 2 * _pi_scaled(_TWO_PI_SCALE)  # 2π · 2^200
+_TWO_PI_HI, _TWO_PI_LO = _leading_floats(_TWO_PI_INT, _TWO_PI_SCALE, [53, 53])  # a double-double
+_C1, _C2, _C3 = _leading_floats(_TWO_PI_INT, _TWO_PI_SCALE, [26, 26, 53])  # the Cody–Waite split
 _TWO_PI_HI_HALVES = (  # Veltkamp's halves of _TWO_PI_HI, as _two_prod splits every operand
     _SPLITTER * _TWO_PI_HI - (_SPLITTER * _TWO_PI_HI - _TWO_PI_HI),
     _TWO_PI_HI - (_SPLITTER * _TWO_PI_HI - (_SPLITTER * _TWO_PI_HI - _TWO_PI_HI)),
