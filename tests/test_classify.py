@@ -134,10 +134,12 @@ def test_numeric_zero_tolerance():
     assert c.blocks[0] == (0.0, 0.0, 1)
     c = classify(np.array([[1e-17, 0.0], [0.0, -0.5]]))
     assert c.counts["nope"] == 1 and c.counts["decay"] == 1
-    # ...and a coarse tol makes a slow decay NoPE
-    g = generator_of([(-1e-4, 0.0, 1)])
-    assert classify(g).counts == only("decay")
-    assert classify(g, tol=1e-3).counts == only("nope")
+    # ...and a coarse tol makes a slow decay NoPE: tol is relative to the generator's scale
+    g = generator_of([(-1e-4, 0.0, 1), (0.0, 1.0, 1)])
+    assert classify(g).counts == {**only("decay"), "rotation": 1}
+    assert classify(g, tol=1e-3).counts == {**only("nope"), "rotation": 1}
+    alone = generator_of([(-1e-4, 0.0, 1)])  # its own scale: a decay at every tol < 1
+    assert classify(alone, tol=0.99).counts == only("decay")
 
 
 def test_complex_block_with_zero_freq_is_two_real_blocks():
@@ -217,3 +219,22 @@ def test_classification_dataclass_fields():
     c = classify(generator_of([(0.0, 1.0, 1)]))
     assert isinstance(c, Classification)
     assert c.num_blocks == 1 and c.blocks == [(0.0, 1.0, 1)] and c.names == ["rotation"]
+
+
+# ------------------------------------------------------------------ the table of rows, once
+def test_rows_are_one_public_table():
+    import re
+
+    from liepos.classify import ROW_COLORS, ROWS, row_of
+
+    assert tuple(r.name for r in ROWS) == NAMES
+    assert list(ROW_COLORS) == list(NAMES)
+    assert all(re.fullmatch(r"#[0-9A-F]{6}", r.color) for r in ROWS)
+    assert len({r.color for r in ROWS}) == 6  # one distinct colour per row
+    # the condition of each row names the block SEED_ROWS gives it
+    for name, (rate, freq, n) in SEED_ROWS.items():
+        assert row_of(int(np.sign(rate)), freq != 0, n) == name
+    # the rendered table carries the seeds' words of every row
+    text = str(classify(generator_of(list(SEED_ROWS.values()))))
+    for r in ROWS:
+        assert r.behaviour in text and r.known_as in text

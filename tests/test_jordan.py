@@ -281,8 +281,8 @@ def test_tol_merges_and_snaps():
     np.testing.assert_allclose(P @ canonical_form(merged) @ np.linalg.inv(P), X, atol=1e-3)
     # a slow rotation is a rotation by default, two NoPE dimensions with a coarse tol
     R = np.array([[0.0, 1e-4], [-1e-4, 0.0]])
-    assert real_jordan(R)[0] == [(0.0, 1e-4, 1)]
-    assert real_jordan(R, tol=1e-3)[0] == [(0.0, 0.0, 1), (0.0, 0.0, 1)]
+    assert real_jordan(R).blocks == [(0.0, 1e-4, 1)]
+    assert real_jordan(R, tol=1e-3).blocks == [(0.0, 0.0, 1), (0.0, 0.0, 1)]
 
 
 def test_tol_validation():
@@ -325,10 +325,10 @@ def test_input_errors(X, err, match):
 
 def test_accepts_tensors_and_lists():
     X = np.array([[-0.2, 0.9], [-0.9, -0.2]])
-    ref = real_jordan(X)[0]
-    assert real_jordan(torch.tensor(X))[0] == ref
-    assert_blocks_close(real_jordan(torch.tensor(X, dtype=torch.float32))[0], ref, atol=1e-6)
-    assert real_jordan(X.tolist())[0] == ref
+    ref = real_jordan(X).blocks
+    assert real_jordan(torch.tensor(X)).blocks == ref
+    assert_blocks_close(real_jordan(torch.tensor(X, dtype=torch.float32)).blocks, ref, atol=1e-6)
+    assert real_jordan(X.tolist()).blocks == ref
 
 
 def test_core_import_does_not_load_scipy_or_sympy():

@@ -10,8 +10,8 @@
 
 Two paths:
 
-* **exact** (every entry an int, ``fractions.Fraction`` or sympy Rational, or ``exact=True``):
-  sympy's ``Matrix.jordan_form``, converted to the real form; sizes and zero tests are exact.
+* **exact** (rational entries where that is cheap, or ``exact=True``): sympy's
+  ``Matrix.jordan_form``, converted to the real form; sizes and zero tests are exact.
 * **numeric** (floats, or ``exact=False``): scipy's real Schur form. Eigenvalues are clustered
   with a radius from their condition numbers, ``‖X‖_F`` and float64 eps (or ``tol``), the Schur
   form is reordered to isolate each cluster's invariant subspace, the cluster mean (which is as
@@ -19,14 +19,7 @@ Two paths:
   ``(X - λI)^k`` restricted to that subspace, and the chains are built there. A cluster whose
   rank sequence is not that of a nilpotent matrix is split at its widest gap and tried again.
 
->>> import numpy as np
->>> X = np.array([[0.0, 2.0], [-2.0, 0.0]])
->>> blocks, P = real_jordan(X)
->>> blocks
-[(0.0, 2.0, 1)]
->>> J = canonical_form(blocks)
->>> bool(np.allclose(P @ J @ np.linalg.inv(P), X))
-True
+The identity ``X P = P J`` is checked in :func:`real_jordan`'s doctest.
 """
 
 from __future__ import annotations
@@ -44,39 +37,87 @@ __all__ = ["real_jordan", "canonical_form"]
 Block = tuple[float, float, int]
 
 _EPS = float(np.finfo(np.float64).eps)
-_AUTO_EXACT_MAX_DIM = 32  # above this, rational input takes the numeric path unless exact=True
+# above this, rational input takes the numeric path unless exact=True: sympy's Jordan form of a
+# 20×20 integer matrix took 28–88 s, of 32×32 more than 900 s (issue 13). With rational
+# eigenvalues 8×8 takes 0.2 s; square-root eigenvalues cost more (0.25 s at 4×4, 1.5 s at 6×6,
+# 2.8 s at 8×8 with one quadratic factor, 45 s with a repeated one), so they stop at 4×4.
+_AUTO_EXACT_MAX_DIM = 8
+_AUTO_EXACT_SURD_DIM = 4
+# entries beyond 2^±500 are scaled by a power of two first: ‖X‖_F² stays finite (at 1e154 it
+# overflowed and every rate was dropped, issue 13)
+_SCALE_FREE_EXPONENT = 500
 
 
 # ---------------------------------------------------------------------------------------------
 # public entry points
 # ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JordanForm:
+    """``X = P J P^{-1}``: the canonical blocks of J, the basis P, and how they were obtained.
+
+    Attributes:
+        blocks: ``(rate, freq, size)`` per block, ``freq >= 0`` (the blocks of J, in order).
+        basis: P, a real invertible float64 matrix with ``X = P J P^{-1}``.
+        exact: whether the zero tests were exact (the sympy path).
+        signs: per block, (sign of the rate: −1, 0 or 1; whether the frequency is non-zero), as
+            decided by the zero tests (exact, or within ``zero_tol``).
+        zero_tol: the absolute tolerance under which a rate counted as 0 (0.0 when exact).
+        noise: the relative backward error the numeric path assumed for X (0.0 when exact).
+
+    Unpacks as ``blocks, P = real_jordan(X)``.
+
+    >>> X = np.array([[0.0, 2.0], [0.0, 0.0]])
+    >>> form = real_jordan(X)
+    >>> P, J = form.basis, canonical_form(form.blocks)
+    >>> form.blocks, form.signs, bool(np.allclose(P @ J @ np.linalg.inv(P), X))
+    ([(0.0, 0.0, 2)], [(0, False)], True)
+    """
+
+    blocks: list[Block]
+    basis: np.ndarray
+    exact: bool
+    signs: list[tuple[int, bool]] = field(default_factory=list)
+    zero_tol: float = 0.0
+    noise: float = 0.0
+
+    def __iter__(self):
+        return iter((self.blocks, self.basis))
+
+
 def real_jordan(
-    X: Any, *, tol: float | None = None, exact: bool | None = None
-) -> tuple[list[Block], np.ndarray]:
+    X: Any, *, tol: float | None = None, noise: float | None = None, exact: bool | None = None
+) -> JordanForm:
     """The real Jordan decomposition ``X = P J P^{-1}`` of a real square matrix.
 
     Args:
-        X: a real square matrix: numpy array, torch tensor, or nested lists of ints, floats,
-            ``fractions.Fraction`` or sympy numbers.
+        X: a real square matrix: numpy array, torch tensor (any floating dtype, bfloat16 included),
+            or nested lists of ints, floats, ``fractions.Fraction`` or sympy numbers.
         tol: absolute tolerance of the numeric path: eigenvalues closer than ``tol`` are one
             eigenvalue (single linkage; a pair with ``|Im λ| <= tol`` is real), rates within
             ``tol`` of 0 are 0, and singular values of ``(X - λI)^k`` below ``tol^k`` count as
-            zero. Default (with ``η = eps·‖X‖_F``, ``κ_i`` the condition number of eigenvalue
-            ``λ_i``): ``λ_i`` and ``λ_j`` are one eigenvalue when
-            ``|λ_i - λ_j| <= ρ_i + ρ_j + 64·d·η`` with ``ρ_i = min(10·κ_i·η, eps^(1/8)·‖X‖_F)``
-            (a defective cluster, spread by about δ^(1/n), has κ·η of that order); a cluster
-            whose Jordan chains do not reproduce it within ``sqrt(eps)·‖X‖_F`` is split at its
-            widest gap; a rate is 0 when ``|λ| <= max(1000·d·η, 1000·η/s)`` (capped at
-            ``sqrt(eps)·‖X‖_F``; ``s``: LAPACK's reciprocal condition number of the cluster
-            mean); singular values of ``N^k`` count when above
+            zero.
+        noise: the relative backward error δ the numeric path assumes for X (X is known to within
+            ``δ·‖X‖_F``; default: float64 eps, i.e. X is exact up to rounding). Default rules (with
+            ``η = max(eps, δ)·‖X‖_F``, ``κ_i`` the condition number of eigenvalue ``λ_i``):
+            ``λ_i`` and ``λ_j`` are one eigenvalue when ``|λ_i - λ_j| <= ρ_i + ρ_j + 64·d·η``
+            with ``ρ_i = min(10·κ_i·η, max(eps^(1/8), δ^(1/d))·‖X‖_F)`` (an n-fold defective
+            eigenvalue perturbed by δ spreads by about ``δ^(1/n)‖X‖``, and κ·η is of that order);
+            a cluster whose Jordan chains do not reproduce it within
+            ``max(sqrt(eps)·‖X‖_F, 10·η)`` is split at its widest gap; a rate is 0 when
+            ``|λ| <= max(1000·d·η₀, 1000·η₀/s, 10·η/s)`` (η₀ = eps·‖X‖_F; capped at
+            ``max(sqrt(eps)·‖X‖_F, 10·η)``; ``s``: LAPACK's reciprocal condition number of the
+            cluster mean); singular values of ``N^k`` count when above
             ``100·d·k·η·max(1, ‖N‖)^(k-1)``. Scale invariant: ``real_jordan(c·X)`` has rates and
-            frequencies ``c`` times those of ``X``.
-        exact: ``True`` forces the exact sympy path (floats are converted exactly), ``False``
-            the numeric path; default: exact when every entry is rational and ``dim <= 32``.
+            frequencies ``c`` times those of ``X``; entries beyond ``2^±500`` are scaled by a
+            power of two first (exactly), so no norm overflows, even at ``|X_ij| ~ 1e300``.
+        exact: ``True`` forces the exact sympy path (floats are converted exactly; it can take
+            minutes for d > 8 and irreducible factors of degree ≥ 3), ``False`` the numeric
+            path; default: exact when every entry is rational and sympy is cheap: ``dim <= 8``
+            with rational eigenvalues, or ``dim <= 4`` with simple quadratic factors of the
+            characteristic polynomial too; numeric otherwise.
 
     Returns:
-        ``(blocks, P)``: ``blocks`` lists ``(rate, freq, size)`` with ``freq >= 0``; ``P`` is a
-        real invertible float64 matrix with ``X = P J P^{-1}``, ``J = canonical_form(blocks)``.
+        a :class:`JordanForm`; ``blocks, P = real_jordan(X)`` unpacks its blocks and basis.
 
     >>> blocks, P = real_jordan([[1, 1], [0, 1]])      # ints: the exact path
     >>> blocks
@@ -89,8 +130,23 @@ def real_jordan(
     >>> bool(np.allclose(X @ P, P @ canonical_form(blocks)))
     True
     """
-    blocks, P, _ = _decompose(X, tol=tol, exact=exact)
-    return blocks, P
+    tol = _check_tolerance("tol", tol)
+    noise = _check_tolerance("noise", noise)
+    if exact not in (None, True, False):
+        raise TypeError(f"exact must be None, True or False, got {exact!r}")
+    A, rational = _parse(X)
+    d = A.shape[0]
+    if exact is True:
+        if rational is None:
+            _check_finite(A)
+            rational = [[Fraction(float(v)) for v in row] for row in A.tolist()]
+        return _exact_path(rational, strict=True)
+    if exact is None and rational is not None and d <= _AUTO_EXACT_MAX_DIM and _cheap_exact(rational):
+        out = _exact_path(rational, strict=False)
+        if out is not None:
+            return out
+    _check_finite(A)
+    return _scaled_numeric_path(A, tol, _EPS if noise is None else max(noise, _EPS))
 
 
 def canonical_form(blocks: list[Block]) -> np.ndarray:
@@ -123,16 +179,6 @@ def canonical_form(blocks: list[Block]) -> np.ndarray:
                     J[off + j, off + j + 1] = 1.0
         off += width
     return J
-
-
-@dataclass
-class _Info:
-    """How a decomposition was obtained (used by classify)."""
-
-    exact: bool
-    # per block: (sign of the rate: -1, 0, 1; whether the frequency is non-zero)
-    signs: list[tuple[int, bool]] = field(default_factory=list)
-    zero_tol: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +234,7 @@ def _parse(X: Any) -> tuple[np.ndarray | None, list[list[Any]] | None]:
         if X.dtype == torch.bool:
             raise TypeError("X must contain real numbers, got a bool tensor")
         X = X.detach().cpu()
-        X = X.numpy() if X.is_floating_point() else X.to(torch.int64).numpy()
+        X = (X.to(torch.float64) if X.is_floating_point() else X.to(torch.int64)).numpy()  # bf16 too
     if isinstance(X, np.ndarray) and X.dtype != object:
         kind = X.dtype.kind
         if kind == "c":
@@ -253,28 +299,30 @@ def _check_finite(A: np.ndarray) -> None:
         raise ValueError(f"X must be finite; non-finite entries (row, col)=value: {where}{more}")
 
 
-def _decompose(
-    X: Any, *, tol: float | None = None, exact: bool | None = None
-) -> tuple[list[Block], np.ndarray, _Info]:
-    if tol is not None:
-        tol = float(tol)
-        if not math.isfinite(tol) or tol < 0:
-            raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
-    if exact not in (None, True, False):
-        raise TypeError(f"exact must be None, True or False, got {exact!r}")
-    A, rational = _parse(X)
-    d = A.shape[0]
-    if exact is True:
-        if rational is None:
-            _check_finite(A)
-            rational = [[Fraction(float(v)) for v in row] for row in A.tolist()]
-        return _exact_path(rational, strict=True)
-    if exact is None and rational is not None and d <= _AUTO_EXACT_MAX_DIM:
-        out = _exact_path(rational, strict=False)
-        if out is not None:
-            return out
-    _check_finite(A)
-    return _numeric_path(A, tol)
+def _check_tolerance(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _cheap_exact(rational: list[list[Any]]) -> bool:
+    """Whether sympy's Jordan form is cheap (see :data:`_AUTO_EXACT_MAX_DIM`): the characteristic
+    polynomial factors over ℚ into linear factors (rational eigenvalues, any multiplicity), or,
+    up to 4×4, also simple quadratic ones (a conjugate pair or two real square roots). Cubic and
+    higher factors bring nested radicals whose simplification takes minutes."""
+    import sympy as sp
+
+    lam = sp.Symbol("lam")
+    _, factors = sp.factor_list(sp.Matrix(rational).charpoly(lam).as_expr(), lam)
+    degrees = [(sp.degree(f, lam), m) for f, m in factors]
+    if all(deg == 1 for deg, _ in degrees):
+        return True
+    return len(rational) <= _AUTO_EXACT_SURD_DIM and all(deg == 1 or (deg, m) == (2, 1) for deg, m in degrees)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,15 +369,15 @@ def _order(items: list[tuple[Block, np.ndarray, tuple[int, bool]]]):
     return sorted(items, key=lambda it: (-it[0][1], -it[0][0], -it[0][2]))
 
 
-def _assemble(items, d: int, info: _Info) -> tuple[list[Block], np.ndarray, _Info]:
+def _assemble(items, d: int, *, exact: bool, zero_tol: float = 0.0, noise: float = 0.0) -> JordanForm:
+    """A :class:`JordanForm` from ``(block, chain columns, signs)`` items, in canonical order."""
     items = _order(items)
     blocks = [b for b, _, _ in items]
-    P = np.concatenate([c for _, c, _ in items], axis=1) if items else np.zeros((d, 0))
-    info.signs = [s for _, _, s in items]
+    P = np.concatenate([c for _, c, _ in items], axis=1) if items else np.zeros((d, 0))  # (d, d)
     P = P + 0.0  # no negative zeros
     if P.shape != (d, d):  # pragma: no cover - an internal invariant
         raise RuntimeError(f"real_jordan built a basis of shape {P.shape} for a {d}x{d} matrix")
-    return blocks, P, info
+    return JordanForm(blocks, P, exact, [s for _, _, s in items], zero_tol, noise)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +439,7 @@ def _exact_path(rational: list[list[Any]], *, strict: bool):
         cols = _normalize_chain(chain, im_sign > 0)
         items.append(((rate, freq, n), cols, (re_sign, im_sign > 0)))
         i += n
-    return _assemble(items, d, _Info(exact=True, zero_tol=0.0))
+    return _assemble(items, d, exact=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,33 +525,22 @@ def _eig_condition(Tc: np.ndarray) -> np.ndarray:
     return kappa
 
 
-class _UnionFind:
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
+def _components(link: np.ndarray) -> list[list[int]]:
+    """Connected components of the graph with adjacency ``link`` (m, m), ordered by first member."""
+    from scipy.sparse.csgraph import connected_components
 
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def union(self, i: int, j: int) -> None:
-        a, b = self.find(i), self.find(j)
-        if a != b:
-            self.parent[max(a, b)] = min(a, b)
-
-    def groups(self, members) -> list[list[int]]:
-        out: dict[int, list[int]] = {}
-        for i in members:
-            out.setdefault(self.find(i), []).append(i)
-        return list(out.values())
+    _, labels = connected_components(link, directed=False)
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(labels.tolist()):
+        groups.setdefault(g, []).append(i)
+    return list(groups.values())
 
 
 def _split_widest(w: np.ndarray, members: list[int]) -> list[list[int]]:
     """Single-linkage components of ``members`` with the longest spanning-tree edges removed."""
     m = len(members)
     z = w[members]
-    dist = np.abs(z[:, None] - z[None, :])
+    dist = np.abs(z[:, None] - z[None, :])  # (m, m) pairwise distances
     # Prim's algorithm for the minimum spanning tree edge lengths
     in_tree = np.zeros(m, bool)
     in_tree[0] = True
@@ -515,12 +552,7 @@ def _split_widest(w: np.ndarray, members: list[int]) -> list[list[int]]:
         longest = max(longest, float(best_masked[j]))
         in_tree[j] = True
         best = np.minimum(best, dist[j])
-    uf = _UnionFind(m)
-    for a in range(m):
-        for b in range(a + 1, m):
-            if dist[a, b] < longest * (1 - 1e-12):
-                uf.union(a, b)
-    return [[members[k] for k in g] for g in uf.groups(range(m))]
+    return [[members[k] for k in g] for g in _components(dist < longest * (1 - 1e-12))]
 
 
 def _ranks(N: np.ndarray, thresholds) -> list[int] | None:
@@ -566,6 +598,7 @@ def _chains(N: np.ndarray, ranks: list[int]) -> list[np.ndarray]:
         if c > 0:
             K = kernels[k]
             W = np.concatenate(
+                # the kernel and each inherited vector as an (m, 1) column
                 [kernels[k - 1]] + [v[:, None] / max(np.linalg.norm(v), 1e-300) for v in level],
                 axis=1,
             )
@@ -607,13 +640,39 @@ def _chains_fit(N: np.ndarray, chains: list[np.ndarray], fit_tol: float) -> bool
     return bool(math.isfinite(err) and err <= fit_tol)
 
 
-def _numeric_path(A: np.ndarray, tol: float | None) -> tuple[list[Block], np.ndarray, _Info]:
+def _scaled_numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
+    """The numeric path, on ``2^-k A`` with ``max|A_ij|`` in [½, 1) when the entries are beyond
+    ``2^±_SCALE_FREE_EXPONENT`` (so ‖A‖² neither overflows nor underflows); the scaling is exact.
+
+    ``A = 2^k A'`` and ``A' P' = P' J'`` give ``A P = P J`` with rates and frequencies ``2^k`` those of
+    J', and each Jordan chain's j-th vector scaled by ``2^(−kj)`` (the ones above the diagonal).
+    """
+    peak = float(np.abs(A).max())
+    k = math.frexp(peak)[1] if peak > 0.0 else 0
+    if abs(k) <= _SCALE_FREE_EXPONENT:
+        return _numeric_path(A, tol, noise)
+    form = _numeric_path(np.ldexp(A, -k), None if tol is None else math.ldexp(tol, -k), noise)
+    P = form.basis.copy()
+    off = 0
+    for _, freq, n in form.blocks:
+        w = 2 if freq != 0 else 1  # columns per chain vector
+        chain = P[:, off:off + w * n]  # (d, w·n), a view
+        for j in range(1, n):
+            chain[:, w * j:w * (j + 1)] = np.ldexp(chain[:, w * j:w * (j + 1)], -k * j)
+        chain /= np.linalg.norm(chain, axis=0).max()
+        off += w * n
+    blocks = [(math.ldexp(r, k), math.ldexp(f, k), n) for r, f, n in form.blocks]
+    return JordanForm(blocks, P, False, form.signs, math.ldexp(form.zero_tol, k), noise)
+
+
+def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
     from scipy.linalg import lapack, rsf2csf, schur
 
     d = A.shape[0]
     normX = float(np.linalg.norm(A))
-    eta = _EPS * normX
-    zero_tol_default = 1000.0 * d * eta
+    eta0 = _EPS * normX  # rounding
+    eta = noise * normX  # the assumed backward error (>= rounding)
+    zero_tol_default = max(1000.0 * d * eta0, 10.0 * eta)
 
     # already canonical (and no tolerance to merge with): P = I
     canon = _canonical_parse(A) if tol is None else None
@@ -626,9 +685,7 @@ def _numeric_path(A: np.ndarray, tol: float | None) -> tuple[list[Block], np.nda
             cols = np.eye(d)[:, off:off + width]
             items.append(((lam, om, n), cols, (int(np.sign(lam)), om != 0)))
             off += width
-        blocks = [b for b, _, _ in items]
-        return blocks, np.eye(d), _Info(exact=False, signs=[s for _, _, s in items],
-                                        zero_tol=zero_tol_default)
+        return _assemble(items, d, exact=False, zero_tol=zero_tol_default, noise=noise)
 
     T, Z = schur(A, output="real")
     w, partner = _real_schur_eigs(T)
@@ -637,27 +694,24 @@ def _numeric_path(A: np.ndarray, tol: float | None) -> tuple[list[Block], np.nda
     kappa = np.maximum(kappa, kappa[partner])  # λ and its conjugate have one condition number
 
     # --- clustering: λ_i ~ λ_j when their uncertainty discs touch
-    uf = _UnionFind(d)
     if tol is None:
-        cap = normX * _EPS ** 0.125
+        cap = normX * max(_EPS ** 0.125, noise ** (1.0 / d))
         rho = np.minimum(10.0 * kappa * eta, cap)
         floor = 64.0 * d * eta
-        radius = rho[:, None] + rho[None, :] + floor
+        radius = rho[:, None] + rho[None, :] + floor  # (d, d)
     else:
         radius = np.full((d, d), tol)
-    dist = np.abs(w[:, None] - w[None, :])
+    dist = np.abs(w[:, None] - w[None, :])  # (d, d) pairwise distances
     link = dist <= radius
     for i in range(d):  # a pair within the radius of the real axis is a real eigenvalue
         if partner[i] != i and 2 * abs(w[i].imag) <= (
             radius[i, partner[i]] if tol is None else 2 * tol
         ):
             link[i, partner[i]] = link[partner[i], i] = True
-    for i, j in zip(*np.nonzero(np.triu(link, 1))):
-        uf.union(int(i), int(j))
-    clusters = uf.groups(range(d))
+    clusters = _components(link)
 
     # a cluster's chains must reproduce its restriction B = μI + N this well (else: split it)
-    fit_tol = math.sqrt(_EPS) * normX if tol is None else max(math.sqrt(_EPS) * normX, 10 * tol)
+    fit_tol = max(math.sqrt(_EPS) * normX, 10.0 * eta, 0.0 if tol is None else 10.0 * tol)
 
     def rank_thresholds(k: int, normN: float) -> float:
         t = 100.0 * d * k * eta * normN ** (k - 1)
@@ -730,9 +784,10 @@ def _numeric_path(A: np.ndarray, tol: float | None) -> tuple[list[Block], np.nda
         if tol is not None:
             zero_tol = tol
         else:
+            cond = max(float(s_recip), 1e-300)
             zero_tol = min(
-                max(1000.0 * eta / max(float(s_recip), 1e-300), zero_tol_default),
-                math.sqrt(_EPS) * normX,
+                max(1000.0 * eta0 / cond, 10.0 * eta / cond, zero_tol_default),  # ≥ 10η
+                max(math.sqrt(_EPS) * normX, 10.0 * eta),
             )
         rate = float(np.real(mu))
         if abs(rate) <= zero_tol:
@@ -741,5 +796,5 @@ def _numeric_path(A: np.ndarray, tol: float | None) -> tuple[list[Block], np.nda
         for chain in chains:
             cols = _normalize_chain(Qs @ chain, not is_real)
             items.append(((rate, freq, chain.shape[1]), cols, (int(np.sign(rate)), freq != 0)))
-    return _assemble(items, d, _Info(exact=False, zero_tol=tol if tol is not None
-                                     else zero_tol_default))
+    return _assemble(items, d, exact=False, noise=noise,
+                     zero_tol=tol if tol is not None else zero_tol_default)

@@ -2,17 +2,15 @@
 
 A generator ``X = P J P^{-1}`` (``J``: canonical real Jordan blocks (rate λ, frequency ω, size n))
 gives ``A(u) = exp(uX) = P exp(uJ) P^{-1}``, so the behaviour of ``A(u)`` along the lag is the
-behaviour of its blocks, whatever the basis P. Six rows exhaust the possibilities:
+behaviour of its blocks, whatever the basis P. Six rows exhaust the possibilities; they are
+defined once, in :data:`ROWS` (name, block condition, the seeds' words, a colour for figures):
 
-* ``growth``: λ > 0 (any ω, n): explodes; forbidden (refused unless asked for);
-* ``nope``: λ = 0, ω = 0, n = 1: nothing; NoPE;
-* ``decay``: λ < 0, ω = 0, n = 1: fades; decay (linear attention, SSMs);
-* ``rotation``: λ = 0, ω ≠ 0, n = 1: spins, the circle; RoPE;
-* ``damped_rotation``: λ < 0, ω ≠ 0, n = 1: spins + fades, the spiral; xPos, RetNet;
-* ``polynomial``: λ ≤ 0, n ≥ 2 (any ω): grows polynomially, the slide; ALiBi (size 2 with slots).
+>>> [(r.name, r.block) for r in ROWS][:2]
+[('growth', 'λ > 0 (any ω, n)'), ('nope', 'λ = 0, ω = 0, n = 1')]
 
-Zero tests are exact for rational input (the sympy path of :func:`liepos._jordan.real_jordan`)
-and use a tolerance for floating-point input.
+Zero tests are exact for cheap rational input (the sympy path of
+:func:`liepos._jordan.real_jordan`) and use a tolerance relative to the scale of X otherwise
+(:func:`classify`).
 
 >>> c = classify([[0, 1], [-1, 0]])      # ints: exact; X = P J P^{-1} with P = I
 >>> c.counts['rotation'], c.blocks
@@ -25,34 +23,73 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from liepos._jordan import _decompose
+from liepos._jordan import real_jordan
 from liepos.generator import Generator
 
-__all__ = ["Classification", "classify", "NAMES"]
+__all__ = ["Row", "ROWS", "NAMES", "ROW_COLORS", "row_of", "Classification", "classify",
+           "DEFAULT_TOL", "GENERATOR_TOL"]
 
-NAMES: tuple[str, ...] = (
-    "growth", "nope", "decay", "rotation", "damped_rotation", "polynomial",
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the seeds' table: a kind of canonical block (rate λ, frequency ω, size n).
+
+    Attributes:
+        name: the name classify gives the block (a key of ``Classification.counts``).
+        block: the condition on (λ, ω, n), as text.
+        eigenvalues, behaviour, picture, known_as: the seeds' words for the row.
+        color: the row's colour in figures (Okabe–Ito, colour-blind safe).
+    """
+
+    name: str
+    block: str
+    eigenvalues: str
+    behaviour: str
+    picture: str
+    known_as: str
+    color: str
+
+
+# The seeds' six rows, in the order of their table; every figure, table and count uses these.
+ROWS: tuple[Row, ...] = (
+    Row("growth", "λ > 0 (any ω, n)", "Re λ > 0", "explodes", "—", "— (forbidden)", "#D55E00"),
+    Row("nope", "λ = 0, ω = 0, n = 1", "real, zero", "nothing", "—", "NoPE", "#7F7F7F"),
+    Row("decay", "λ < 0, ω = 0, n = 1", "real, negative", "fades", "fade", "decay", "#0072B2"),
+    Row("rotation", "λ = 0, ω ≠ 0, n = 1", "imaginary, ±iω", "spins", "circle", "RoPE", "#009E73"),
+    Row("damped_rotation", "λ < 0, ω ≠ 0, n = 1", "complex, Re λ < 0", "spins + fades", "spiral",
+        "xPos/RetNet", "#CC79A7"),
+    Row("polynomial", "λ ≤ 0, n ≥ 2 (any ω)", "defective (n ≥ 2)", "grows polynomially (the slide)",
+        "slide", "ALiBi", "#E69F00"),
 )
+NAMES: tuple[str, ...] = tuple(r.name for r in ROWS)
+ROW_COLORS: dict[str, str] = {r.name: r.color for r in ROWS}
+_ROW = {r.name: r for r in ROWS}
 
-# name -> (eigenvalues, behaviour, picture, known as): the seeds' table
-_ROWS: dict[str, tuple[str, str, str, str]] = {
-    "growth": ("Re λ > 0", "explodes", "—", "— (forbidden)"),
-    "nope": ("real, zero", "nothing", "—", "NoPE"),
-    "decay": ("real, negative", "fades", "fade", "decay"),
-    "rotation": ("imaginary, ±iω", "spins", "circle", "RoPE"),
-    "damped_rotation": ("complex, Re λ < 0", "spins + fades", "spiral", "xPos/RetNet"),
-    "polynomial": ("defective (n ≥ 2)", "grows polynomially (the slide)", "slide", "ALiBi"),
-}
+_EPS = float(np.finfo(np.float64).eps)
+# A matrix is taken as known to about 8 digits: its entries may carry noise of sqrt(eps)·‖X‖ (a
+# 3×3 Jordan block plus 1e-9 noise is still one polynomial block; an n-fold eigenvalue perturbed
+# by δ spreads by δ^(1/n), which the clustering of real_jordan allows for).
+DEFAULT_TOL = math.sqrt(_EPS)
+# A Generator's blocks are given, not computed: only rounding (64 ulps of the scale) is zero.
+GENERATOR_TOL = 64.0 * _EPS
 
 Block = tuple[float, float, int]
 
 
-def _name(rate_sign: int, freq_nonzero: bool, n: int) -> str:
+def row_of(rate_sign: int, freq_nonzero: bool, size: int) -> str:
+    """The name of the row a block belongs to, from the sign of its rate, whether its frequency is
+    non-zero, and its size (the conditions of :data:`ROWS`).
+
+    >>> one_per_row = [(1, False, 1), (0, False, 1), (-1, False, 1), (0, True, 1), (-1, True, 1), (0, True, 2)]
+    >>> [row_of(*b) for b in one_per_row] == list(NAMES)
+    True
+    """
     if rate_sign > 0:
         return "growth"
-    if n >= 2:
+    if size >= 2:
         return "polynomial"
     if freq_nonzero:
         return "rotation" if rate_sign == 0 else "damped_rotation"
@@ -70,7 +107,7 @@ class Classification:
         names: the name of each block, aligned with ``blocks``.
         dim: the dimension d of X (per head).
         exact: whether the zero tests were exact (rational input through sympy).
-        tol: the tolerance of the zero tests (0.0 when exact).
+        tol: the relative tolerance of the zero tests (see :func:`classify`; 0.0 when exact).
         num_heads: the heads axis of a generator, or ``None``.
         num_slots: constant slots of an encoding (ALiBi's bias), 0 if none.
         source: ``"matrix"``, ``"generator"`` or ``"encoding"``.
@@ -161,7 +198,7 @@ class Classification:
         return "; ".join(parts)
 
     def __str__(self) -> str:
-        mode = "exact" if self.exact else f"numeric, zero tol {self.tol:.2g}"
+        mode = "exact" if self.exact else f"numeric, tol {self.tol:.2g} of the scale"
         heads = "" if self.num_heads is None else f" × {self.num_heads} heads"
         plural = "" if self.num_blocks == 1 else "s"
         title = (
@@ -172,7 +209,8 @@ class Classification:
                   "rates / freqs")
         dims = self.dims
         rows = [
-            (name, *_ROWS[name], str(self.counts[name]), str(dims[name]), self._summary(name))
+            (name, _ROW[name].eigenvalues, _ROW[name].behaviour, _ROW[name].picture,
+             _ROW[name].known_as, str(self.counts[name]), str(dims[name]), self._summary(name))
             for name in NAMES
         ]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -203,7 +241,7 @@ def _build(blocks_signs, dim, **kw) -> Classification:
     widths: list[int] = []
     for (rate, freq, n), (rs, fz) in blocks_signs:
         blocks.append((float(rate), float(freq), int(n)))
-        names.append(_name(rs, fz, int(n)))
+        names.append(row_of(rs, fz, int(n)))
         widths.append(int(n) * (2 if fz else 1))
     counts = dict.fromkeys(NAMES, 0)
     for k in names:
@@ -212,20 +250,20 @@ def _build(blocks_signs, dim, **kw) -> Classification:
                           widths=widths, **kw)
 
 
-def _from_generator(g: Generator, tol: float | None, **kw) -> Classification:
+def _from_generator(g: Generator, tol: float, **kw) -> Classification:
     nb = g.num_blocks
-    rates = g.rates.detach().to(torch.float64).reshape(-1, nb).tolist()
-    freqs = g.freqs.detach().to(torch.float64).reshape(-1, nb).tolist()
-    if tol is None:
-        scale = max([1.0] + [abs(v) for row in rates + freqs for v in row])
-        tol = 64.0 * 2.0**-52 * scale
+    rates = g.rates.detach().to(torch.float64).reshape(-1, nb).tolist()  # (heads or 1, blocks)
+    freqs = g.freqs.detach().to(torch.float64).reshape(-1, nb).tolist()  # (heads or 1, blocks)
+    # the scale of X: its largest rate or frequency, and 1 when a Jordan chain puts ones in X
+    scale = max([abs(v) for row in rates + freqs for v in row] + [1.0 if max(g.sizes) > 1 else 0.0])
+    zero = tol * scale
     out = []
     for rr, ww in zip(rates, freqs):
         for i in range(nb):
             lam, om, n = rr[i], ww[i], g.sizes[i]
-            rs = 0 if abs(lam) <= tol else (1 if lam > 0 else -1)
+            rs = 0 if abs(lam) <= zero else (1 if lam > 0 else -1)
             lam = 0.0 if rs == 0 else float(lam)
-            fz = abs(om) > tol
+            fz = abs(om) > zero
             if g.complex[i] and not fz:  # a complex block with ω = 0 is two real blocks
                 out += [((lam, 0.0, n), (rs, False))] * 2
             else:
@@ -233,43 +271,67 @@ def _from_generator(g: Generator, tol: float | None, **kw) -> Classification:
     return _build(out, g.dim, exact=False, tol=float(tol), num_heads=g.num_heads, **kw)
 
 
-def classify(x: Any, *, tol: float | None = None) -> Classification:
+def _num_slots(x: Any) -> int:
+    slots = getattr(x, "num_slots", 0)
+    try:
+        return max(int(slots() if callable(slots) else slots or 0), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def classify(x: Any, *, tol: float | None = None, exact: bool | None = None) -> Classification:
     """Name the blocks of the generator ``X = P J P^{-1}`` by the rows of the seeds' table.
 
+    What ``tol`` means: a **relative** tolerance, the size of what counts as zero measured against
+    the scale of X, so ``classify(c·X, tol=τ)`` names the same blocks for every ``c > 0``.
+
+    * a matrix: X is taken as known to within ``tol·‖X‖_F`` (its backward error, ``noise`` of
+      :func:`liepos._jordan.real_jordan`). Eigenvalues whose uncertainty discs (``10·κ·tol·‖X‖``,
+      κ the eigenvalue's condition number) touch are one eigenvalue, so an n-fold defective
+      eigenvalue split by noise of size ``tol`` (it spreads by ``tol^(1/n)·‖X‖``) is recognised as
+      one Jordan block; a rate is 0 when within about ``10·tol·‖X‖`` of 0 (divided by the
+      eigenvalue's reciprocal condition number). Default :data:`DEFAULT_TOL` = sqrt(eps) ≈ 1.5e-8:
+      X is known to about 8 digits (a 3×3 Jordan block plus 1e-9 noise is ``polynomial``).
+      Rational entries (ints, fractions) are decided exactly (sympy) where that is cheap (d ≤ 8
+      with rational eigenvalues, d ≤ 4 with simple square roots), as is every matrix with
+      ``exact=True``.
+    * a Generator or encoding: its blocks are given; a rate or frequency is 0 when within
+      ``tol·scale`` of 0, ``scale`` the largest ``|λ|``, ``|ω|`` (and 1 when a block has n ≥ 2).
+      Default :data:`GENERATOR_TOL` = 64·eps.
+
     Args:
-        x: a real square matrix (anything :func:`liepos._jordan.real_jordan` takes: numpy,
-            torch, nested lists of floats, ints, fractions or sympy rationals), a
+        x: a real square matrix (anything :func:`liepos._jordan.real_jordan` takes: numpy, torch of
+            any floating dtype, nested lists of floats, ints, fractions or sympy rationals), a
             :class:`liepos.Generator` (its blocks; every head when it has a heads axis), or an
-            encoding (any object with a ``.generator`` that is a Generator; its ``num_slots``,
-            if any, is reported).
-        tol: the zero tolerance: a rate or frequency within ``tol`` of 0 is 0. Default: for a
-            matrix, the one of ``real_jordan`` (derived from ``‖X‖`` and float64 eps; exact zero
-            tests for rational input); for a generator, ``64·eps·max(1, |λ|, |ω|)``.
+            encoding (any object with a ``.generator`` that is a Generator; its ``num_slots``, if
+            any, is reported).
+        tol: the relative zero tolerance above (a finite number ≥ 0).
+        exact: for a matrix, ``True`` forces the exact sympy path, ``False`` the numeric one.
 
     Returns:
         a :class:`Classification`; ``str()`` of it is the seeds' table for this generator.
 
     >>> import numpy as np
     >>> c = classify(np.array([[-0.2, 0.9], [-0.9, -0.2]]))
-    >>> c.names
-    ['damped_rotation']
-    >>> classify([[0.0, 1.0], [0.0, 0.0]]).counts['polynomial']
-    1
+    >>> c.names, classify(1e200 * np.array([[-0.2, 0.9], [-0.9, -0.2]])).names   # scale-free
+    (['damped_rotation'], ['damped_rotation'])
+    >>> J = np.diag([1.0, 1.0], 1) + 1e-9 * np.random.default_rng(0).standard_normal((3, 3))
+    >>> classify(J).names, classify(J, tol=1e-15).counts['polynomial']  # 1e-9 < sqrt(eps): one block
+    (['polynomial'], 0)
     """
     if tol is not None:
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)):
+            raise TypeError(f"tol must be a real number, got {type(tol).__name__} {tol!r}")
         tol = float(tol)
         if not math.isfinite(tol) or tol < 0:
             raise ValueError(f"tol must be a finite number >= 0, got {tol!r}")
-    if isinstance(x, Generator):
-        return _from_generator(x, tol, source="generator")
-    gen = getattr(x, "generator", None) if not isinstance(x, torch.Tensor) else None
+    gen = x if isinstance(x, Generator) else (
+        None if isinstance(x, torch.Tensor) else getattr(x, "generator", None))
     if isinstance(gen, Generator):
-        slots = getattr(x, "num_slots", 0)
-        try:
-            slots = int(slots() if callable(slots) else slots or 0)
-        except (TypeError, ValueError):
-            slots = 0
-        return _from_generator(gen, tol, source="encoding", num_slots=max(slots, 0))
-    blocks, P, info = _decompose(x, tol=tol)
-    return _build(list(zip(blocks, info.signs)), P.shape[0], exact=info.exact,
-                  tol=float(info.zero_tol), source="matrix")
+        source = "generator" if gen is x else "encoding"
+        return _from_generator(gen, GENERATOR_TOL if tol is None else tol, source=source,
+                               num_slots=_num_slots(x) if gen is not x else 0)
+    rel = DEFAULT_TOL if tol is None else tol
+    form = real_jordan(x, noise=rel, exact=exact)
+    return _build(list(zip(form.blocks, form.signs)), form.basis.shape[0], exact=form.exact,
+                  tol=0.0 if form.exact else rel, source="matrix")

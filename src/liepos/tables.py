@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from liepos import _angles
 from liepos.generator import Generator
 from liepos.structure import Structure
 
@@ -57,35 +58,22 @@ _SPLITTER = 134217729.0  # 2^27 + 1 (Veltkamp)
 
 
 def _two_prod(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dekker's exact product: a·b = hi + lo exactly in float64 (no fma needed)."""
-    p = a * b
-    ca = _SPLITTER * a
-    ah = ca - (ca - a)
-    al = a - ah
-    cb = _SPLITTER * b
-    bh = cb - (cb - b)
-    bl = b - bh
-    err = ((ah * bh - p) + ah * bl + al * bh) + al * bl
-    return p, err
+    """Dekker's exact product: a·b = hi + lo exactly in float64 (see :mod:`liepos._angles`)."""
+    return _angles._two_prod(a, b)
 
 
 def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """``freq · pos`` reduced to [−π, π] in float64, with the product formed exactly.
+    """``freq · pos`` reduced to [−π, π] in float64, exactly for every finite float64 ω and t.
 
-    ``cos(reduced_angle(ω, t)) == cos(ω t)`` to float64 rounding of the *result*, even when
-    ``ω t`` is far larger than 2π (the naive float64 product loses ``|ω t| · 1e-16``).
+    :func:`liepos._angles.reduced_angle` (kept here for its callers): ``ω t − 2πk`` of the exact
+    product, within one ulp of the result.
 
-    >>> import torch
-    >>> w, t = torch.tensor([1.0], dtype=torch.float64), torch.tensor([2.0**31 - 1], dtype=torch.float64)
-    >>> abs(float(reduced_angle(w, t)) - (-2.3306794058326506)) < 1e-15
+    >>> import math, torch
+    >>> w, t = torch.tensor([1.0], dtype=torch.float64), torch.tensor([1e18], dtype=torch.float64)
+    >>> abs(math.sin(float(reduced_angle(w, t))) - (-0.99296932074040507621)) < 1e-15  # mpmath's sin(1e18)
     True
     """
-    freq = freq.to(torch.float64)
-    pos = pos.to(torch.float64)
-    hi, lo = _two_prod(freq, pos)
-    k = torch.round(hi / _TWO_PI)
-    r = ((hi - k * _C1) - k * _C2) - k * _C3
-    return r + lo
+    return _angles.reduced_angle(freq, pos)
 
 
 
