@@ -113,7 +113,7 @@ def _pyplot():
 
 def plot_lengths(results: dict, path: Path) -> None:
     """Loss against evaluation length, a line per row of the summary in its row's colour."""
-    from liepos.tour.figures import ROW_COLORS  # MERGE: liepos.classify
+    from liepos.classify import ROW_COLORS
 
     plt = _pyplot()
     cfg = results["config"]
@@ -156,7 +156,7 @@ def plot_learned(results: dict, path: Path) -> None:
     from matplotlib.lines import Line2D
 
     from liepos.explore.train import NEGLIGIBLE
-    from liepos.tour.figures import ROW_COLORS  # MERGE: liepos.classify
+    from liepos.classify import ROW_COLORS
 
     plt = _pyplot()
     tol = NEGLIGIBLE / max(results["config"]["eval_lens"])

@@ -22,20 +22,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from liepos.classify import ROW_COLORS  # one colour per row of the six, defined once with the rows
 from liepos.tour import sections as S
 
 __all__ = ["ROW_COLORS", "KINDS", "FORMATS", "require_matplotlib", "section_params", "figure", "save"]
 
-# one colour per row of the six (Okabe–Ito, colour-blind safe). The same table is being made public as
-# liepos.classify.ROW_COLORS (the precision branch); at the merge this dict becomes that import.
-ROW_COLORS: dict[str, str] = {
-    "growth": "#D55E00",  # vermillion: explodes
-    "nope": "#7F7F7F",  # grey: holds
-    "decay": "#0072B2",  # blue: fade
-    "rotation": "#009E73",  # green: circle
-    "damped_rotation": "#CC79A7",  # pink: spiral
-    "polynomial": "#E69F00",  # orange: slide
-}
 # series that are not rows (bases, maps, heads, pipelines): Paul Tol's muted scheme, dark enough on white
 SERIES_COLORS = ("#332288", "#117733", "#882255", "#44AA99", "#999933", "#AA4499", "#88CCEE", "#DDCC77")
 _DIVERGING = "RdBu_r"  # data of both signs, centred on 0
