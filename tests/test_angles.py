@@ -132,14 +132,15 @@ def test_rope_tables_at_1e18_are_the_exact_cosines():
                 assert abs(float(tab.a[i, 2 * j]) - want) < 1e-15
 
 
-def test_int64_times_past_2_53_are_rounded_to_the_nearest_float64():
-    """Times are float64: an int64 time past 2^53 is the float64 nearest it (documented), exact below."""
+def test_int64_times_past_2_53_are_refused_unless_float64_holds_them():
+    """Times are float64: an int64 time float64 cannot hold (past 2^53) is refused, never rounded."""
     enc = lp.rope(8)
     q = torch.randn(1, 1, 1, 8, dtype=F64)
     for t in (2**53 + 1, 2**60 + 3):
-        as_int = enc.query(q, torch.tensor([t], dtype=torch.int64))
-        nearest = enc.query(q, torch.tensor([float(t)], dtype=F64))
-        assert torch.equal(as_int, nearest)
+        with pytest.raises(ValueError, match="exactly representable"):
+            enc.query(q, torch.tensor([t], dtype=torch.int64))
+    # 2^60 is a float64: accepted, and equal to the float64 time
+    assert torch.equal(enc.query(q, torch.tensor([2**60], dtype=torch.int64)), enc.query(q, torch.tensor([2.0**60], dtype=F64)))
     exact = enc.query(q, torch.tensor([2**53 - 1], dtype=torch.int64))
     other = enc.query(q, torch.tensor([2**53 - 2], dtype=torch.int64))
     assert not torch.equal(exact, other)  # below 2^53 adjacent integer times stay apart

@@ -50,6 +50,13 @@ def as_positions(
         return t if axes is None else t.unsqueeze(-1).expand(seq, axes)  # (seq,) -> (seq, axes)
     if not isinstance(positions, torch.Tensor):
         try:
+            natural = torch.as_tensor(positions)  # Python ints stay int64 (checked for exactness below)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            natural = None
+        if natural is not None and natural.dtype == torch.int64:
+            positions = natural
+    if not isinstance(positions, torch.Tensor):
+        try:
             positions = torch.as_tensor(positions, dtype=torch.float64)
         except OverflowError as err:
             raise ValueError(f"{name} must be finite, got a value beyond float64: {describe(positions)}") from err
@@ -72,10 +79,31 @@ def as_positions(
     out = positions.to(torch.float64) if not positions.requires_grad else positions.double()
     if torch.compiler.is_compiling():  # no data-dependent checks inside a graph (fullgraph=True)
         return out
+    if not positions.dtype.is_floating_point:
+        _check_exact_integers(positions, out, name)
     if not bool(torch.isfinite(out.detach()).all()):
         bad = out.detach()[~torch.isfinite(out.detach())][:5].tolist()
         raise ValueError(f"{name} must be finite, got {bad}")
     return out
+
+
+# every integer of magnitude up to 2^53 is a float64; past it, adjacent integers would share a time
+_EXACT_INT = 2**53
+
+
+def _check_exact_integers(positions: torch.Tensor, out: torch.Tensor, name: str) -> None:
+    """Refuse integer times that float64 cannot hold exactly (|t| > 2^53 and not a float64): times are
+    float64 (DESIGN.md), and rounding them silently would give adjacent tokens the same time."""
+    far = positions.abs() > _EXACT_INT
+    if not bool(far.any()):
+        return
+    rounded = far & (out.to(torch.int64) != positions.to(torch.int64))
+    if bool(rounded.any()):
+        bad = positions[rounded][:3].tolist()
+        raise ValueError(
+            f"{name} must be exactly representable in float64 (integers up to 2^53 are), got {bad}: "
+            f"subtract an origin in integer arithmetic first (scores depend only on t - s)"
+        )
 
 
 def _slots(name: str, value: Any) -> torch.Tensor:

@@ -10,9 +10,10 @@ So applying F or G is: a per-dimension *diagonal-plus-partner* step ``z = a ⊙ 
 ``y[dst] += c · z[src]``. A :class:`Plan` holds the structural index arrays of an encoding (built
 once); :func:`build_tables` turns positions into the numeric ``a``, ``b`` and ``c`` tables.
 
-Precision: angles ω·t are formed as an exact double-double product and reduced modulo 2π with a
-three-part Cody–Waite constant, scales e^{λt} and polynomial coefficients in float64; the tables
-are cast once at the end. They never depend on the dtype of the query or key tensors.
+Precision: angles ω·t are reduced modulo 2π exactly for every finite float64 ω and t
+(:mod:`liepos._angles`: Cody–Waite near 0, a per-frequency split and Payne–Hanek far out), scales
+e^{λt} and polynomial coefficients are computed in float64; the tables are cast once at the end. They
+never depend on the dtype of the query or key tensors.
 
 Several position axes (a generator with ``axes=m``, positions ``(…, seq, m)``) use the same tables with
 the exponent ``Σ_a λ_a t_a``, the angle ``Σ_a ω_a t_a`` (each axis term reduced exactly) and the
@@ -34,34 +35,6 @@ __all__ = ["Plan", "Tables", "build_tables", "check_range", "make_plan", "reduce
 
 LAYOUTS = ("interleaved", "half")
 
-# 2π = _C1 + _C2 + _C3, with _C1 and _C2 holding 26 significant bits each so that k·_C1 and k·_C2
-# are exact for |k| < 2^27 (angles up to ~8e8 rad, i.e. positions past 2^31 at ω ≤ 0.4).
-_TWO_PI = 2.0 * math.pi
-
-
-def _split26(x: float) -> float:
-    m, e = math.frexp(x)
-    return math.ldexp(math.floor(m * 2.0**26) / 2.0**26, e)
-
-
-_C1 = _split26(_TWO_PI)
-_C2 = _split26(_TWO_PI - _C1)
-# the remainder of 2π past _C1 + _C2, from the 60-digit value of π
-_C3 = float(
-    (
-        __import__("decimal").Decimal("6.28318530717958647692528676655900576839433879875021164194988918")
-        - __import__("decimal").Decimal(_C1)
-        - __import__("decimal").Decimal(_C2)
-    )
-)
-_SPLITTER = 134217729.0  # 2^27 + 1 (Veltkamp)
-
-
-def _two_prod(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dekker's exact product: a·b = hi + lo exactly in float64 (see :mod:`liepos._angles`)."""
-    return _angles._two_prod(a, b)
-
-
 def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """``freq · pos`` reduced to [−π, π] in float64, exactly for every finite float64 ω and t.
 
@@ -74,7 +47,6 @@ def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     True
     """
     return _angles.reduced_angle(freq, pos)
-
 
 
 @dataclass(frozen=True)
