@@ -238,3 +238,17 @@ def test_rows_are_one_public_table():
     text = str(classify(generator_of(list(SEED_ROWS.values()))))
     for r in ROWS:
         assert r.behaviour in text and r.known_as in text
+
+
+def test_several_axes_are_classified_per_block_jointly():
+    """A block of a several-axes generator is one block: its rates and frequencies per axis decide
+    its row together (axial RoPE: every block rotates; decay + axial RoPE: every block fades and rotates)."""
+    import liepos as lp
+
+    axial = lp.classify(lp.axial_rope(8))
+    assert axial.counts["rotation"] == 4 and sum(axial.counts.values()) == 4
+    mixed = lp.classify(lp.decay_axial_rope(12))
+    assert mixed.counts["damped_rotation"] == sum(mixed.counts.values()) == 6
+    # one axis alone is a one-axis generator of the same rows
+    one = lp.classify(lp.axial_rope(8).generator.axis(0))
+    assert one.counts["rotation"] + one.counts["nope"] == sum(one.counts.values())

@@ -251,23 +251,32 @@ def _build(blocks_signs, dim, **kw) -> Classification:
 
 
 def _from_generator(g: Generator, tol: float, **kw) -> Classification:
-    nb = g.num_blocks
-    rates = g.rates.detach().to(torch.float64).reshape(-1, nb).tolist()  # (heads or 1, blocks)
-    freqs = g.freqs.detach().to(torch.float64).reshape(-1, nb).tolist()  # (heads or 1, blocks)
+    """Classify from the canonical parameters, one entry per (head, block).
+
+    With several position axes (``g.num_axes``) a block has a rate and a frequency per axis; it is
+    classified jointly: it grows when some axis rate is > 0, fades when every axis rate is ≤ 0 and one
+    is < 0, and rotates when some axis frequency is ≠ 0. Its reported rate is the axis rate of largest
+    magnitude (the largest positive one when it grows), its frequency the Euclidean norm of the axis
+    frequencies."""
+    nb, na = g.num_blocks, g.num_axes or 1
+    rates = g.rates.detach().to(torch.float64).reshape(-1, na, nb)  # (heads or 1, axes or 1, blocks)
+    freqs = g.freqs.detach().to(torch.float64).reshape(-1, na, nb)  # (heads or 1, axes or 1, blocks)
     # the scale of X: its largest rate or frequency, and 1 when a Jordan chain puts ones in X
-    scale = max([abs(v) for row in rates + freqs for v in row] + [1.0 if max(g.sizes) > 1 else 0.0])
+    scale = max(float(rates.abs().max()), float(freqs.abs().max()), 1.0 if max(g.sizes) > 1 else 0.0)
     zero = tol * scale
     out = []
-    for rr, ww in zip(rates, freqs):
+    for rr, ww in zip(rates.tolist(), freqs.tolist()):  # per head: (axes, blocks) lists
         for i in range(nb):
-            lam, om, n = rr[i], ww[i], g.sizes[i]
-            rs = 0 if abs(lam) <= zero else (1 if lam > 0 else -1)
-            lam = 0.0 if rs == 0 else float(lam)
-            fz = abs(om) > zero
+            lams, oms, n = [r[i] for r in rr], [w[i] for w in ww], g.sizes[i]
+            grows = [v for v in lams if v > zero]
+            rs = 1 if grows else (-1 if any(v < -zero for v in lams) else 0)
+            lam = max(grows) if grows else (min(lams) if rs else 0.0)
+            om = math.sqrt(sum(v * v for v in oms))
+            fz = om > zero
             if g.complex[i] and not fz:  # a complex block with ω = 0 is two real blocks
-                out += [((lam, 0.0, n), (rs, False))] * 2
+                out += [((float(lam), 0.0, n), (rs, False))] * 2
             else:
-                out.append(((lam, abs(float(om)) if fz else 0.0, n), (rs, fz)))
+                out.append(((float(lam), om if fz else 0.0, n), (rs, fz)))
     return _build(out, g.dim, exact=False, tol=float(tol), num_heads=g.num_heads, **kw)
 
 
