@@ -102,7 +102,9 @@ def _rope_dicts(src: _Source) -> tuple[dict[str, Any], bool]:
     rope = copy.deepcopy(dict(rope)) if rope is not None else {}
 
     labels = _labels(src)
-    if labels:
+    if rope and all(isinstance(v, Mapping) or v is None for v in rope.values()) and not (set(rope) & _ALL_KEYS):
+        nested_keys = list(rope)  # per layer type, also for a type no layer of this config has
+    elif labels:
         nested_keys = [k for k in rope if k in labels]
     elif rope and all(isinstance(v, Mapping) or v is None for v in rope.values()) and not (set(rope) & _ALL_KEYS):
         nested_keys = list(rope)

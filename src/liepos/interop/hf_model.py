@@ -249,7 +249,7 @@ def _recording_attentions() -> bool:
         from transformers.utils.output_capturing import _active_collector
     except ImportError:  # an older transformers: output_attentions reaches the attention as a kwarg
         return False
-    collected = _active_collector.get(None)
+    collected = _active_collector.get()
     return isinstance(collected, Mapping) and "attentions" in collected
 
 
@@ -339,7 +339,7 @@ def _fixed(enc: Encoding) -> bool:
 def _rotated_dims(module: Any, family: Family, config: Any) -> int:
     if family.splits_rotary:
         return int(module.rotary_ndims)
-    return int(getattr(config, "qk_rope_head_dim", None) or module.head_dim)
+    return int(getattr(config, "qk_rope_head_dim", None) or getattr(module, "head_dim", None) or module.head_size)
 
 
 def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None = None, *,
