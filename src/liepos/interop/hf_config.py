@@ -575,8 +575,8 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
     ...              "partial_rotary_factor": 0.5, "max_position_embeddings": 128,
     ...              "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
     ...                               "original_max_position_embeddings": 32}})
-    >>> r.rotary_dim, r.encoding.logit_scale, r.rotary_scale == scaling.yarn_mscale(4.0) ** 2
-    (8, 1.0, True)
+    >>> r.rotary_dim, math.isclose(r.rotary_scale, scaling.yarn_mscale(4.0) ** 2), r.exact_encoding
+    (8, True, False)
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
