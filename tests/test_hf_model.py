@@ -299,3 +299,73 @@ def test_per_layer_type_dict():
     assert (logits(model, x) - ref).abs().max() < 1e-4
     with pytest.raises(ValueError, match="full_attention"):
         patch_model(model, {"sliding_attention": enc})
+
+
+# ---------------------------------------------------------------------- the raw-key path, issue 12 item 4
+RAW = {
+    "xpos": lambda: lp.xpos(16, layout="half"),
+    "alibi": lambda: lp.alibi(4, 16),
+    "retnet": lambda: lp.retnet(4, 16),
+    "dynamic": lambda: lp.scaling.dynamic(lp.rope(16, layout="half"), factor=2.0, original_max_position_embeddings=16),
+}
+
+
+@pytest.mark.parametrize("name", list(RAW))
+def test_packed_sequences_never_see_a_later_document(name):
+    """position_ids restarting inside a row: changing only document 2 leaves document 1 bit-identical."""
+    model = patch_model(tiny(), RAW[name]())
+    pos = torch.cat((torch.arange(20), torch.arange(24)))[None]  # two documents in one row
+    a = ids(batch=1, seq=44)
+    b = a.clone()
+    b[:, 20:] = (b[:, 20:] + 1) % 128  # another document 2
+    la, lb = logits(model, a, position_ids=pos), logits(model, b, position_ids=pos)
+    assert torch.equal(la[:, :20], lb[:, :20])
+    assert not torch.equal(la[:, 20:], lb[:, 20:])
+
+
+@pytest.mark.parametrize("name", ["xpos", "alibi"])
+def test_static_cache_on_the_raw_key_path(name):
+    model, x = patch_model(tiny(), RAW[name]()), ids(batch=1, seq=24)
+    gen = dict(max_new_tokens=8, do_sample=False)
+    with torch.no_grad():
+        dynamic = model.generate(x, **gen)
+        static = model.generate(x, cache_implementation="static", **gen)
+    assert torch.equal(static, dynamic)
+
+
+def test_output_attentions_on_the_raw_key_path():
+    """The weights come back, and for RoPE they are upstream's (eager) weights."""
+    model, x = tiny(attn="eager"), ids(batch=1, seq=30)
+    with torch.no_grad():
+        want = model(x, output_attentions=True).attentions
+    enc = from_hf(model.config)
+    patch_model(model, enc.replace(length_rule=lambda n: enc))  # a rule forces the raw-key path
+    with torch.no_grad():
+        got = model(x, output_attentions=True).attentions
+    assert len(got) == len(want) == 2
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and (g - w).abs().max() < 1e-5
+
+
+def test_prefill_and_decode_with_two_layers_for_length_dependent_types():
+    """Where equality holds and where it cannot: dynamic NTK at 2 layers.
+
+    Up to the original length the rotation is fixed, and prefill + decode equals the full
+    forward. Past it, a length-dependent rotation changes every earlier token's hidden state
+    with the total length; a cache holds the earlier layers' outputs computed at their own
+    length, so no cache reproduces the full forward at 2+ layers (the 1-layer case is exact:
+    ``test_dynamic_decoding_keeps_no_stale_keys``). Measured here: ~2e-2 of logits of ~4.
+    """
+    model = tiny(rope={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=L0)
+    patch_model(model)
+    x = ids(batch=1, seq=110)
+
+    def gap(prefill):
+        with torch.no_grad():
+            out = model(x[:, :prefill], use_cache=True)
+            step = model(x[:, prefill:prefill + 1], cache=out.cache).logits
+            full = model(x[:, :prefill + 1]).logits
+        return (step[:, -1] - full[:, -1]).abs().max().item()
+
+    assert gap(40) < 1e-5  # 41 tokens <= 64: the rotation does not change
+    assert 1e-3 < gap(100) < 1e-1  # past it: the earlier layers' hidden states, as documented
