@@ -15,7 +15,7 @@ __all__ = ["from_hf", "to_hf", "read_hf", "patch_model", "unpatch_model", "permu
 _WHERE = {
     "from_hf": "liepos.interop.hf_config",
     "read_hf": "liepos.interop.hf_config",
-    "to_hf": "liepos.interop.to_hf",
+    "to_hf": "liepos.interop.hf_export",
     "patch_model": "liepos.interop.hf_model",
     "unpatch_model": "liepos.interop.hf_model",
     "permute_qk_weights": "liepos.interop.layouts",

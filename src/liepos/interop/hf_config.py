@@ -265,6 +265,10 @@ def _longrope(c: _Ctx) -> Encoding:
         c.enc, short_factor=params["short_factor"], long_factor=params["long_factor"],
         original_max_position_embeddings=L0, factor=factor, attention_factor=params.get("attention_factor"),
     )
+    if list(params["short_factor"]) == list(params["long_factor"]):
+        # one factor list: the switch at L0 changes nothing, so the rotation is fixed (what to_hf writes)
+        enc = enc.at_length(L0).replace(length_rule=None)
+        return c.store(enc, _f32.longrope(c.base, c.dim, params["short_factor"])) if c.compat else enc
     if not c.compat:
         return enc
     short = c.store(enc, _f32.longrope(c.base, c.dim, params["short_factor"]))
@@ -546,9 +550,9 @@ def _softmax_multiplier(params: Mapping[str, Any] | None, family: Family | None)
 
 
 def _layout(enc: Encoding, src: _Source, family: Family | None) -> Encoding:
-    if family is None or family.layout == "half":
-        return enc
-    if family.layout == "rope_interleave" and not src.get("rope_interleave", False):
+    """The family's layout; a config of no known family says it with ``rope_interleave`` (what to_hf writes)."""
+    layout = "rope_interleave" if family is None else family.layout
+    if layout == "half" or (layout == "rope_interleave" and not src.get("rope_interleave", False)):
         return enc
     return enc.replace(layout="interleaved")
 
