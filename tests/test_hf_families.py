@@ -169,3 +169,40 @@ def test_alibi_configs_are_alibi_with_their_own_slopes(model_type, heads):
         want = _get_alibi_slopes(heads, "cpu")
     enc = from_hf(cfg)
     assert torch.equal(-enc.key_slots[:, 1], want.double())
+
+
+# ---------------------------------------------------------------------- M-RoPE: three position axes, the same mechanism
+def tiny_vl(name):
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
+
+    ccls, mcls = {"qwen2_vl": (Qwen2VLConfig, Qwen2VLForConditionalGeneration),
+                  "qwen2_5_vl": (Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration)}[name]
+    torch.manual_seed(0)
+    cfg = ccls(
+        text_config=dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=128, num_hidden_layers=2, max_position_embeddings=256, initializer_range=0.2,
+                         rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4}),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=64),
+        image_token_id=120, video_token_id=121, vision_start_token_id=122,
+    )
+    cfg._attn_implementation = "sdpa"
+    return mcls(cfg).eval()
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "qwen2_5_vl"])
+def test_m_rope_text_and_image_grid_positions(name):
+    model = tiny_vl(name)
+    x = ids(seq=40) % 100
+    S = 40
+    # an image grid's positions: time, row, column differ (text tokens have three equal axes)
+    grid = torch.stack([torch.arange(S), torch.arange(S) // 3, torch.arange(S) % 5])[:, None].expand(3, 2, S)
+    assert worst(model, x) <= TOL
+    assert worst(model, x, position_ids=grid) <= TOL
+    with torch.no_grad():
+        moved = (model(x, position_ids=grid).logits - model(x).logits).abs().max()
+    assert moved > 1.0  # the grid positions matter: the test sees the axes
