@@ -224,6 +224,54 @@ def _raw_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return out.transpose(1, 2).contiguous(), weights  # (B, S, H, D)
 
 
+# ---------------------------------------------------------------------- ALiBi families: their own attention
+def _alibi_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, cache: Any,
+                     scale: float, weights: bool) -> tuple[torch.Tensor, Any]:
+    """q, k, v ``(B, H, S, D)`` of an ALiBi family's attention through the raw-key path at times 0, 1, …"""
+    state: _Layer = module._liepos
+    seen = int(cache.get_seq_length(module.layer_idx)) if cache is not None else 0
+    S = q.shape[2]
+    state.call = {"cache": cache, "seen": seen, "weights": weights,
+                  "pos": torch.arange(seen, seen + S, device=q.device, dtype=torch.float64)[None]}  # (1, S)
+    if cache is not None:
+        k, v = cache.update(k, v, module.layer_idx)
+    return _raw_attention(module, q, k, v, mask, scaling=scale)
+
+
+def _bloom_forward(self: Any, hidden_states: torch.Tensor, residual: torch.Tensor, alibi: Any = None,
+                   attention_mask: Any = None, layer_past: Any = None, use_cache: bool = False,
+                   output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Bloom's attention with liepos in place of the ``alibi`` bias tensor."""
+    from transformers.models.bloom.modeling_bloom import dropout_add
+
+    if self.pretraining_tp > 1 and self.slow_but_exact:
+        raise NotImplementedError("Bloom's slow_but_exact tensor-parallel sum is not reproduced; set slow_but_exact=False")
+    B, S, _ = hidden_states.shape
+    q, k, v = self._reshape(self.query_key_value(hidden_states))  # 3 × (B, H, S, D)
+    out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
+                                    output_attentions or _recording_attentions())
+    out = self.dense(out.reshape(B, S, -1))  # (B, S, H, D) -> (B, S, H·D)
+    return dropout_add(out, residual, self.hidden_dropout, self.training), weights
+
+
+def _mpt_forward(self: Any, hidden_states: torch.Tensor, position_bias: Any = None, cache: Any = None,
+                 attention_mask: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """MPT's attention with liepos in place of ``position_bias``; MPT's mask is True where masked."""
+    if self.training and self.attn_dropout_p:
+        raise NotImplementedError(f"attn_pdrop={self.attn_dropout_p} is not applied by the liepos attention path")
+    B, S = hidden_states.shape[:2]
+    qkv = self.Wqkv(hidden_states)
+    if self.clip_qkv:
+        qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+    q, k, v = (x.reshape(B, S, self.n_heads, self.head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=2))  # (B, H, S, D)
+    mask = None if attention_mask is None else ~attention_mask
+    out, weights = _alibi_attention(self, q, k, v, mask, cache, self.softmax_scale, _recording_attentions())
+    return self.out_proj(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
+
+
+_OWN_FORWARDS = {"bloom": _bloom_forward, "mpt": _mpt_forward}
+
+
 # ---------------------------------------------------------------------- patching
 def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """The patched attention forward: upstream's, with the liepos dispatchers active."""
@@ -321,6 +369,8 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
             f"the encoding has per-head parameters for {enc.num_heads} heads but the model has num_attention_heads={heads}"
         )
     encoded = _fixed(enc)
+    if family.model_type in _OWN_FORWARDS:  # an ALiBi family's attention: liepos.attention, raw keys
+        encoded, gain = False, 1.0
     if not encoded and not family.raw_keys:
         raise NotImplementedError(
             f"{family.model_type}: {enc!r} is not a fixed rotation, so it needs the raw-key path, and {family.why}; "
@@ -382,15 +432,17 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         raise ValueError(f"{type(model).__name__} has no attention layer of class {list(family.attention)}")
     positions = getattr(model, "_liepos_positions", None) or _Positions()
     plan = [(m, _state(_layer_read(read, m, config), m, family, config, positions)) for m in modules]
-    _install(family)  # validate everything before touching any layer
+    if family.model_type not in _OWN_FORWARDS:
+        _install(family)  # validate everything before touching any layer
     for m in model.modules():
         if type(m).__name__.endswith("RotaryEmbedding") and "_liepos_positions" not in m.__dict__:
             m._liepos_positions = positions
             m.forward = _rotary_forward.__get__(m, type(m))
     model.__dict__["_liepos_positions"] = positions
+    forward = _OWN_FORWARDS.get(family.model_type, _forward)
     for m, state in plan:
         m._liepos = state
-        m.forward = _forward.__get__(m, type(m))
+        m.forward = forward.__get__(m, type(m))
     return model
 
 
