@@ -166,9 +166,50 @@ def test_alibi_configs_are_alibi_with_their_own_slopes(model_type, heads):
         want = -build_mpt_alibi_tensor(heads, 2)[:, 0, 0]  # slope·(1 − 2) at the first of two keys
     else:
         cfg = {"model_type": model_type, "hidden_size": 12 * heads, "num_attention_heads": heads, "alibi": True}
-        want = _get_alibi_slopes(heads, "cpu")
+        want = _get_alibi_slopes(heads, "cpu").double()
+        if model_type == "falcon":  # Falcon adds alibi / √d: the slope of qᵀk/√d − m(t − s) is m/√12
+            want = want / 12**0.5
     enc = from_hf(cfg)
     assert torch.equal(-enc.key_slots[:, 1], want.double())
+
+
+def tiny_alibi(model_type, heads, attn="sdpa"):
+    torch.manual_seed(0)
+    common = dict(vocab_size=128, initializer_range=0.2)
+    if model_type == "mpt":
+        cfg = AutoConfig.for_model("mpt", d_model=12 * heads, n_heads=heads, n_layers=2, max_seq_len=256,
+                                   expansion_ratio=2, attn_config={"alibi": True}, **common)
+    elif model_type == "bloom":
+        cfg = AutoConfig.for_model("bloom", hidden_size=12 * heads, n_head=heads, n_layer=2, **common)
+    else:
+        cfg = AutoConfig.for_model("falcon", hidden_size=12 * heads, num_attention_heads=heads, num_hidden_layers=2,
+                                   alibi=True, new_decoder_architecture=True, num_kv_heads=2, **common)
+    cfg._attn_implementation = attn
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "mpt", "falcon"])
+@pytest.mark.parametrize("heads", [4, 6])
+def test_alibi_models_patched_through_the_slots(model_type, heads):
+    """Same logits and greedy tokens, the bias carried by the nilpotent block and two slots."""
+    model = tiny_alibi(model_type, heads, attn="eager" if model_type != "falcon" else "sdpa")
+    x = ids()
+    assert worst(model, x) <= TOL
+    gen = dict(max_new_tokens=20, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(x[:1, :60], **gen)
+        patch_model(model)
+        got = model.generate(x[:1, :60], **gen)
+    assert torch.equal(got, want)
+
+
+def test_falcon_alibi_eager_adds_its_bias_twice_upstream():
+    """Why the Falcon row follows sdpa: upstream's eager path adds alibi/√d in the mask and again
+    in the logits, so its two backends disagree; liepos is the sdpa one."""
+    x = ids()
+    with torch.no_grad():
+        sdpa, eager = (tiny_alibi("falcon", 4, attn)(x).logits for attn in ("sdpa", "eager"))
+    assert (sdpa - eager).abs().max() > 1e-2
 
 
 # ---------------------------------------------------------------------- M-RoPE: three position axes, the same mechanism

@@ -485,7 +485,11 @@ def _f32_mpt_slopes(num_heads: int, bias_max: Any) -> torch.Tensor:
 
 
 def _alibi(src: _Source, family: Family) -> Encoding:
-    """Bloom, MPT, Falcon(alibi=True): ``qᵀk − m_h (t − s)`` with the model's own slopes."""
+    """Bloom, MPT, Falcon(alibi=True): ``qᵀk/√d − m_h (t − s)`` with the model's own slopes.
+
+    Bloom and MPT add ``m_h·s`` after the ``1/√d`` scaling; Falcon adds it before, so its
+    slopes in that identity are ``m_h/√d``.
+    """
     if family.model_type == "mpt":
         attn = src.get("attn_config") or {}
         bias_max = attn.get("alibi_bias_max", 8) if isinstance(attn, Mapping) else getattr(attn, "alibi_bias_max", 8)
@@ -494,10 +498,15 @@ def _alibi(src: _Source, family: Family) -> Encoding:
     else:
         heads = src.get("num_attention_heads") or src.get("n_head")
         hidden = src.get("hidden_size") or src.get("n_embed")
-        slopes = _f32_bloom_slopes(int(heads))
+        slopes = _f32_bloom_slopes(int(heads)) if heads is not None else None
     if heads is None or hidden is None:
         raise ValueError(f"the {family.model_type} config has no head count or hidden size to read its ALiBi from")
-    enc = alibi(int(heads), int(hidden) // int(heads), slopes.to(torch.float64))
+    head_dim = int(hidden) // int(heads)
+    slopes = slopes.to(torch.float64)
+    if family.model_type == "falcon":
+        # Falcon adds its alibi tensor before the 1/√d softmax scaling (eager) or as alibi/√d (sdpa)
+        slopes = slopes / math.sqrt(head_dim)
+    enc = alibi(int(heads), head_dim, slopes)
     return enc.replace(name=f"hf:alibi[{family.model_type}]")
 
 

@@ -269,7 +269,30 @@ def _mpt_forward(self: Any, hidden_states: torch.Tensor, position_bias: Any = No
     return self.out_proj(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
 
 
+def _falcon_forward(self: Any, hidden_states: torch.Tensor, alibi: Any = None, attention_mask: Any = None,
+                    position_ids: Any = None, layer_past: Any = None, use_cache: bool = False,
+                    output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Falcon's attention with ``alibi=True``, liepos in place of the alibi bias (HF adds it to the mask too)."""
+    if self.training and self.attention_dropout.p:
+        raise NotImplementedError(f"attention_dropout={self.attention_dropout.p} is not applied by the liepos attention path")
+    q, k, v = self._split_heads(self.query_key_value(hidden_states))  # 3 × (B, S, H|Hk, D)
+    B, S = q.shape[:2]
+    kv = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    q = q.transpose(1, 2).reshape(B, self.num_heads, S, self.head_dim)  # (B, H, S, D)
+    k, v = (x.transpose(1, 2).reshape(B, kv, S, self.head_dim) for x in (k, v))  # (B, Hk, S, D)
+    out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
+                                    output_attentions or _recording_attentions())
+    return self.dense(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
+
+
 _OWN_FORWARDS = {"bloom": _bloom_forward, "mpt": _mpt_forward}
+
+
+def _own_forward(family: Family, config: Any) -> Any:
+    """The ALiBi family's own forward, or None for the families of the shared mechanism."""
+    if family.model_type == "falcon" and getattr(config, "alibi", False):
+        return _falcon_forward
+    return _OWN_FORWARDS.get(family.model_type)
 
 
 # ---------------------------------------------------------------------- patching
@@ -369,9 +392,10 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
             f"the encoding has per-head parameters for {enc.num_heads} heads but the model has num_attention_heads={heads}"
         )
     encoded = _fixed(enc)
-    if family.model_type in _OWN_FORWARDS:  # an ALiBi family's attention: liepos.attention, raw keys
+    own = _own_forward(family, config) is not None
+    if own:  # an ALiBi family's attention: liepos.attention, raw keys
         encoded, gain = False, 1.0
-    if not encoded and not family.raw_keys:
+    if not encoded and not family.raw_keys and not own:
         raise NotImplementedError(
             f"{family.model_type}: {enc!r} is not a fixed rotation, so it needs the raw-key path, and {family.why}; "
             "fixed rotations (RoPE and its static scalings) patch this family exactly"
@@ -432,14 +456,14 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         raise ValueError(f"{type(model).__name__} has no attention layer of class {list(family.attention)}")
     positions = getattr(model, "_liepos_positions", None) or _Positions()
     plan = [(m, _state(_layer_read(read, m, config), m, family, config, positions)) for m in modules]
-    if family.model_type not in _OWN_FORWARDS:
+    if _own_forward(family, config) is None:
         _install(family)  # validate everything before touching any layer
     for m in model.modules():
         if type(m).__name__.endswith("RotaryEmbedding") and "_liepos_positions" not in m.__dict__:
             m._liepos_positions = positions
             m.forward = _rotary_forward.__get__(m, type(m))
     model.__dict__["_liepos_positions"] = positions
-    forward = _OWN_FORWARDS.get(family.model_type, _forward)
+    forward = _own_forward(family, config) or _forward
     for m, state in plan:
         m._liepos = state
         m.forward = forward.__get__(m, type(m))
