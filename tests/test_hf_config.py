@@ -475,3 +475,27 @@ def test_yarn_nested_truncate_is_ignored_as_upstream():
 
 def test_exported_at_top_level():
     assert lp.from_hf is from_hf
+
+
+# ---------------------------------------------------------------------- upstream-accepted edge configs
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0], "original_max_position_embeddings": 1024},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 2.0,
+     "original_max_position_embeddings": 1024},
+])
+@pytest.mark.parametrize("length", [100, 5000])
+def test_edge_configs_upstream_accepts_mean_the_same(rope, length):
+    """A length-1 longrope list broadcasts to every plane; llama3 with an empty smooth band is a step."""
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=8192, rope_theta=10000.0,
+                      rope_scaling=dict(rope))
+    w, af = mru.ROPE_INIT_FUNCTIONS[rope["rope_type"]](cfg, seq_len=length)
+    enc = from_hf(cfg, precision="compat").at_length(length)
+    assert torch.equal(rotation_freqs(enc), w.double())
+    assert enc.logit_scale == pytest.approx(af * af, rel=1e-12)
+
+
+def test_an_unused_key_upstream_warns_about_is_refused_with_the_reason():
+    cfg = {"hidden_size": 64, "num_attention_heads": 4, "rope_scaling": {"rope_type": "linear", "factor": 2.0, "foo": 1}}
+    with pytest.raises(ValueError, match="transformers only warns"):
+        from_hf(cfg)
+    assert from_hf(cfg, ignore_keys={"foo"}).generator.freqs[0] == 0.5

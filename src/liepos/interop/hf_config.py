@@ -260,6 +260,10 @@ def _yarn(c: _Ctx) -> Encoding:
 
 def _longrope(c: _Ctx) -> Encoding:
     params, L0 = c.params, c.L0
+    for key in ("short_factor", "long_factor"):
+        # transformers multiplies a tensor of the list into inv_freq: one entry broadcasts to every plane
+        if len(params[key]) == 1:
+            params[key] = list(params[key]) * (c.dim // 2)
     factor = c.factor if c.factor is not None else c.need_max_pos("to derive factor") / L0
     enc = scaling.longrope(
         c.enc, short_factor=params["short_factor"], long_factor=params["long_factor"],
@@ -285,14 +289,31 @@ def _longrope(c: _Ctx) -> Encoding:
 def _llama3(c: _Ctx) -> Encoding:
     low, high = c.params["low_freq_factor"], c.params["high_freq_factor"]
     if low == high:
-        raise ValueError(
-            f"llama3 rope{c.where} with low_freq_factor == high_freq_factor == {low!r}: transformers accepts it "
-            "but its smoothing divides by high_freq_factor - low_freq_factor = 0 (NaN frequencies in the "
-            "medium band, or none when the band is empty); liepos refuses rather than guess"
-        )
+        return _llama3_step(c, low)
     enc = scaling.llama3(c.enc, factor=c.factor, original_max_position_embeddings=c.L0,
                          low_freq_factor=low, high_freq_factor=high)
     return c.store(enc, _f32.llama3(c.base, c.dim, c.factor, low, high, c.L0)) if c.compat else enc
+
+
+def _llama3_step(c: _Ctx, band: Any) -> Encoding:
+    """llama3 with ``low_freq_factor == high_freq_factor``: the smooth band is empty, as upstream computes it.
+
+    Transformers accepts the config: wavelengths above ``L0 / band`` are divided by ``factor``,
+    the others kept; only a wavelength exactly at the edge would divide 0 by 0 (NaN upstream).
+    """
+    w = scaling.rotation_freqs(c.enc)
+    edge = c.L0 / band
+    wavelen = 2 * math.pi / w
+    if bool((wavelen == edge).any()):
+        raise ValueError(
+            f"llama3 rope{c.where} with low_freq_factor == high_freq_factor == {band!r} and a wavelength exactly "
+            f"at L0/{band!r} = {edge!r}: transformers computes 0/0 (NaN) there; liepos refuses rather than guess"
+        )
+    stepped = torch.where(wavelen > edge, w / c.factor, w)
+    if c.compat:
+        w32 = _f32.default(c.base, c.dim)
+        stepped = torch.where(2 * math.pi / w32 > edge, w32 / c.factor, w32)
+    return scaling._with_freqs(c.enc, stepped, 1.0, "llama3")
 
 
 def _proportional(c: _Ctx) -> Encoding:
