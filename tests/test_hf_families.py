@@ -54,7 +54,7 @@ SCALED = {
     "gpt_oss": dict(YARN, truncate=False, beta_fast=32.0, beta_slow=1.0),
     "gemma3_text": {"full_attention": dict(YARN), "sliding_attention": {"rope_type": "default"}},
 }
-ROWS = [f.model_type for f in FAMILIES.values() if f.attention and f.axes == 1]
+ROWS = [f.model_type for f in FAMILIES.values() if f.attention and f.axes == 1 and f.positions == "rope"]
 
 
 def tiny(model_type, rope=None, *, seed=0, **kw):
@@ -250,3 +250,21 @@ def test_m_rope_text_and_image_grid_positions(name):
     with torch.no_grad():
         moved = (model(x, position_ids=grid).logits - model(x).logits).abs().max()
     assert moved > 1.0  # the grid positions matter: the test sees the axes
+
+
+def worst_table() -> str:
+    """The table of docs/guide/huggingface.md: ``cd tests && python -c "import test_hf_families as t; print(t.worst_table())"``."""
+    lines = ["| model_type | default rope | scaled rope |", "|---|---|---|"]
+    for mt in ROWS:
+        a, b = worst(tiny(mt), ids()), worst(tiny(mt, SCALED.get(mt, YARN)), ids())
+        lines.append(f"| {mt} | {a:.1e} | {b:.1e} |")
+    S = 40
+    grid = torch.stack([torch.arange(S), torch.arange(S) // 3, torch.arange(S) % 5])[:, None].expand(3, 2, S)
+    for name in ("qwen2_vl", "qwen2_5_vl"):
+        model = tiny_vl(name)
+        x = ids(seq=S) % 100
+        lines.append(f"| {name} (M-RoPE) | {worst(model, x):.1e} (text) | {worst(model, x, position_ids=grid):.1e} (image grid) |")
+    for mt in ("bloom", "mpt", "falcon"):
+        a, b = (worst(tiny_alibi(mt, h, "sdpa" if mt == "falcon" else "eager"), ids() % 127 + 1) for h in (4, 6))
+        lines.append(f"| {mt} (ALiBi) | {a:.1e} (4 heads) | {b:.1e} (6 heads) |")
+    return "\n".join(lines)
