@@ -21,6 +21,8 @@ windows, sinks, soft-capping, the backend) and replaces only what the encoding d
 from __future__ import annotations
 
 import contextvars
+import dataclasses
+import functools
 import importlib
 import math
 from collections.abc import Mapping
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from liepos.encoding import Encoding
+from liepos.encoding import Encoding, apply_tables
 from liepos.interop.families import Family, family_of
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 
@@ -38,13 +40,20 @@ __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 SUPPORTED_FAMILIES = None  # filled below: the model types patch_model patches
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
 _TIMES = "_liepos_times"
+_LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
 
 
 @dataclass
 class _Positions:
-    """The ``position_ids`` the model's rotary module saw last (shared by all layers of one model)."""
+    """The ``position_ids`` the model's rotary module saw last, shared by all layers of one model,
+    and the tables of the fixed rotations at them (built once per forward, not once per layer)."""
 
     ids: torch.Tensor | None = None
+    tables: dict[Any, Any] = field(default_factory=dict)
+
+    def record(self, ids: torch.Tensor | None) -> None:
+        self.ids = ids
+        self.tables.clear()
 
 
 @dataclass
@@ -93,7 +102,15 @@ class _Layer:
     def _encode(self, x: torch.Tensor, pos: torch.Tensor, side: str) -> torch.Tensor:
         if self.pad:
             x = torch.cat((x, x.new_zeros(*x.shape[:-1], self.pad)), dim=-1)  # (…, rot) -> (…, rot + pad)
-        out = getattr(self.encoding, side)(x, pos)
+        if self.positions.ids is None or pos.dim() != 2:  # no forward-wide positions: encode directly
+            out = getattr(self.encoding, side)(x, pos)
+        else:
+            key = (id(self.encoding), side, x.dtype, x.device)
+            t = self.positions.tables.get(key)
+            if t is None:
+                t = self.encoding.tables(pos, side).to(torch.float32 if x.dtype in _LOW else x.dtype, x.device)
+                self.positions.tables[key] = t
+            out = apply_tables(x, t)
         if self.pad:
             out = out[..., : out.shape[-1] - self.pad]
         return self._scaled(out)
@@ -316,16 +333,22 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _recording_attentions() -> bool:
     """Whether transformers' output recorder collects attention weights in this forward."""
-    try:
-        from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # an older transformers: output_attentions reaches the attention as a kwarg
-        return False
-    collected = _active_collector.get()
+    collector = _collector()
+    collected = None if collector is None else collector.get()
     return isinstance(collected, Mapping) and "attentions" in collected
 
 
+@functools.cache
+def _collector() -> Any:
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # an older transformers: output_attentions reaches the attention as a kwarg
+        return None
+    return _active_collector
+
+
 def _rotary_forward(self: Any, x: Any, position_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
-    self._liepos_positions.ids = position_ids
+    self._liepos_positions.record(position_ids)
     return type(self).forward(self, x, position_ids, *args, **kwargs)
 
 
@@ -455,7 +478,16 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     if not modules:
         raise ValueError(f"{type(model).__name__} has no attention layer of class {list(family.attention)}")
     positions = getattr(model, "_liepos_positions", None) or _Positions()
-    plan = [(m, _state(_layer_read(read, m, config), m, family, config, positions)) for m in modules]
+    states: dict[Any, _Layer] = {}  # one state per (encoding, rotated dims): layers share its tables
+
+    def state(m: Any) -> _Layer:
+        item = _layer_read(read, m, config)
+        key = (id(item), _rotated_dims(m, family, config))
+        if key not in states:
+            states[key] = _state(item, m, family, config, positions)
+        return dataclasses.replace(states[key], call={})
+
+    plan = [(m, state(m)) for m in modules]
     if _own_forward(family, config) is None:
         _install(family)  # validate everything before touching any layer
     for m in model.modules():
