@@ -316,9 +316,8 @@ def _own_forward(family: Family, config: Any) -> Any:
 def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
     """The patched attention forward: upstream's, with the liepos dispatchers active."""
     state: _Layer = self._liepos
-    cache = kwargs.get("cache", kwargs.get("past_key_values"))
-    if cache is None and len(args) > 3 and not isinstance(args[3], torch.Tensor):
-        cache = args[3]
+    # the decoder layers pass the cache by keyword (its name changed over transformers releases)
+    cache = next((kwargs[k] for k in ("cache", "past_key_values", "layer_past") if kwargs.get(k) is not None), None)
     state.call = {
         "cache": cache,
         "seen": int(cache.get_seq_length(self.layer_idx)) if cache is not None else 0,
