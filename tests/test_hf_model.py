@@ -1,12 +1,13 @@
-"""liepos.interop.patch_model against transformers itself: tiny Llama / Mistral / Qwen2 / Qwen3
-models with random weights built from a config (no download).
+"""liepos.interop.patch_model against transformers itself on Llama / Mistral / Qwen2 / Qwen3 in
+depth (the other families of the table: test_hf_families.py), random weights, no download.
 
 * RoPE and its static scalings (default, linear, yarn, llama3): the patched model's logits equal
   the unpatched model's to 1e-4 (float32) past ``original_max_position_embeddings`` and at
   shifted ``position_ids``, in both precisions, and greedy ``generate`` with the cache gives the
   same tokens;
 * the raw-key path (times kept beside HF's cache, liepos.attention) equals upstream too when fed
-  RoPE, with padding, sliding windows and the cache;
+  RoPE, with padding, sliding windows, the cache, static caches and ``output_attentions``; it is
+  causal by token order (packed sequences);
 * xPos, ALiBi, RetNet and a custom generator: the patched model runs, trains (an optimizer step
   lowers the loss) and generates, and decoding with the cache equals the full forward.
 """

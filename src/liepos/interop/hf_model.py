@@ -16,6 +16,10 @@ windows, sinks, soft-capping, the backend) and replaces only what the encoding d
   LongRoPE, Jordan blocks) the rope functions return the raw q and k, the cache keeps raw keys,
   their times are kept beside it, and ``ALL_ATTENTION_FUNCTIONS`` of the modeling file returns
   :func:`liepos.attention`, causal by token order (packed sequences never see a later token).
+
+The ALiBi families (Bloom, MPT, Falcon with ``alibi=True``) build a bias tensor inside their own
+attention code instead; for them the attention forward itself is replaced by one that runs
+:func:`liepos.attention` with the same projections.
 """
 
 from __future__ import annotations
@@ -461,8 +465,9 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     (SmolLM3's and Llama 4's NoPE layers) stay NoPE. Patching a patched model replaces its
     encoding; :func:`unpatch_model` restores the upstream forward.
 
-    Limits: on the raw-key path no attention dropout, and a cache that is reordered (beam search)
-    or filled by the unpatched model is refused; families whose attention adds terms liepos'
+    Limits: on the raw-key path no attention dropout; a cache filled by the unpatched model is
+    refused, and the key times follow the cache's rows as filled (beam search that reorders rows
+    with different positions, i.e. a left-padded batch, is not supported there); families whose attention adds terms liepos'
     attention lacks (Gemma 2/3 soft-capping, GPT-OSS sinks, Falcon's own attention) take fixed
     rotations only.
     """
