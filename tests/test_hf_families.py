@@ -36,7 +36,13 @@ EXTRA = {
     "mixtral": dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2),
     "qwen2_moe": dict(MOE, shared_expert_intermediate_size=32),
     "qwen3_moe": MOE,
-    "glm": dict(pad_token_id=0), "glm4": dict(pad_token_id=0), "smollm3": dict(pad_token_id=0),
+    "glm": dict(pad_token_id=0), "glm4": dict(pad_token_id=0),
+    "smollm3": dict(pad_token_id=0, no_rope_layers=[1, 0]),  # layer 1 is NoPE
+    # both layer types, a window shorter than the input
+    "gemma2": dict(sliding_window=24, layer_types=["sliding_attention", "full_attention"]),
+    "gemma3_text": dict(sliding_window=24, layer_types=["sliding_attention", "full_attention"]),
+    "mistral": dict(sliding_window=24), "qwen2": dict(sliding_window=24, use_sliding_window=True,
+                                                       layer_types=["sliding_attention", "full_attention"]),
     "phi3": dict(pad_token_id=0, partial_rotary_factor=0.75, original_max_position_embeddings=L0),
     "phi": dict(partial_rotary_factor=0.5), "stablelm": dict(partial_rotary_factor=0.25),
     "gpt_neox": dict(partial_rotary_factor=0.25),
