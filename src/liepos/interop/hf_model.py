@@ -71,6 +71,11 @@ class _Layer:
     pad: int  # NoPE dims appended before encoding (families that pass only the rotated dims)
     positions: _Positions
     call: dict[str, Any] = field(default_factory=dict)
+    # a rotation's F and G are the same tables (only rates and Jordan couplings tell the sides apart)
+    sided: bool = True
+
+    def __post_init__(self) -> None:
+        self.sided = not self.encoding.generator.is_orthogonal
 
     def times(self, like: torch.Tensor) -> torch.Tensor:
         """Positions ``(1|B, S)`` or ``(1|B, S, axes)`` float64 of the current call."""
@@ -109,7 +114,7 @@ class _Layer:
         if self.positions.ids is None or pos.dim() != 2:  # no forward-wide positions: encode directly
             out = getattr(self.encoding, side)(x, pos)
         else:
-            key = (id(self.encoding), side, x.dtype, x.device)
+            key = (id(self.encoding), side if self.sided else "both", x.dtype, x.device)
             t = self.positions.tables.get(key)
             if t is None:
                 t = self.encoding.tables(pos, side).to(torch.float32 if x.dtype in _LOW else x.dtype, x.device)
@@ -338,7 +343,7 @@ def _recording_attentions() -> bool:
     """Whether transformers' output recorder collects attention weights in this forward."""
     collector = _collector()
     collected = None if collector is None else collector.get()
-    return isinstance(collected, Mapping) and "attentions" in collected
+    return type(collected) is dict and "attentions" in collected  # a plain dict (no ABC check per call)
 
 
 @functools.cache
