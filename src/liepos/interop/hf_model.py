@@ -36,12 +36,11 @@ from typing import Any
 import torch
 
 from liepos.encoding import Encoding, apply_tables
-from liepos.interop.families import Family, family_of
+from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 
-SUPPORTED_FAMILIES = None  # filled below: the model types patch_model patches
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
 _TIMES = "_liepos_times"
 _LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
@@ -364,7 +363,7 @@ def _family(model: Any, config: Any) -> Family:
     model_type = getattr(config, "model_type", None)
     family = family_of(model_type)
     if family is None or not family.attention:
-        known = sorted(t for t, f in _families().items() if f.attention)
+        known = sorted(SUPPORTED_FAMILIES)
         why = "" if family is None or not family.why else f" ({family.why})"
         what = "ALiBi model" if family is not None and family.positions == "alibi" else "family"
         raise ValueError(
@@ -372,12 +371,6 @@ def _family(model: Any, config: Any) -> Family:
             f"with its attention class in liepos.interop.families; patched: {known}"
         )
     return family
-
-
-def _families() -> dict[str, Family]:
-    from liepos.interop.families import FAMILIES
-
-    return FAMILIES
 
 
 def _layer_read(read: Any, module: Any, config: Any) -> Any:
@@ -454,7 +447,8 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     The families are the rows of :data:`liepos.interop.families.FAMILIES` with an attention class
     (Llama, Mistral, Mixtral, Qwen2/3 and their MoE, Gemma 1–3, OLMo 1–2, Granite, Starcoder2,
     Cohere, GLM, GLM4, StableLM, Phi, Phi-3, GPT-NeoX, Falcon, DeepSeek-V3, GPT-OSS, SmolLM3,
-    Llama 4 text, Qwen2-VL/2.5-VL text). Any other model is refused with the reason.
+    Llama 4 text, Qwen2-VL/2.5-VL text with M-RoPE; ALiBi: Bloom, MPT, Falcon with ``alibi=True``).
+    Any other model is refused with the reason.
 
     * ``encoding=None``: what the config means (:func:`liepos.interop.read_hf`, ``precision``
       passed on), so the patched model computes what the unpatched one does; the temperature is
@@ -522,4 +516,5 @@ def unpatch_model(model: Any) -> Any:
     return model
 
 
-SUPPORTED_FAMILIES = tuple(t for t, f in _families().items() if f.attention)
+# the model types patch_model patches
+SUPPORTED_FAMILIES = tuple(t for t, f in FAMILIES.items() if f.attention)
