@@ -284,3 +284,16 @@ def worst_table() -> str:
         a, b = (worst(tiny_alibi(mt, h, "sdpa" if mt == "falcon" else "eager"), ids() % 127 + 1) for h in (4, 6))
         lines.append(f"| {mt} (ALiBi) | {a:.1e} (4 heads) | {b:.1e} (6 heads) |")
     return "\n".join(lines)
+
+
+@pytest.mark.parametrize("model_type, layout", [
+    ("llama", "half"), ("cohere", "interleaved"), ("glm", "interleaved"), ("glm4", "interleaved"),
+    ("llama4_text", "interleaved"), ("deepseek_v3", "interleaved"),
+])
+def test_from_hf_reads_the_family_layout(model_type, layout):
+    """The layout is the family's (DeepSeek-V3: its rope_interleave flag), not always rotate_half."""
+    model = tiny(model_type, YARN if model_type == "deepseek_v3" else None)
+    assert from_hf(model.config).layout == layout
+    if model_type == "deepseek_v3":
+        model.config.rope_interleave = False
+        assert from_hf(model.config, softmax_mscale=False).layout == "half"
