@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from liepos.encoding import Encoding, apply_tables
+from liepos.tables import Tables
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 
@@ -44,6 +45,7 @@ __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
 _TIMES = "_liepos_times"
 _LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
+_WINDOW = 64  # positions of one table window: a decode step slices it, one build per 64 tokens
 
 
 @dataclass
@@ -53,10 +55,38 @@ class _Positions:
 
     ids: torch.Tensor | None = None
     tables: dict[Any, Any] = field(default_factory=dict)
+    # tables over a window of consecutive positions, kept across forwards: decoding one token per
+    # step then slices them instead of building tables at every step
+    windows: dict[Any, tuple[int, Tables, int]] = field(default_factory=dict)
 
     def record(self, ids: torch.Tensor | None) -> None:
         self.ids = ids
         self.tables.clear()
+
+    def get(self, enc: Encoding, pos: torch.Tensor, side: str, key: Any, dtype: torch.dtype,
+            device: torch.device) -> Tables:
+        """The tables of ``enc`` at ``pos`` ``(1|B, S)``, built once per forward or sliced from a window."""
+        t = self.tables.get(key)
+        if t is not None:
+            return t
+        S = pos.shape[-1]
+        start = int(pos[0, 0]) if pos.shape[0] == 1 else None
+        steps = start is not None and float(pos[0, 0]) == start and bool(
+            (pos[0] == start + torch.arange(S, dtype=pos.dtype, device=pos.device)).all())
+        if not steps or not enc.generator.is_orthogonal:  # rows, other positions, or couplings
+            t = enc.tables(pos, side).to(dtype, device)
+        else:
+            first, window, length = self.windows.get(key, (None, None, 0))
+            if first is None or not first <= start or start + S > first + length:
+                length = max(S, _WINDOW)
+                span = start + torch.arange(length, dtype=torch.float64)[None]  # (1, window)
+                first, window = start, enc.tables(span.to(pos.device), side).to(dtype, device)
+                self.windows[key] = (first, window, length)
+            i = start - first
+            cut = lambda v: None if v is None else v[..., i:i + S, :]  # noqa: E731  (…, window, dim) -> (…, S, dim)
+            t = dataclasses.replace(window, a=cut(window.a), b=cut(window.b))
+        self.tables[key] = t
+        return t
 
 
 @dataclass
@@ -114,11 +144,8 @@ class _Layer:
             out = getattr(self.encoding, side)(x, pos)
         else:
             key = (id(self.encoding), side if self.sided else "both", x.dtype, x.device)
-            t = self.positions.tables.get(key)
-            if t is None:
-                t = self.encoding.tables(pos, side).to(torch.float32 if x.dtype in _LOW else x.dtype, x.device)
-                self.positions.tables[key] = t
-            out = apply_tables(x, t)
+            work = torch.float32 if x.dtype in _LOW else x.dtype
+            out = apply_tables(x, self.positions.get(self.encoding, pos, side, key, work, x.device))
         if self.pad:
             out = out[..., : out.shape[-1] - self.pad]
         return self._scaled(out)
