@@ -381,6 +381,14 @@ def _collector() -> Any:
     return _active_collector
 
 
+def _text_rotary(module: Any, config: Any) -> bool:
+    """A rotary module of the text decoder (a vision tower's has its own config and positions)."""
+    if not type(module).__name__.endswith("RotaryEmbedding"):
+        return False
+    own = getattr(module, "config", None)
+    return own is None or getattr(own, "model_type", None) == getattr(config, "model_type", None)
+
+
 def _rotary_forward(self: Any, x: Any, position_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
     self._liepos_positions.record(position_ids)
     return type(self).forward(self, x, position_ids, *args, **kwargs)
@@ -521,7 +529,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     if _own_forward(family, config) is None:
         _install(family)  # validate everything before touching any layer
     for m in model.modules():
-        if type(m).__name__.endswith("RotaryEmbedding") and "_liepos_positions" not in m.__dict__:
+        if _text_rotary(m, config) and "_liepos_positions" not in m.__dict__:
             m._liepos_positions = positions
             m.forward = _rotary_forward.__get__(m, type(m))
     model.__dict__["_liepos_positions"] = positions
