@@ -45,7 +45,7 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding  # noqa: 
 
 import liepos as lp  # noqa: E402
 from liepos import scaling  # noqa: E402
-from liepos.interop.hf import from_hf, read_hf  # noqa: E402
+from liepos.interop import from_hf, read_hf  # noqa: E402
 from liepos.scaling import rotation_freqs  # noqa: E402
 
 transformers.logging.set_verbosity_error()

@@ -34,7 +34,7 @@ from transformers import (  # noqa: E402
 
 import liepos as lp  # noqa: E402
 from liepos.interop import patch_model, unpatch_model  # noqa: E402
-from liepos.interop.hf import from_hf  # noqa: E402
+from liepos.interop import from_hf  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 pytestmark = pytest.mark.upstream
