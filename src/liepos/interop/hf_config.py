@@ -271,7 +271,7 @@ def _longrope(c: _Ctx) -> Encoding:
     )
     if list(params["short_factor"]) == list(params["long_factor"]):
         # one factor list: the switch at L0 changes nothing, so the rotation is fixed (what to_hf writes)
-        enc = enc.at_length(L0).replace(length_rule=None)
+        enc = enc.at_length(int(L0)).replace(length_rule=None)  # int: at_length takes a token count
         return c.store(enc, _f32.longrope(c.base, c.dim, params["short_factor"])) if c.compat else enc
     if not c.compat:
         return enc
