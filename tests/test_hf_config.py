@@ -45,7 +45,7 @@ from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding  # noqa: 
 
 import liepos as lp  # noqa: E402
 from liepos import scaling  # noqa: E402
-from liepos.interop.hf import from_hf  # noqa: E402
+from liepos.interop import from_hf, read_hf  # noqa: E402
 from liepos.scaling import rotation_freqs  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -131,10 +131,17 @@ def test_partial_rotary_with_scaling(name, monkeypatch):
     w32, af = upstream(cfg)
     w64, _ = upstream(cfg, f64=True, monkeypatch=monkeypatch)
     assert w32.shape == (16,)
-    compat, precise = from_hf(cfg, precision="compat"), from_hf(cfg)
+    compat, precise = read_hf(cfg, precision="compat"), read_hf(cfg)
+    # the temperature is transformers' on the 32 rotated dims only: apart from the encoding
+    assert compat.rotary_dim == 32 and compat.rotary_scale == pytest.approx(af * af, rel=1e-12)
+    assert compat.encoding.logit_scale == pytest.approx(1.0, rel=1e-12)
+    if af != 1.0:
+        with pytest.raises(ValueError, match="rotated dims"):
+            from_hf(cfg)
+    compat, precise = compat.encoding, precise.encoding
     assert torch.equal(rotation_freqs(compat), w32.double())
     assert rel_err(rotation_freqs(precise), w64) <= 1e-12
-    assert compat.dim == precise.dim == 64 and compat.logit_scale == pytest.approx(af * af, rel=1e-12)
+    assert compat.dim == precise.dim == 64
     q = torch.randn(1, 1, 3, 64, dtype=torch.float64)
     assert torch.equal(precise.query(q, [5000, 9000, 20000])[..., 32:], q[..., 32:])
 
@@ -350,7 +357,7 @@ def test_deepseek_v2_lite_softmax_multiplier():
 
     rs = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
           "original_max_position_embeddings": 4096, "type": "yarn"}
-    cfg_json = {"hidden_size": 2048, "num_attention_heads": 16, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+    cfg_json = {"model_type": "deepseek_v2", "hidden_size": 2048, "num_attention_heads": 16, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                 "max_position_embeddings": 163840, "rope_theta": 10000, "rope_scaling": rs}
     obj = DeepseekV2Config(hidden_size=2048, num_attention_heads=16, max_position_embeddings=163840,
                            rope_scaling=dict(rs))
@@ -388,7 +395,8 @@ def test_deepseek_v3_rope_interleave_scores():
     want = qh.double() @ kh.double().transpose(-1, -2)
     got = enc.query(q.double(), pos) @ enc.key(k.double(), pos).transpose(-1, -2) * enc.logit_scale
     assert torch.allclose(got, want, atol=1e-6 * want.abs().max().item(), rtol=0)
-    half = from_hf(cfg, precision="compat", softmax_mscale=False)
+    assert from_hf(cfg).layout == "interleaved"  # the config's rope_interleave, read
+    half = from_hf(cfg, precision="compat", softmax_mscale=False).replace(layout="half")
     other = half.query(q.double(), pos) @ half.key(k.double(), pos).transpose(-1, -2)
     assert not torch.allclose(other, want, atol=1e-2 * want.abs().max().item())  # the layout matters
 
@@ -441,11 +449,14 @@ def test_errors_name_the_key():
                                                      "original_max_position_embeddings": 512}))
 
 
-def test_mrope_section_needs_ignore_keys():
+def test_mrope_section_is_m_rope():
     cfg = Qwen2VLConfig(text_config={"hidden_size": 256, "num_attention_heads": 4,
                                      "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12]}})
-    err("mrope_section", cfg)
-    enc = from_hf(cfg, ignore_keys={"mrope_section"})
+    q = torch.randn(1, 1, 3, 64, dtype=torch.float64)
+    p = torch.tensor([[0, 5, 9], [1, 2, 3], [4, 4, 4]], dtype=torch.float64)  # (seq, axes)
+    base = cfg.get_text_config().rope_parameters["rope_theta"]
+    assert torch.allclose(from_hf(cfg).query(q, p), lp.mrope(64, [8, 12, 12], base).query(q, p))
+    enc = from_hf(cfg, ignore_keys={"mrope_section"})  # the 1-D text positions, knowingly
     assert enc.dim == 64
 
 
@@ -464,3 +475,27 @@ def test_yarn_nested_truncate_is_ignored_as_upstream():
 
 def test_exported_at_top_level():
     assert lp.from_hf is from_hf
+
+
+# ---------------------------------------------------------------------- upstream-accepted edge configs
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0], "original_max_position_embeddings": 1024},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 2.0,
+     "original_max_position_embeddings": 1024},
+])
+@pytest.mark.parametrize("length", [100, 5000])
+def test_edge_configs_upstream_accepts_mean_the_same(rope, length):
+    """A length-1 longrope list broadcasts to every plane; llama3 with an empty smooth band is a step."""
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=8192, rope_theta=10000.0,
+                      rope_scaling=dict(rope))
+    w, af = mru.ROPE_INIT_FUNCTIONS[rope["rope_type"]](cfg, seq_len=length)
+    enc = from_hf(cfg, precision="compat").at_length(length)
+    assert torch.equal(rotation_freqs(enc), w.double())
+    assert enc.logit_scale == pytest.approx(af * af, rel=1e-12)
+
+
+def test_an_unused_key_upstream_warns_about_is_refused_with_the_reason():
+    cfg = {"hidden_size": 64, "num_attention_heads": 4, "rope_scaling": {"rope_type": "linear", "factor": 2.0, "foo": 1}}
+    with pytest.raises(ValueError, match="transformers only warns"):
+        from_hf(cfg)
+    assert from_hf(cfg, ignore_keys={"foo"}).generator.freqs[0] == 0.5

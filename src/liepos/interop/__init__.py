@@ -1,7 +1,8 @@
 """Interoperability: Hugging Face transformers configs and models, q/k weight layouts.
 
-* :func:`from_hf` — the encoding a transformers config describes;
-* :func:`patch_model` / :func:`unpatch_model` — run a transformers Llama-family model on liepos;
+* :func:`from_hf` — the encoding a transformers config describes (:func:`read_hf`: every fact apart);
+* :func:`to_hf` — back: the ``rope_parameters`` that make transformers compute an encoding;
+* :func:`patch_model` / :func:`unpatch_model` — run a transformers model of the family table on liepos;
 * :func:`permute_qk_weights` / :func:`layout_permutation` — layouts as a change of basis.
 """
 
@@ -9,12 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["from_hf", "patch_model", "unpatch_model", "permute_qk_weights", "layout_permutation"]
+__all__ = ["from_hf", "to_hf", "read_hf", "patch_model", "unpatch_model", "permute_qk_weights", "layout_permutation"]
 
 _WHERE = {
-    "from_hf": "liepos.interop.hf",
-    "patch_model": "liepos.interop.hf",
-    "unpatch_model": "liepos.interop.hf",
+    "from_hf": "liepos.interop.hf_config",
+    "read_hf": "liepos.interop.hf_config",
+    "to_hf": "liepos.interop.hf_export",
+    "patch_model": "liepos.interop.hf_model",
+    "unpatch_model": "liepos.interop.hf_model",
     "permute_qk_weights": "liepos.interop.layouts",
     "layout_permutation": "liepos.interop.layouts",
 }

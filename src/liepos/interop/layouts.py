@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from liepos.generator import Generator, direct_sum
+from liepos.tables import make_plan
+
 __all__ = ["LAYOUT_ALIASES", "layout_permutation", "permute_qk_weights"]
 
 LAYOUT_ALIASES = {
@@ -34,15 +37,15 @@ def _layout(name: object, arg: str) -> str:
 
 
 def _storage(layout: str, head_dim: int, rotary_dim: int) -> torch.Tensor:
-    """``pos[c]``: the storage index of canonical dim c (canonical = plane k is (2k, 2k+1), then real dims)."""
-    c = torch.arange(head_dim)
-    if layout == "interleaved":
-        return c
-    P = rotary_dim // 2
-    pos = c.clone()
-    rot = c[:rotary_dim]
-    pos[:rotary_dim] = (rot % 2) * P + rot // 2  # (plane k, component r) -> r·P + k
-    return pos
+    """``pos[c]``: the storage index of canonical dim c (rotation planes (2k, 2k+1), then real dims).
+
+    The core's :func:`liepos.tables.make_plan` is the one writer of that permutation; a generator
+    of ``rotary_dim/2`` planes and ``head_dim − rotary_dim`` real dims gives its structure.
+    """
+    P, rest = rotary_dim // 2, head_dim - rotary_dim
+    zp, zr = torch.zeros(P, dtype=torch.float64), torch.zeros(rest, dtype=torch.float64)
+    blocks = ([Generator(zp, zp, [1] * P, complex=[True] * P)] if P else []) + ([Generator(zr, zr, [1] * rest)] if rest else [])
+    return make_plan(direct_sum(*blocks), layout).perm
 
 
 def layout_permutation(head_dim: int, from_layout: str, to_layout: str, rotary_dim: int | None = None) -> torch.Tensor:

@@ -1,0 +1,124 @@
+"""The Hugging Face families liepos knows: one row of facts per ``model_type``.
+
+Most transformers modeling files share one shape: a rotary module computes ``cos, sin`` from
+``position_ids``, the attention calls a module-level ``apply_rotary_pos_emb(q, k, cos, sin)``,
+updates the cache and calls ``ALL_ATTENTION_FUNCTIONS.get_interface(...)``. :mod:`liepos.interop.hf_model`
+patches every family of that shape with one mechanism; what differs between families is data,
+written here once:
+
+* ``layout``: how the rotation planes are stored (``"half"``: ``rotate_half``; ``"interleaved"``:
+  dims (2k, 2k+1); ``"rope_interleave"``: the config's flag decides, as in DeepSeek-V3);
+* ``default_partial``: whether the family's *default* rope reads ``partial_rotary_factor``
+  (Llama's ``compute_default_rope_parameters`` ignores it; the scaled types of
+  ``modeling_rope_utils`` always read it);
+* ``splits_rotary``: the attention passes only the rotated dims to ``apply_rotary_pos_emb``
+  (Phi, StableLM) instead of the whole head;
+* ``seq_first``: q and k reach the rope as ``(batch, seq, heads, dim)`` (Llama 4);
+* ``softmax_mscale``: the attention multiplies its softmax scale by DeepSeek's ``m(s, mscale_all_dim)²``
+  (a model-level multiplier, not the rope's ``attention_factor``);
+* ``apply``: the names of the module-level rope functions the attention calls;
+* ``raw_keys``: the attention calls ``ALL_ATTENTION_FUNCTIONS`` with no extra term liepos'
+  attention lacks, so encodings that are not fixed rotations (xPos, ALiBi's slots, dynamic
+  NTK, …) can run through it; ``why`` says what is missing when not;
+* ``positions``: ``"rope"``, ``"alibi"`` (Bloom, MPT, Falcon with ``alibi=True``: read by
+  :func:`liepos.from_hf` as ALiBi) or ``"absolute"`` (GPT-2, OPT: refused by name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Family", "FAMILIES", "family_of"]
+
+_APPLY = ("apply_rotary_pos_emb",)
+
+
+@dataclass(frozen=True)
+class Family:
+    """The per-family facts :func:`~liepos.interop.patch_model` and :func:`~liepos.from_hf` read."""
+
+    model_type: str
+    module: str = ""
+    attention: tuple[str, ...] = ()
+    layout: str = "half"
+    default_partial: bool = False
+    splits_rotary: bool = False
+    seq_first: bool = False
+    softmax_mscale: bool = False
+    apply: tuple[str, ...] = _APPLY
+    raw_keys: bool = True
+    why: str = ""
+    positions: str = "rope"
+    axes: int = 1
+
+    @property
+    def modeling(self) -> str:
+        """The transformers module of the family's modeling code."""
+        return f"transformers.models.{self.module}.modeling_{self.module}"
+
+
+def _rope(model_type: str, attention: str, module: str | None = None, **facts: Any) -> Family:
+    return Family(model_type, module or model_type, (attention,), **facts)
+
+
+_SOFTCAP = "Gemma 2/3 soft-cap their attention logits (attn_logit_softcapping), which liepos.attention does not"
+_SINKS = "GPT-OSS adds learned attention sinks (s_aux) to the softmax, which liepos.attention does not"
+# the other MLA families of transformers: their attention multiplies the softmax scale by m(s, mscale_all_dim)²
+# (yarn_apply_mscale in each modeling file); from_hf knows it, patch_model does not patch them
+_MLA = ("deepseek_v2", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "mistral4",
+        "mistral_large4", "youtu", "axk1", "axk2", "bailing_hybrid", "hy_v4", "hy_v4_vl")
+_OWN = "the family computes attention itself, not through ALL_ATTENTION_FUNCTIONS"
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    _rope("llama", "LlamaAttention"),
+    _rope("mistral", "MistralAttention"),
+    _rope("mixtral", "MixtralAttention"),
+    _rope("qwen2", "Qwen2Attention"),
+    _rope("qwen2_moe", "Qwen2MoeAttention"),
+    _rope("qwen3", "Qwen3Attention"),
+    _rope("qwen3_moe", "Qwen3MoeAttention"),
+    _rope("gemma", "GemmaAttention"),
+    _rope("gemma2", "Gemma2Attention", raw_keys=False, why=_SOFTCAP),
+    _rope("gemma3_text", "Gemma3Attention", "gemma3", raw_keys=False, why=_SOFTCAP),
+    _rope("olmo", "OlmoAttention"),
+    _rope("olmo2", "Olmo2Attention"),
+    _rope("granite", "GraniteAttention"),
+    _rope("starcoder2", "Starcoder2Attention"),
+    _rope("cohere", "CohereAttention", layout="interleaved"),
+    _rope("glm", "GlmAttention", layout="interleaved", default_partial=True),
+    _rope("glm4", "Glm4Attention", layout="interleaved", default_partial=True),
+    _rope("stablelm", "StableLmAttention", default_partial=True, splits_rotary=True),
+    _rope("phi", "PhiAttention", default_partial=True, splits_rotary=True),
+    _rope("phi3", "Phi3Attention", default_partial=True),
+    _rope("gpt_neox", "GPTNeoXAttention", default_partial=True),
+    _rope("falcon", "FalconAttention", raw_keys=False, why=_OWN),
+    _rope("deepseek_v3", "DeepseekV3Attention", layout="rope_interleave", softmax_mscale=True,
+          apply=("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")),
+    _rope("gpt_oss", "GptOssAttention", raw_keys=False, why=_SINKS),
+    _rope("smollm3", "SmolLM3Attention"),
+    _rope("llama4_text", "Llama4TextAttention", "llama4", layout="interleaved", seq_first=True,
+          apply=("apply_rotary_emb",)),
+    _rope("qwen2_vl_text", "Qwen2VLAttention", "qwen2_vl", axes=3),
+    _rope("qwen2_5_vl_text", "Qwen2_5_VLAttention", "qwen2_5_vl", axes=3),
+    *(Family(t, softmax_mscale=True, why="its multi-head latent attention is not patched yet") for t in _MLA),
+    Family("bloom", "bloom", ("BloomAttention",), positions="alibi"),
+    Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
+    Family("gpt2", positions="absolute"),
+    Family("opt", positions="absolute"),
+    Family("gptj", positions="absolute", why="GPT-J is rotary but patch_model does not reproduce its attention yet"),
+)}
+# model types whose text decoder is one of the rows above
+_ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_vl": "qwen2_vl_text",
+            "qwen2_5_vl": "qwen2_5_vl_text"}
+
+
+def family_of(model_type: Any) -> Family | None:
+    """The row for ``model_type`` (a config's ``model_type``), or None for a family liepos does not know.
+
+    >>> family_of("llama").layout, family_of("cohere").layout, family_of("unknown") is None
+    ('half', 'interleaved', True)
+    """
+    if not isinstance(model_type, str):
+        return None
+    return FAMILIES.get(_ALIASES.get(model_type, model_type))

@@ -1,0 +1,555 @@
+"""Run a transformers model on liepos: one patch mechanism for every family of the table.
+
+Most modeling files of transformers share one shape (:mod:`liepos.interop.families`): a rotary
+module turns ``position_ids`` into ``cos, sin``; the attention calls a module-level
+``apply_rotary_pos_emb(q, k, cos, sin)``, updates the cache and calls
+``ALL_ATTENTION_FUNCTIONS.get_interface(...)``. :func:`patch_model` keeps all of upstream's
+attention (projections, q/k norms, softmax scaling and its multipliers, sliding or chunked
+windows, sinks, soft-capping, the backend) and replaces only what the encoding decides:
+
+* the rotary module's ``forward`` also records the ``position_ids`` it receives (one axis, or
+  M-RoPE's three), so liepos rotates at the very positions upstream does;
+* the module-level rope functions of the family's modeling file become dispatchers: inside a
+  patched attention they apply the layer's :class:`~liepos.Encoding` (``enc.query``/``enc.key``,
+  with transformers' temperature on the rotated dims); anywhere else they are upstream's;
+* for encodings that are not fixed rotations (xPos, RetNet, ALiBi's slots, dynamic NTK,
+  LongRoPE, Jordan blocks) the rope functions return the raw q and k, the cache keeps raw keys,
+  their times are kept beside it, and ``ALL_ATTENTION_FUNCTIONS`` of the modeling file returns
+  :func:`liepos.attention`, causal by token order (packed sequences never see a later token).
+
+The ALiBi families (Bloom, MPT, Falcon with ``alibi=True``) build a bias tensor inside their own
+attention code instead; for them the attention forward itself is replaced by one that runs
+:func:`liepos.attention` with the same projections.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import importlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from liepos.encoding import Encoding, apply_tables
+from liepos.tables import Tables
+from liepos.interop.families import FAMILIES, Family, family_of
+from liepos.interop.hf_config import HFRope, _times_logit, read_hf
+
+__all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
+
+_ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
+_TIMES = "_liepos_times"
+_LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
+_WINDOW = 64  # positions of one table window: a decode step slices it, one build per 64 tokens
+
+
+@dataclass
+class _Positions:
+    """The ``position_ids`` the model's rotary module saw last, shared by all layers of one model,
+    and the tables of the fixed rotations at them (built once per forward, not once per layer)."""
+
+    ids: torch.Tensor | None = None
+    tables: dict[Any, Any] = field(default_factory=dict)
+    # tables over a window of consecutive positions, kept across forwards: decoding one token per
+    # step then slices them instead of building tables at every step
+    windows: dict[Any, tuple[int, Tables, int]] = field(default_factory=dict)
+
+    def record(self, ids: torch.Tensor | None) -> None:
+        self.ids = ids
+        self.tables.clear()
+
+    def get(self, enc: Encoding, pos: torch.Tensor, side: str, key: Any, dtype: torch.dtype,
+            device: torch.device) -> Tables:
+        """The tables of ``enc`` at ``pos`` ``(1|B, S)``, built once per forward or sliced from a window."""
+        t = self.tables.get(key)
+        if t is not None:
+            return t
+        S = pos.shape[-1]
+        start = int(pos[0, 0]) if pos.shape[0] == 1 else None
+        steps = start is not None and float(pos[0, 0]) == start and bool(
+            (pos[0] == start + torch.arange(S, dtype=pos.dtype, device=pos.device)).all())
+        if not steps or not enc.generator.is_orthogonal:  # rows, other positions, or couplings
+            t = enc.tables(pos, side).to(dtype, device)
+        else:
+            first, window, length = self.windows.get(key, (None, None, 0))
+            if first is None or not first <= start or start + S > first + length:
+                length = max(S, _WINDOW)
+                span = start + torch.arange(length, dtype=torch.float64)[None]  # (1, window)
+                first, window = start, enc.tables(span.to(pos.device), side).to(dtype, device)
+                self.windows[key] = (first, window, length)
+            i = start - first
+            cut = lambda v: None if v is None else v[..., i:i + S, :]  # noqa: E731  (…, window, dim) -> (…, S, dim)
+            t = dataclasses.replace(window, a=cut(window.a), b=cut(window.b))
+        self.tables[key] = t
+        return t
+
+
+@dataclass
+class _Layer:
+    """A patched attention module's state: its encoding and how the family hands it q and k."""
+
+    encoding: Encoding
+    family: Family
+    gain: torch.Tensor | float  # multiplier of encoded q and k: transformers' temperature on rotated dims
+    encoded: bool  # pure rotation: HF's cache holds encoded keys, the model's backend runs
+    pad: int  # NoPE dims appended before encoding (families that pass only the rotated dims)
+    positions: _Positions
+    call: dict[str, Any] = field(default_factory=dict)
+    # a rotation's F and G are the same tables (only rates and Jordan couplings tell the sides apart)
+    sided: bool = True
+
+    def __post_init__(self) -> None:
+        self.sided = not self.encoding.generator.is_orthogonal
+
+    def times(self, like: torch.Tensor) -> torch.Tensor:
+        """Positions ``(1|B, S)`` or ``(1|B, S, axes)`` float64 of the current call."""
+        pos = self.positions.ids
+        S = like.shape[-2]
+        if pos is None:
+            seen = self.call.get("seen", 0)
+            pos = torch.arange(seen, seen + S, device=like.device)
+        if pos.dim() == 1:
+            pos = pos.unsqueeze(0)
+        if pos.dim() == 3:  # M-RoPE: (axes, B, S) -> (B, S, axes)
+            pos = pos.permute(1, 2, 0)
+        return pos.to(like.device, torch.float64)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.family.seq_first:
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, S, H, D) -> (B, H, S, D)
+        if q.shape[-1] + self.pad != self.encoding.content_dim:
+            raise ValueError(
+                f"{self.family.model_type}: the attention rotates {q.shape[-1]} dims but the encoding has "
+                f"{self.encoding.content_dim - self.pad} content dims"
+            )
+        pos = self.times(q)
+        self.call["pos"] = pos
+        if self.encoded:
+            q, k = self._encode(q, pos, "query"), self._encode(k, pos, "key")
+        elif not isinstance(self.gain, float) or self.gain != 1.0:
+            q, k = self._scaled(q), self._scaled(k)  # the gain commutes with the rotation of each plane
+        if self.family.seq_first:
+            q, k = q.transpose(1, 2), k.transpose(1, 2)  # back to (B, S, H, D)
+        return q, k
+
+    def _encode(self, x: torch.Tensor, pos: torch.Tensor, side: str) -> torch.Tensor:
+        if self.pad:
+            x = torch.cat((x, x.new_zeros(*x.shape[:-1], self.pad)), dim=-1)  # (…, rot) -> (…, rot + pad)
+        if self.positions.ids is None or pos.dim() != 2:  # no forward-wide positions: encode directly
+            out = getattr(self.encoding, side)(x, pos)
+        else:
+            key = (id(self.encoding), side if self.sided else "both", x.dtype, x.device)
+            work = torch.float32 if x.dtype in _LOW else x.dtype
+            out = apply_tables(x, self.positions.get(self.encoding, pos, side, key, work, x.device))
+        if self.pad:
+            out = out[..., : out.shape[-1] - self.pad]
+        return self._scaled(out)
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.gain, float):
+            return x if self.gain == 1.0 else x * self.gain
+        return x * self.gain.to(device=x.device, dtype=x.dtype)
+
+
+# ---------------------------------------------------------------------- the dispatchers in a modeling file
+def _rope_dispatcher(upstream: Any) -> Any:
+    def rope(q: torch.Tensor, k: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        module = _ACTIVE.get()
+        if module is None:
+            return upstream(q, k, *args, **kwargs)
+        return module._liepos.rotate(q, k)
+
+    rope._liepos_upstream = upstream
+    return rope
+
+
+class _Interfaces:
+    """``ALL_ATTENTION_FUNCTIONS`` of a modeling file: liepos.attention for raw-key layers, else upstream's."""
+
+    def __init__(self, upstream: Any) -> None:
+        self._liepos_upstream = upstream
+
+    def get_interface(self, name: Any, default: Any) -> Any:
+        module = _ACTIVE.get()
+        if module is not None and not module._liepos.encoded:
+            return _raw_attention
+        return self._liepos_upstream.get_interface(name, default)
+
+    def __getitem__(self, name: Any) -> Any:
+        return self._liepos_upstream[name]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._liepos_upstream, name)
+
+
+def _install(family: Family) -> None:
+    """Put the dispatchers in the family's modeling file (once; they fall through when unpatched)."""
+    mod = importlib.import_module(family.modeling)
+    for name in family.apply:
+        fn = getattr(mod, name)
+        if not hasattr(fn, "_liepos_upstream"):
+            setattr(mod, name, _rope_dispatcher(fn))
+    table = getattr(mod, "ALL_ATTENTION_FUNCTIONS", None)
+    if table is not None and not isinstance(table, _Interfaces):
+        mod.ALL_ATTENTION_FUNCTIONS = _Interfaces(table)
+
+
+# ---------------------------------------------------------------------- the raw-key path
+def _key_times(cache: Any, layer: int, pos: torch.Tensor, n_keys: int, seen: int) -> tuple[torch.Tensor, int]:
+    """Times ``(B, n_keys)`` of the keys ``cache.update`` returned, and the absolute index of key 0.
+
+    Kept beside the cache per layer. A dynamic cache returns the keys so far (a sliding one, the
+    latest); a static one returns its whole buffer, the new keys written at ``seen …``.
+    """
+    store = cache.__dict__.setdefault(_TIMES, {})
+    S = pos.shape[-1]
+    old, total = store.get(layer, (None, 0))
+    if seen == 0 or old is None:
+        old, total = pos.new_zeros(pos.shape[0], 0), 0
+    if seen < total:  # cropped: drop the latest times with it
+        old, total = old[:, : old.shape[-1] - (total - seen)], seen
+    if seen != total:
+        raise RuntimeError(
+            f"layer {layer}: the cache holds {seen} tokens but liepos recorded the times of {total} "
+            "(a cache filled by the unpatched model, or reordered); start from an empty cache"
+        )
+    B = max(old.shape[0], pos.shape[0])
+    times = torch.cat((old.expand(B, -1), pos.expand(B, -1)), dim=-1)  # (B, seen + S)
+    store[layer] = (times, seen + S)
+    if n_keys >= seen + S:  # everything so far (dynamic), or a static buffer with unfilled slots
+        pad = times.new_zeros(B, n_keys - seen - S)
+        return torch.cat((times, pad), dim=-1), 0
+    return times[:, times.shape[-1] - n_keys:], seen + S - n_keys  # a sliding window's latest keys
+
+
+def _raw_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
+                   scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """The attention interface of raw-key layers: :func:`liepos.attention` at the recorded times."""
+    from liepos.attention import attention
+
+    state: _Layer = module._liepos
+    if dropout:
+        raise NotImplementedError(
+            f"attention_dropout={dropout} is not applied by the liepos attention path; set config.attention_dropout = 0.0"
+        )
+    for name in ("softcap", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"{state.family.model_type}: {state.family.why}")
+    pos = state.call["pos"]  # (1|B, S)
+    if pos.dim() != 2:
+        raise NotImplementedError("the raw-key path takes one position axis; M-RoPE runs as a pure rotation")
+    B, S, Sk = q.shape[0], q.shape[2], k.shape[2]
+    seen, cache = state.call["seen"], state.call["cache"]
+    if cache is not None:
+        kpos, first = _key_times(cache, module.layer_idx, pos, Sk, seen)
+    else:
+        kpos, first = pos, 0
+    kpos = kpos.expand(B, -1)
+    # causal by token order: query i (token seen + i) sees key j (token first + j) when first + j <= seen + i
+    order = (torch.arange(Sk, device=q.device) + first)[None, :] <= (torch.arange(S, device=q.device) + seen)[:, None]
+    filled = (torch.arange(Sk, device=q.device) < seen + S - first).expand(B, -1)  # (B, Sk): unfilled static slots
+    mask = order[None, None]  # (1, 1, S, Sk)
+    if isinstance(attention_mask, torch.Tensor):
+        hf = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        if hf.dim() == 2:  # (B, Sk) padding, 1 = token
+            filled = filled & hf.bool()
+        else:
+            mask = mask & hf[..., -Sk:]
+    elif attention_mask is not None:
+        raise TypeError(
+            f"an attention mask of type {type(attention_mask).__name__} (flex attention's BlockMask?) is not "
+            "supported on the raw-key path; use attn_implementation='sdpa' or 'eager'"
+        )
+    out = attention(q, k, v, state.encoding, positions=pos.expand(B, -1), key_positions=kpos, causal=True,
+                    attn_mask=mask, key_padding_mask=filled, scale=scaling)
+    weights = None
+    if state.call.get("weights"):
+        # the softmax weights themselves: the same attention applied to one-hot values
+        eye = torch.eye(Sk, dtype=v.dtype, device=v.device).expand(B, k.shape[1], Sk, Sk)  # (B, Hk, Sk, Sk)
+        weights = attention(q, k, eye, state.encoding, positions=pos.expand(B, -1), key_positions=kpos,
+                            causal=True, attn_mask=mask, key_padding_mask=filled, scale=scaling)
+    return out.transpose(1, 2).contiguous(), weights  # (B, S, H, D)
+
+
+# ---------------------------------------------------------------------- ALiBi families: their own attention
+def _alibi_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, cache: Any,
+                     scale: float, weights: bool) -> tuple[torch.Tensor, Any]:
+    """q, k, v ``(B, H, S, D)`` of an ALiBi family's attention through the raw-key path at times 0, 1, …"""
+    state: _Layer = module._liepos
+    seen = int(cache.get_seq_length(module.layer_idx)) if cache is not None else 0
+    S = q.shape[2]
+    state.call = {"cache": cache, "seen": seen, "weights": weights,
+                  "pos": torch.arange(seen, seen + S, device=q.device, dtype=torch.float64)[None]}  # (1, S)
+    if cache is not None:
+        k, v = cache.update(k, v, module.layer_idx)
+    return _raw_attention(module, q, k, v, mask, scaling=scale)
+
+
+def _bloom_forward(self: Any, hidden_states: torch.Tensor, residual: torch.Tensor, alibi: Any = None,
+                   attention_mask: Any = None, layer_past: Any = None, use_cache: bool = False,
+                   output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Bloom's attention with liepos in place of the ``alibi`` bias tensor."""
+    from transformers.models.bloom.modeling_bloom import dropout_add
+
+    if self.pretraining_tp > 1 and self.slow_but_exact:
+        raise NotImplementedError("Bloom's slow_but_exact tensor-parallel sum is not reproduced; set slow_but_exact=False")
+    B, S, _ = hidden_states.shape
+    q, k, v = self._reshape(self.query_key_value(hidden_states))  # 3 × (B, H, S, D)
+    out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
+                                    output_attentions or _recording_attentions())
+    out = self.dense(out.reshape(B, S, -1))  # (B, S, H, D) -> (B, S, H·D)
+    return dropout_add(out, residual, self.hidden_dropout, self.training), weights
+
+
+def _mpt_forward(self: Any, hidden_states: torch.Tensor, position_bias: Any = None, cache: Any = None,
+                 attention_mask: Any = None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """MPT's attention with liepos in place of ``position_bias``; MPT's mask is True where masked."""
+    if self.training and self.attn_dropout_p:
+        raise NotImplementedError(f"attn_pdrop={self.attn_dropout_p} is not applied by the liepos attention path")
+    B, S = hidden_states.shape[:2]
+    qkv = self.Wqkv(hidden_states)
+    if self.clip_qkv:
+        qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+    q, k, v = (x.reshape(B, S, self.n_heads, self.head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=2))  # (B, H, S, D)
+    mask = None if attention_mask is None else ~attention_mask
+    out, weights = _alibi_attention(self, q, k, v, mask, cache, self.softmax_scale, _recording_attentions())
+    return self.out_proj(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
+
+
+def _falcon_forward(self: Any, hidden_states: torch.Tensor, alibi: Any = None, attention_mask: Any = None,
+                    position_ids: Any = None, layer_past: Any = None, use_cache: bool = False,
+                    output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Falcon's attention with ``alibi=True``, liepos in place of the alibi bias (HF adds it to the mask too)."""
+    if self.training and self.attention_dropout.p:
+        raise NotImplementedError(f"attention_dropout={self.attention_dropout.p} is not applied by the liepos attention path")
+    q, k, v = self._split_heads(self.query_key_value(hidden_states))  # 3 × (B, S, H|Hk, D)
+    B, S = q.shape[:2]
+    kv = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    q = q.transpose(1, 2).reshape(B, self.num_heads, S, self.head_dim)  # (B, H, S, D)
+    k, v = (x.transpose(1, 2).reshape(B, kv, S, self.head_dim) for x in (k, v))  # (B, Hk, S, D)
+    out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
+                                    output_attentions or _recording_attentions())
+    return self.dense(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
+
+
+_OWN_FORWARDS = {"bloom": _bloom_forward, "mpt": _mpt_forward}
+
+
+def _own_forward(family: Family, config: Any) -> Any:
+    """The ALiBi family's own forward, or None for the families of the shared mechanism."""
+    if family.model_type == "falcon" and getattr(config, "alibi", False):
+        return _falcon_forward
+    return _OWN_FORWARDS.get(family.model_type)
+
+
+# ---------------------------------------------------------------------- patching
+def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """The patched attention forward: upstream's, with the liepos dispatchers active."""
+    state: _Layer = self._liepos
+    # the decoder layers pass the cache by keyword (its name changed over transformers releases)
+    cache = next((kwargs[k] for k in ("cache", "past_key_values", "layer_past") if kwargs.get(k) is not None), None)
+    state.call = {
+        "cache": cache,
+        "seen": int(cache.get_seq_length(self.layer_idx)) if cache is not None else 0,
+        "weights": bool(kwargs.get("output_attentions", False)) or _recording_attentions(),
+    }
+    token = _ACTIVE.set(self)
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
+
+
+def _recording_attentions() -> bool:
+    """Whether transformers' output recorder collects attention weights in this forward."""
+    collector = _collector()
+    collected = None if collector is None else collector.get()
+    return type(collected) is dict and "attentions" in collected  # a plain dict (no ABC check per call)
+
+
+@functools.cache
+def _collector() -> Any:
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # an older transformers: output_attentions reaches the attention as a kwarg
+        return None
+    return _active_collector
+
+
+def _text_rotary(module: Any, config: Any) -> bool:
+    """A rotary module of the text decoder (a vision tower's has its own config and positions)."""
+    if not type(module).__name__.endswith("RotaryEmbedding"):
+        return False
+    own = getattr(module, "config", None)
+    return own is None or getattr(own, "model_type", None) == getattr(config, "model_type", None)
+
+
+def _rotary_forward(self: Any, x: Any, position_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
+    self._liepos_positions.record(position_ids)
+    return type(self).forward(self, x, position_ids, *args, **kwargs)
+
+
+def _family(model: Any, config: Any) -> Family:
+    model_type = getattr(config, "model_type", None)
+    family = family_of(model_type)
+    if family is None or not family.attention:
+        known = sorted(SUPPORTED_FAMILIES)
+        why = "" if family is None or not family.why else f" ({family.why})"
+        what = "ALiBi model" if family is not None and family.positions == "alibi" else "family"
+        raise ValueError(
+            f"patch_model does not patch {type(model).__name__} (model_type {model_type!r}){why}: no {what} row "
+            f"with its attention class in liepos.interop.families; patched: {known}"
+        )
+    return family
+
+
+def _layer_read(read: Any, module: Any, config: Any) -> Any:
+    if not isinstance(read, Mapping):
+        return read
+    lt = getattr(module, "layer_type", None)
+    types = list(getattr(config, "layer_types", None) or ())
+    if lt is None and module.layer_idx < len(types):
+        lt = types[module.layer_idx]
+    if lt not in read:
+        raise ValueError(f"layer {module.layer_idx} has layer type {lt!r} but the encodings are given for {sorted(read)}")
+    return read[lt]
+
+
+def _state(item: Any, module: Any, family: Family, config: Any, positions: _Positions) -> _Layer:
+    """The layer state for an :class:`HFRope` (encoding=None) or a user's Encoding."""
+    rotated = _rotated_dims(module, family, config)
+    if isinstance(item, HFRope):
+        enc = item.encoding
+        pad = enc.content_dim - rotated
+        gain: torch.Tensor | float = math.sqrt(enc.logit_scale)
+        if not item.exact_encoding:  # the temperature on the rotated dims only, as upstream
+            g = torch.ones(enc.content_dim, dtype=torch.float64)
+            g[: item.rotary_dim] = math.sqrt(item.rotary_scale)
+            gain = g[:rotated]
+        if enc.logit_scale != 1.0:  # the gain carries it, on the dims upstream scales
+            enc = _times_logit(enc, 1.0 / enc.logit_scale)
+    else:
+        if not isinstance(item, Encoding):
+            raise TypeError(f"encoding must be a liepos.Encoding (or a dict of them by layer type), got {type(item).__name__}")
+        enc, pad = item, 0
+        # a fixed rotation runs in the model's backend: its logit scale goes into q and k;
+        # liepos.attention applies it itself
+        gain = math.sqrt(item.logit_scale) if _fixed(item) else 1.0
+    if enc.content_dim - pad != rotated:
+        raise ValueError(
+            f"the encoding has {enc.content_dim} content dims but {type(module).__name__} (layer "
+            f"{module.layer_idx}) rotates {rotated} dims"
+        )
+    heads = getattr(config, "num_attention_heads", None)
+    if enc.num_heads is not None and heads is not None and enc.num_heads != heads:
+        raise ValueError(
+            f"the encoding has per-head parameters for {enc.num_heads} heads but the model has num_attention_heads={heads}"
+        )
+    encoded = _fixed(enc)
+    own = _own_forward(family, config) is not None
+    if own:  # an ALiBi family's attention: liepos.attention, raw keys
+        encoded, gain = False, 1.0
+    if not encoded and not family.raw_keys and not own:
+        raise NotImplementedError(
+            f"{family.model_type}: {enc!r} is not a fixed rotation, so it needs the raw-key path, and {family.why}; "
+            "fixed rotations (RoPE and its static scalings) patch this family exactly"
+        )
+    if not encoded and family.splits_rotary:
+        raise NotImplementedError(f"{family.model_type}: the raw-key path needs the whole head; this family rotates part")
+    return _Layer(enc, family, gain, encoded, pad, positions)
+
+
+def _fixed(enc: Encoding) -> bool:
+    """Pure rotations at a fixed generator: encoded keys are exact at absolute times, cache them."""
+    return not enc.needs_recentring and enc.length_rule is None
+
+
+def _rotated_dims(module: Any, family: Family, config: Any) -> int:
+    if family.splits_rotary:
+        return int(module.rotary_ndims)
+    return int(getattr(config, "qk_rope_head_dim", None) or getattr(module, "head_dim", None) or module.head_size)
+
+
+def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None = None, *,
+                precision: str = "precise") -> Any:
+    """Run every attention layer of a transformers model of a supported family on liepos; returns ``model``.
+
+    The families are the rows of :data:`liepos.interop.families.FAMILIES` with an attention class
+    (Llama, Mistral, Mixtral, Qwen2/3 and their MoE, Gemma 1–3, OLMo 1–2, Granite, Starcoder2,
+    Cohere, GLM, GLM4, StableLM, Phi, Phi-3, GPT-NeoX, Falcon, DeepSeek-V3, GPT-OSS, SmolLM3,
+    Llama 4 text, Qwen2-VL/2.5-VL text with M-RoPE; ALiBi: Bloom, MPT, Falcon with ``alibi=True``).
+    Any other model is refused with the reason.
+
+    * ``encoding=None``: what the config means (:func:`liepos.interop.read_hf`, ``precision``
+      passed on), so the patched model computes what the unpatched one does; the temperature is
+      applied to the rotated dims as upstream does, model-level multipliers stay upstream's.
+    * Pure rotations with a fixed generator cache the *encoded* keys in HF's cache, exactly like
+      upstream, and run the model's own attention backend.
+    * Every other encoding caches *raw* keys; their times are kept beside the cache and
+      :func:`liepos.attention` encodes them relative to each query block, causal by token order
+      and under HF's mask (padding, packed sequences, sliding windows, static caches).
+      ``output_attentions`` returns the softmax weights.
+
+    ``encoding`` may be a dict ``{layer_type: Encoding}``. Layers the family runs without rope
+    (SmolLM3's and Llama 4's NoPE layers) stay NoPE. Patching a patched model replaces its
+    encoding; :func:`unpatch_model` restores the upstream forward.
+
+    Limits: on the raw-key path no attention dropout; a cache filled by the unpatched model is
+    refused, and the key times follow the cache's rows as filled (beam search that reorders rows
+    with different positions, i.e. a left-padded batch, is not supported there); families whose attention adds terms liepos'
+    attention lacks (Gemma 2/3 soft-capping, GPT-OSS sinks, Falcon's own attention) take fixed
+    rotations only.
+    """
+    if encoding is not None and not isinstance(encoding, (Encoding, Mapping)):
+        raise TypeError(
+            f"encoding must be a liepos.Encoding, a dict of them by layer type, or None, got {type(encoding).__name__}"
+        )
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    family = _family(model, config)
+    read = read_hf(config, precision=precision) if encoding is None else encoding
+    modules = [m for m in model.modules() if type(m).__name__ in family.attention and getattr(m, "use_rope", True)]
+    if not modules:
+        raise ValueError(f"{type(model).__name__} has no attention layer of class {list(family.attention)}")
+    positions = getattr(model, "_liepos_positions", None) or _Positions()
+    states: dict[Any, _Layer] = {}  # one state per (encoding, rotated dims): layers share its tables
+
+    def state(m: Any) -> _Layer:
+        item = _layer_read(read, m, config)
+        key = (id(item), _rotated_dims(m, family, config))
+        if key not in states:
+            states[key] = _state(item, m, family, config, positions)
+        return dataclasses.replace(states[key], call={})
+
+    plan = [(m, state(m)) for m in modules]
+    if _own_forward(family, config) is None:
+        _install(family)  # validate everything before touching any layer
+    for m in model.modules():
+        if _text_rotary(m, config) and "_liepos_positions" not in m.__dict__:
+            m._liepos_positions = positions
+            m.forward = _rotary_forward.__get__(m, type(m))
+    model.__dict__["_liepos_positions"] = positions
+    forward = _own_forward(family, config) or _forward
+    for m, state in plan:
+        m._liepos = state
+        m.forward = forward.__get__(m, type(m))
+    return model
+
+
+def unpatch_model(model: Any) -> Any:
+    """Undo :func:`patch_model`: every attention layer runs its upstream forward again."""
+    for m in model.modules():
+        for attr in ("_liepos", "_liepos_positions"):
+            if attr in m.__dict__:
+                m.__dict__.pop("forward", None)
+                m.__dict__.pop(attr)
+    model.__dict__.pop("_liepos_positions", None)
+    return model
+
+
+# the model types patch_model patches
+SUPPORTED_FAMILIES = tuple(t for t, f in FAMILIES.items() if f.attention)
