@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from liepos import _angles
+from liepos._angles import reduced_angle as _exact_reduced_angle
 from liepos.generator import Generator
 from liepos.structure import Structure
 
@@ -46,7 +46,7 @@ def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     >>> abs(math.sin(float(reduced_angle(w, t))) - (-0.99296932074040507621)) < 1e-15  # mpmath's sin(1e18)
     True
     """
-    return _angles.reduced_angle(freq, pos)
+    return _exact_reduced_angle(freq, pos)
 
 
 @dataclass(frozen=True)

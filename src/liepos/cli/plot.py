@@ -67,8 +67,8 @@ def _section_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     need_extra("matplotlib", "plot")
-    from liepos.tour import figures as F
-    from liepos.tour import sections as S
+    import liepos.tour.figures as F
+    import liepos.tour.sections as S
     from liepos.tour.sections import json_safe
 
     if Path(args.out).is_dir():  # say what it is before what its name lacks

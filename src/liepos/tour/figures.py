@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from liepos.classify import ROW_COLORS  # one colour per row of the six, defined once with the rows
-from liepos.tour import sections as S
+import liepos.tour.sections as S
 
 __all__ = ["ROW_COLORS", "KINDS", "FORMATS", "require_matplotlib", "section_params", "figure", "save"]
 

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from liepos._progress import progress
-from liepos.tour import figures as F
-from liepos.tour import playground as PG
-from liepos.tour import sections as T
+import liepos.tour.figures as F
+import liepos.tour.playground as PG
+import liepos.tour.sections as T
 from liepos.tour.sections import json_safe
 
 __all__ = ["tour", "Written", "SECTION_ORDER", "FIGURES", "INSTALL", "asset"]
