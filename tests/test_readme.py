@@ -23,16 +23,9 @@ def blocks(path: Path) -> list[str]:
     return BLOCK.findall(path.read_text(encoding="utf-8"))
 
 
-# blocks of other owners' guides that fail alone on this branch (no `import liepos as lp` of their own), as
-# reported to the lead for routing; non-strict, so that each turns XPASS the moment its owner fixes it
-FAIL_ALONE = {"docs/guide/attention.md:0": "attn", "docs/guide/learnable.md:0": "core",
-              "docs/guide/learnable.md:1": "core", "docs/guide/scaling.md:0": "core"}
-
-
 def _example(page: Path, i: int, code: str):
     name = f"{page.relative_to(ROOT)}:{i}"
-    marks = [pytest.mark.xfail(reason=f"fails alone: routed to {FAIL_ALONE[name]}", strict=False)] if name in FAIL_ALONE else []
-    return pytest.param(page, i, code, id=name, marks=marks)
+    return pytest.param(page, i, code, id=name)
 
 
 EXAMPLES = [_example(page, i, code) for page in PAGES for i, code in enumerate(blocks(page))]
