@@ -368,5 +368,5 @@ def test_attention_errors_name_the_argument():
         lp.attention(q, k, v, enc, torch.zeros(2, 2, 12))
     with pytest.raises(ValueError, match="positions must be finite"):
         lp.attention(q, k, v, enc, torch.full((12,), float("inf")))
-    with pytest.raises(TypeError, match="enc must be a liepos.Encoding"):
+    with pytest.raises(TypeError, match="`enc` must be a liepos.Encoding"):
         lp.attention(q, k, v, "rope")
