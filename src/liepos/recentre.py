@@ -30,6 +30,9 @@ MAX_EXPONENT = 30.0
 # largest time span of the polynomial parts (Jordan blocks, slots) around one origin: binomial terms
 # of (t - o) and (s - o) cancel, so the span bounds the rounding of near-lag scores
 POLY_SPAN = 256.0
+# relative rounding allowed from that cancellation: a Jordan block of degree n (size n + 1) computed in
+# a dtype of unit roundoff eps loses about span^n · eps, so the span is at most (POLY_ROUNDING / eps)^(1/n)
+POLY_ROUNDING = 2.0**-14
 
 
 def _max_rate(enc: Encoding | None) -> float:
@@ -47,9 +50,16 @@ def budget(call: Call) -> tuple[float, float, float]:
     work = torch.float32 if dtype in LOW else dtype
     # e^{±budget} factors on both sides must stay far inside the dtype's range
     limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
-    poly = call.enc.plan.has_coupling or call.enc.num_slots > 0
-    poly = poly or (call.venc is not None and call.venc.plan.has_coupling)
-    return rate, limit, (POLY_SPAN if poly else math.inf)
+    return rate, limit, _poly_span(call.enc, work) if call.venc is None else min(
+        _poly_span(call.enc, work), _poly_span(call.venc, work))
+
+
+def _poly_span(enc: Encoding, work: torch.dtype) -> float:
+    """The time span one origin may cover for the polynomial parts of ``enc`` computed in ``work``."""
+    if not (enc.plan.has_coupling or enc.num_slots):
+        return math.inf
+    degree = max(enc.generator.sizes) - 1
+    return min(POLY_SPAN, (POLY_ROUNDING / torch.finfo(work).eps) ** (1.0 / max(degree, 1)))
 
 
 def _within(times: torch.Tensor, origin: torch.Tensor, b: tuple[float, float, float]) -> bool:
