@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import liepos as lp
+from liepos.recentre import POLY_ROUNDING
 
 F64 = torch.float64
 H, D = 4, 8
@@ -213,6 +214,8 @@ def test_alibi_equals_press_bias_and_never_builds_a_seq_by_seq_tensor(heads):
 @pytest.mark.parametrize("dtype,tol", [(F64, 1e-9), (torch.float32, 1e-5)])
 def test_full_equals_prefill_plus_decode_and_windows(name, dtype, tol):
     enc = encodings()[name]
+    if max(enc.generator.sizes) > 2 and dtype == torch.float32:
+        tol = POLY_ROUNDING  # Jordan parts: the cancellation bound re-centring keeps (liepos.recentre)
     q, k, v = qkv(B=2, Sq=20, Sk=20, kv_heads=2, dtype=dtype)
     full = lp.attention(q, k, v, enc)
     # prefill 8, then one token at a time

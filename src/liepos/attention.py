@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from liepos.attention_call import Call, _expand_batch, bind, prepare
+from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
 from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
@@ -150,7 +151,9 @@ def _plain(call: Call) -> torch.Tensor:
     qe = call.enc.query(call.q, call.qpos)
     ke = _encoded(call, call.enc, call.k, "k")
     ve = call.v if call.venc is None else _encoded(call, call.venc, call.v, "v")
-    if call.simple or call.unmasked:
+    if call.simple and call.sinks is not None and available(qe):
+        y = pieces(qe, [(ke, ve, True)], call.c, call.sinks)  # the sink rides in the log-sum-exp
+    elif call.simple or call.unmasked:
         y = sdpa(qe, ke, ve, None, call.c, is_causal=call.simple, sinks=call.sinks, finite=call.finite)
     else:
         outs = []

@@ -19,6 +19,7 @@ import math
 import torch
 
 from liepos.attention_call import LOW, Call
+from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
@@ -87,8 +88,14 @@ def recentred(call: Call) -> torch.Tensor:
         out = _from_cache_origin(call, b)
         if out is not None:
             return out
+    if call.simple and not ax and available(call.q):
+        outs: list[torch.Tensor] = []
+        _diagonal(call, 0, call.q.shape[2], b, outs)
+        if call.cache is not None:
+            _reset_cache_origin(call, b)
+        return torch.cat(outs, dim=2)
     sorted_keys = call.kord.shape[1] < 2 or bool((call.kord[:, 1:] >= call.kord[:, :-1]).all())
-    outs: list[torch.Tensor] = []
+    outs = []
     Sq = call.q.shape[2]
     for i in range(0, Sq, call.block_size):
         _run(call, i, min(i + call.block_size, Sq), ax, sorted_keys, b, outs)
@@ -127,6 +134,36 @@ def _run(call: Call, lo: int, hi: int, ax: bool, sorted_keys: bool, b, outs: lis
         ve = call.venc.key(ve, rel)  # G_v(s - o) v
     m = visible(*call.mask_args(slice(lo, hi), n_keys))
     outs.append(_attend(call, qe, ke, ve, m, o, tq))
+
+
+def _too_wide(call: Call, lo: int, hi: int, b) -> bool:
+    """Whether the query times ``lo:hi`` span more than one origin may cover."""
+    rate, limit, poly_span = b
+    tq = call.qpos[:, lo:hi]
+    span = float((tq.amax(-1) - tq.amin(-1)).detach().max())
+    return hi - lo > 1 and (rate * span > limit or span > poly_span)
+
+
+def _diagonal(call: Call, lo: int, hi: int, b, outs: list) -> None:
+    """Equal, strictly increasing query and key times: the block ``lo:hi`` sees every key before it
+    (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly; blocks are
+    as long as the budget allows."""
+    if _too_wide(call, lo, hi, b):
+        mid = (lo + hi) // 2
+        _diagonal(call, lo, mid, b, outs)
+        _diagonal(call, mid, hi, b, outs)
+        return
+    tq = call.qpos[:, lo:hi]
+    o = tq[:, -1:]  # (B, 1): the origin, the block's latest time (times increase)
+    rel = call.kpos[:, :hi] - o  # (B, hi), ≤ 0: every key up to the block's end
+    qe = call.enc.query(call.q[:, :, lo:hi], tq - o)
+    ke = call.enc.key(call.k[:, :, :hi], rel)
+    ve = call.v[:, :, :hi] if call.venc is None else call.venc.key(call.v[:, :, :hi], rel)
+    parts = [(ke[:, :, :lo], ve[:, :, :lo], False), (ke[:, :, lo:], ve[:, :, lo:], True)]
+    y = pieces(qe, parts, call.c, call.sinks)
+    if call.venc is not None:
+        y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
+    outs.append(y)
 
 
 def _version(call: Call) -> tuple:
