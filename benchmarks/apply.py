@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     name = "apply_quick" if a.quick else "apply"
-    cmd = "python benchmarks/apply.py" + (" --quick" if a.quick else "")
+    cmd = " ".join(["python benchmarks/apply.py", *sys.argv[1:]])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
                                                       "threads": torch.get_num_threads(), "results": res}, indent=1))

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     name = "attention_quick" if a.quick else "attention"
     RESULTS.mkdir(exist_ok=True)
-    meta = {"command": "python benchmarks/attention.py" + (" --quick" if a.quick else ""), "torch": torch.__version__,
+    meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
             "shape": [1, HEADS, "T", DIM], "rounds": rounds}
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))

@@ -40,24 +40,12 @@ __all__ = ["attention", "attention_reference", "KVCache"]
 
 
 def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    enc: Encoding,
-    positions: Any = None,
-    key_positions: Any = None,
-    causal: bool = True,
-    *,
-    attn_mask: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    document_ids: torch.Tensor | None = None,
-    key_document_ids: torch.Tensor | None = None,
-    cache: KVCache | None = None,
-    scale: float | None = None,
-    allow_bidirectional: bool = False,
-    block_size: int = 256,
-    sinks: torch.Tensor | None = None,
-    value_encoding: Encoding | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Encoding,
+    positions: Any = None, key_positions: Any = None, causal: bool = True, *,
+    attn_mask: torch.Tensor | None = None, key_padding_mask: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None, key_document_ids: torch.Tensor | None = None,
+    cache: KVCache | None = None, scale: float | None = None, allow_bidirectional: bool = False,
+    block_size: int = 256, sinks: torch.Tensor | None = None, value_encoding: Encoding | None = None,
 ) -> torch.Tensor:
     """Attention with a positional encoding: ``softmax(c · qᵀ A(t − s) k + b) v``, ``c = logit_scale/√d``.
 
