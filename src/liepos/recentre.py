@@ -89,8 +89,7 @@ def recentred(call: Call) -> torch.Tensor:
         if out is not None:
             return out
     if call.simple and not ax and available(call.q):
-        outs: list[torch.Tensor] = []
-        _diagonal(call, 0, call.q.shape[2], b, outs)
+        outs = [_diagonal(call, lo, hi) for lo, hi in _blocks(call, b)]
         if call.cache is not None:
             _reset_cache_origin(call, b)
         return torch.cat(outs, dim=2)
@@ -136,23 +135,26 @@ def _run(call: Call, lo: int, hi: int, ax: bool, sorted_keys: bool, b, outs: lis
     outs.append(_attend(call, qe, ke, ve, m, o, tq))
 
 
-def _too_wide(call: Call, lo: int, hi: int, b) -> bool:
-    """Whether the query times ``lo:hi`` span more than one origin may cover."""
+def _blocks(call: Call, b) -> list[tuple[int, int]]:
+    """Greedy query blocks of increasing times, each as long as one origin may cover."""
     rate, limit, poly_span = b
-    tq = call.qpos[:, lo:hi]
-    span = float((tq.amax(-1) - tq.amin(-1)).detach().max())
-    return hi - lo > 1 and (rate * span > limit or span > poly_span)
+    allowed = min(limit / rate if rate > 0 else math.inf, poly_span)
+    t = call.qpos.contiguous()  # (B, Sq), strictly increasing
+    out, lo, Sq = [], 0, t.shape[1]
+    while lo < Sq:
+        if math.isinf(allowed):
+            hi = Sq
+        else:
+            ends = torch.searchsorted(t, t[:, lo : lo + 1] + allowed, right=True)  # (B, 1)
+            hi = max(lo + 1, int(ends.min()))
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
-def _diagonal(call: Call, lo: int, hi: int, b, outs: list) -> None:
+def _diagonal(call: Call, lo: int, hi: int) -> torch.Tensor:
     """Equal, strictly increasing query and key times: the block ``lo:hi`` sees every key before it
-    (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly; blocks are
-    as long as the budget allows."""
-    if _too_wide(call, lo, hi, b):
-        mid = (lo + hi) // 2
-        _diagonal(call, lo, mid, b, outs)
-        _diagonal(call, mid, hi, b, outs)
-        return
+    (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly."""
     tq = call.qpos[:, lo:hi]
     o = tq[:, -1:]  # (B, 1): the origin, the block's latest time (times increase)
     rel = call.kpos[:, :hi] - o  # (B, hi), ≤ 0: every key up to the block's end
@@ -163,7 +165,7 @@ def _diagonal(call: Call, lo: int, hi: int, b, outs: list) -> None:
     y = pieces(qe, parts, call.c, call.sinks)
     if call.venc is not None:
         y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
-    outs.append(y)
+    return y
 
 
 def _version(call: Call) -> tuple:
