@@ -388,12 +388,12 @@ def test_recentred_diagonal_blocks_equal_the_masked_path_and_the_reference():
     venc = lp.xpos(4)
     t = torch.cumsum(torch.rand(40, dtype=F64, generator=torch.Generator().manual_seed(4)) + 0.5, 0) + 1e6
     fused = lp.attention(q, k, v, enc, t, t, sinks=s, value_encoding=venc)
-    keep = torch.ones(2, 40, dtype=torch.bool)  # a padding mask of all True takes the masked path ...
-    masked = lp.attention(q, k, v, enc, t, t, sinks=s, value_encoding=venc, attn_mask=torch.ones(40, 40, dtype=torch.bool))
+    everyone = torch.ones(40, 40, dtype=torch.bool)  # an explicit mask takes the masked query blocks
+    masked = lp.attention(q, k, v, enc, t, t, sinks=s, value_encoding=venc, attn_mask=everyone)
     assert torch.allclose(fused, masked, atol=1e-10)
     ref = lp.attention_reference(q, k, v, enc, t, t, sinks=s, value_encoding=venc)
     assert torch.allclose(fused, ref, atol=1e-9)
-    assert torch.allclose(lp.attention(q, k, v, enc, t, t, key_padding_mask=keep), lp.attention_reference(q, k, v, enc, t, t), atol=1e-9)
+    assert torch.allclose(lp.attention(q, k, v, enc, t, t), lp.attention_reference(q, k, v, enc, t, t), atol=1e-9)
     f = lambda q, k, v, s: lp.attention(q, k, v, enc, t[:12], t[:12], sinks=s)  # noqa: E731
     args = (q[:1, :, :12], k[:1, :, :12], v[:1, :, :12], s)
     assert torch.autograd.gradcheck(f, tuple(a.clone().requires_grad_(True) for a in args), fast_mode=True)
