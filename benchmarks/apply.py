@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
                                                       "threads": torch.get_num_threads(), "results": res}, indent=1))
-    (RESULTS / f"{name}.md").write_text(f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads)\n\n{text}\n")
+    head = f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    (RESULTS / f"{name}.md").write_text(f"{head}\n\n{text}\n")
     return 0
 
 

@@ -124,7 +124,8 @@ def test_positions_alone_in_self_attention_place_the_keys_there_too(name):
     enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "alibi": lp.alibi(H, D)}[name]
     q, k, v = qkv()
     p = torch.arange(12, dtype=F64) + 5000
-    assert torch.equal(lp.attention(q, k, v, enc, positions=p), lp.attention(q, k, v, enc, positions=p, key_positions=p))
+    alone = lp.attention(q, k, v, enc, positions=p)
+    assert torch.equal(alone, lp.attention(q, k, v, enc, positions=p, key_positions=p))
     # cross-attention (other lengths) keeps the documented default 0 … k_seq − 1
     out = lp.attention(q[:, :, :3], k, v, enc, positions=[11.0, 12.0, 13.0])
     ref = lp.attention_reference(q[:, :, :3], k, v, enc, [11.0, 12.0, 13.0], torch.arange(12))

@@ -20,7 +20,9 @@ def value_encodings():
         "rope_half": lp.rope(DV, layout="half"),
         "decay": lp.decay(torch.tensor([0.02, 0.1, 0.3, 0.05, 0.2, 0.01], dtype=F64)),
         "xpos": lp.xpos(DV),
-        "jordan": lp.Encoding(lp.Generator([-0.1, -0.05, -0.2], [0.0, 0.4, 0.0], [3, 1, 1], complex=[False, True, False])),
+        "jordan": lp.Encoding(
+            lp.Generator([-0.1, -0.05, -0.2], [0.0, 0.4, 0.0], [3, 1, 1], complex=[False, True, False])
+        ),
         "rotation_jordan": lp.Encoding(lp.Generator([-0.05, -0.2], [0.3, 0.0], [2, 2], complex=[True, False])),
         "per_head": lp.Encoding(lp.Generator(-torch.rand(H, 3, dtype=F64) * 0.2, torch.rand(H, 3, dtype=F64), [1, 1, 1],
                                              complex=[True, True, True])),
@@ -76,7 +78,8 @@ def test_values_carried_through_a_cache_equal_the_full_forward(name):
         outs = [lp.attention(q[:, :, :6], k[:, :, :6], v[:, :, :6], enc, t[:6], cache=cache, value_encoding=venc)]
         for i in range(6, 10):
             sl = slice(i, i + 1)
-            outs.append(lp.attention(q[:, :, sl], k[:, :, sl], v[:, :, sl], enc, t[sl], cache=cache, value_encoding=venc))
+            step = lp.attention(q[:, :, sl], k[:, :, sl], v[:, :, sl], enc, t[sl], cache=cache, value_encoding=venc)
+            outs.append(step)
         assert torch.allclose(torch.cat(outs, 2), full, atol=1e-9)
         assert torch.allclose(full, dense_reference(q, k, v, enc, venc, t, t), atol=1e-8)
 

@@ -167,7 +167,8 @@ def _block_generators(g: Generator) -> list[tuple[Generator, int, int]]:
 
 
 def _lag_blocks(g: Generator, lags: torch.Tensor):
-    """``(off, w, A)`` per canonical block, ``A = exp(u X_block)`` at the lags ``(B, Sq, Sk)``: (B, H|1, Sq, Sk, w, w)."""
+    """``(off, w, A)`` per canonical block: ``A = exp(u X_block)`` at the lags ``(B, Sq, Sk)``,
+    shape ``(B, H|1, Sq, Sk, w, w)``."""
     parts = [(0, g.dim, g)] if g.basis is not None else [(off, w, sub) for sub, off, w in _block_generators(g)]
     for off, w, sub in parts:
         A = sub.exp(lags)  # (B, Sq, Sk, *heads, w, w)

@@ -13,7 +13,8 @@ ever materialised.
 
 >>> import torch
 >>> q, k, v = (torch.randn(1, 2, 6, 8, dtype=torch.float64) for _ in range(3))
->>> whole = torch.nn.functional.scaled_dot_product_attention(q[:, :, 3:], k, v, attn_mask=torch.ones(3, 6).tril(3).bool())
+>>> seen = torch.ones(3, 6).tril(3).bool()          # queries at times 3, 4, 5 see keys up to theirs
+>>> whole = torch.nn.functional.scaled_dot_product_attention(q[:, :, 3:], k, v, attn_mask=seen)
 >>> split = pieces(q[:, :, 3:], [(k[:, :, :3], v[:, :, :3], False), (k[:, :, 3:], v[:, :, 3:], True)], 8 ** -0.5)
 >>> bool(torch.allclose(whole, split))
 True
@@ -73,7 +74,7 @@ class _Pieces(torch.autograd.Function):
 
 def pieces(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, bool]], c: float,
            sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """``softmax(c · q [k_1; k_2; …]ᵀ) [v_1; v_2; …]`` over key pieces ``(k_i, v_i, is_causal)``, in ``q``'s dtype.
+    """``softmax(c · q [k_1; k_2; …]ᵀ) [v_1; v_2; …]`` over pieces ``(k_i, v_i, is_causal)``, in ``q``'s dtype.
 
     ``q (B, H, Sq, D)``; ``k_i (B, Hk, S_i, D)``, ``v_i (B, Hk, S_i, Dv)``, ``Hk`` dividing ``H``;
     an ``is_causal`` piece is the square diagonal block (``S_i = Sq``). Empty pieces are skipped.
