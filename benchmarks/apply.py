@@ -63,7 +63,9 @@ def measure(shape: tuple[int, ...], rounds: int) -> dict[str, dict]:
             fn()  # warm: tables cached, buffers touched
         for r in range(rounds):
             for n in names[r % len(names):] + names[: r % len(names)]:
-                times[n].append(benchmark.Timer("fn()", globals={"fn": fns[n]}).timeit(3).median)
+                # Timer runs on one thread unless told (and a thread change recompiles FlexAttention)
+                timer = benchmark.Timer("fn()", globals={"fn": fns[n]}, num_threads=torch.get_num_threads())
+                times[n].append(timer.timeit(3).median)
     ratios = {}
     for n, ts in times.items():
         yard = times["copy_ (warm)" if "inplace" in n else "clone"]

@@ -84,7 +84,8 @@ def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool) -> dict[str, di
         for r in range(rounds):
             order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
             for n in order:
-                t = benchmark.Timer("fn()", globals={"fn": fns[n]}).timeit(1)
+                # Timer runs on one thread unless told (and a thread change recompiles FlexAttention)
+                t = benchmark.Timer("fn()", globals={"fn": fns[n]}, num_threads=torch.get_num_threads()).timeit(1)
                 times[n].append(t.median)
     base = times["sdpa (causal)"]
     return {n: {"median_s": statistics.median(ts),
