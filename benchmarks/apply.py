@@ -1,0 +1,103 @@
+"""Applying RoPE to queries and keys, both layouts, against the memory-bound yardsticks.
+
+    python benchmarks/apply.py            # (1, 32, 4096, 128), 9 rounds
+    python benchmarks/apply.py --quick    # the same shape, 3 rounds (< 2 minutes)
+
+Out of place, liepos allocates its outputs as ``clone()`` does, so ``clone()`` of q and k is the
+yardstick; in place, the floor is a warm ``copy_`` of q and k into existing buffers (no fresh pages).
+Hugging Face's ``apply_rotary_pos_emb`` (half layout, cos/sin given) is a peer when transformers is
+installed. Every round times every contender once, in one process, in a rotating order; the figure is
+the median over rounds of the ratio to the yardstick measured in the same round.
+Writes ``benchmarks/results/apply[_quick].{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils import benchmark
+
+import liepos as lp
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def contenders(shape: tuple[int, ...]) -> dict:
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
+    bq, bk = torch.empty_like(q), torch.empty_like(k)
+    pos = torch.arange(shape[2])
+    inter, half = lp.rope(shape[-1]), lp.rope(shape[-1], layout="half")
+    out = {
+        "clone": lambda: (q.clone(), k.clone()),
+        "copy_ (warm)": lambda: (bq.copy_(q), bk.copy_(k)),
+        "interleaved": lambda: (inter.query(q, pos), inter.key(k, pos)),
+        "half": lambda: (half.query(q, pos), half.key(k, pos)),
+        # in place on the warm buffers (their values drift round after round: timing only)
+        "interleaved inplace": lambda: (inter.query(bq, pos, inplace=True), inter.key(bk, pos, inplace=True)),
+        "half inplace": lambda: (half.query(bq, pos, inplace=True), half.key(bk, pos, inplace=True)),
+    }
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        return out
+    inv = 1.0 / (10000.0 ** (torch.arange(0, shape[-1], 2, dtype=torch.float32) / shape[-1]))
+    ang = torch.outer(pos.float(), inv)
+    emb = torch.cat((ang, ang), -1)  # (S, D) Hugging Face's duplicated half layout
+    cos, sin = emb.cos()[None], emb.sin()[None]  # (1, S, D)
+    out["hf apply_rotary_pos_emb"] = lambda: apply_rotary_pos_emb(q, k, cos, sin)
+    return out
+
+
+def measure(shape: tuple[int, ...], rounds: int) -> dict[str, dict]:
+    fns = contenders(shape)
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    with torch.no_grad():
+        for fn in fns.values():
+            fn()  # warm: tables cached, buffers touched
+        for r in range(rounds):
+            for n in names[r % len(names):] + names[: r % len(names)]:
+                # Timer runs on one thread unless told (and a thread change recompiles FlexAttention)
+                timer = benchmark.Timer("fn()", globals={"fn": fns[n]}, num_threads=torch.get_num_threads())
+                times[n].append(timer.timeit(3).median)
+    ratios = {}
+    for n, ts in times.items():
+        yard = times["copy_ (warm)" if "inplace" in n else "clone"]
+        ratios[n] = {"median_ms": statistics.median(ts) * 1e3,
+                     "ratio": statistics.median([t / y for t, y in zip(ts, yard)]),
+                     "vs": "copy_ (warm)" if "inplace" in n else "clone"}
+    return ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="3 rounds")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (default 9, quick 3)")
+    a = p.parse_args(argv)
+    shape = (1, 32, 4096, 128)
+    rounds = a.rounds or (3 if a.quick else 9)
+    res = measure(shape, rounds)
+    lines = [f"queries + keys {shape}, float32, median of {rounds} interleaved rounds\n",
+             "| contender | time (ms) | ratio | to |", "|---|---|---|---|"]
+    for n, r in res.items():
+        lines.append(f"| {n} | {r['median_ms']:.1f} | {r['ratio']:.2f} | {r['vs']} |")
+    text = "\n".join(lines)
+    print(text)
+    name = "apply_quick" if a.quick else "apply"
+    cmd = " ".join(["python benchmarks/apply.py", *sys.argv[1:]])
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
+                                                      "threads": torch.get_num_threads(), "results": res}, indent=1))
+    head = f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    (RESULTS / f"{name}.md").write_text(f"{head}\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

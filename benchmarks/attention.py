@@ -1,0 +1,141 @@
+"""lp.attention for every catalogue encoding, as a ratio to causal SDPA, with FlexAttention ALiBi as a peer.
+
+    python benchmarks/attention.py            # T = 2048 … 16384, float32 and bfloat16
+    python benchmarks/attention.py --quick    # T = 2048, float32 and bfloat16 (< 2 minutes)
+
+Shape: batch 1, 8 heads, head dim 64, causal self-attention over positions 0 … T − 1. Every round times
+every contender once, in one process, in an interleaved order (so a change in machine load hits all
+of them alike); the figure is the median over rounds of each contender's time divided by causal SDPA's
+time in the same round. FlexAttention's ALiBi is a compiled ``score_mod`` (``torch.compile`` of
+``flex_attention`` with a causal block mask), compiled once before timing.
+Writes ``benchmarks/results/attention[_quick].{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as Fn
+from torch.utils import benchmark
+
+import liepos as lp
+
+HEADS, DIM = 8, 64
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def encodings() -> dict[str, lp.Encoding]:
+    """Every catalogue entry that causal attention takes (growth is refused by design), plus RoPE's half layout."""
+    return {
+        "nope": lp.nope(DIM),
+        "rope": lp.rope(DIM),
+        "rope_half": lp.rope(DIM, layout="half"),
+        "xpos": lp.xpos(DIM),
+        "retnet": lp.retnet(HEADS, DIM),
+        "decay": lp.build("decay", DIM, HEADS),
+        "alibi": lp.alibi(HEADS, DIM),
+        "jordan": lp.build("jordan", DIM),
+    }
+
+
+def flex_alibi(T: int, dtype: torch.dtype):
+    """FlexAttention with ALiBi as a compiled score_mod (Press et al.'s slopes) and a causal block mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / HEADS) for h in range(HEADS)], dtype=dtype)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    mask = create_block_mask(causal, 1, 1, T, T, device="cpu")
+    fn = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: fn(q, k, v, score_mod=alibi, block_mask=mask)
+
+
+def contenders(T: int, dtype: torch.dtype, flex: bool) -> dict:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, T, DIM, generator=g).to(dtype) for _ in range(3))
+    out = {"sdpa (causal)": lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    for name, enc in encodings().items():
+        out[name] = lambda enc=enc: lp.attention(q, k, v, enc)
+    if flex:
+        f = flex_alibi(T, dtype)
+        out["flex alibi (compiled)"] = lambda: f(q, k, v)
+    return out
+
+
+def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool) -> dict[str, dict]:
+    fns = contenders(T, dtype, flex)
+    with torch.no_grad():
+        for fn in fns.values():  # warm: tables cached, kernels compiled
+            fn()
+        times: dict[str, list[float]] = {n: [] for n in fns}
+        names = list(fns)
+        for r in range(rounds):
+            order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
+            for n in order:
+                # Timer runs on one thread unless told (and a thread change recompiles FlexAttention)
+                t = benchmark.Timer("fn()", globals={"fn": fns[n]}, num_threads=torch.get_num_threads()).timeit(1)
+                times[n].append(t.median)
+    base = times["sdpa (causal)"]
+    return {n: {"median_s": statistics.median(ts),
+                "ratio": statistics.median([t / b for t, b in zip(ts, base)])} for n, ts in times.items()}
+
+
+def table(results: dict) -> str:
+    lines = []
+    for dname, by_t in results.items():
+        Ts = list(by_t)
+        lines.append(f"\n{dname}: time / causal SDPA (median of interleaved rounds; SDPA's own time in ms)\n")
+        lines.append("| encoding | " + " | ".join(f"T = {T}" for T in Ts) + " |")
+        lines.append("|---|" + "---|" * len(Ts))
+        for n in by_t[Ts[0]]:
+            cells = []
+            for T in Ts:
+                r = by_t[T][n]
+                cells.append(f"{r['median_s'] * 1e3:.0f} ms" if n == "sdpa (causal)" else f"{r['ratio']:.2f}")
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="T = 2048 only, 3 rounds")
+    p.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default 2048 4096 8192 16384)")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (default 5, quick 3)")
+    p.add_argument("--no-flex", action="store_true", help="leave out the compiled FlexAttention peer")
+    a = p.parse_args(argv)
+    Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
+    rounds = a.rounds or (3 if a.quick else 5)
+    results: dict[str, dict] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        dname = str(dtype).replace("torch.", "")
+        results[dname] = {}
+        for T in Ts:
+            print(f"{dname} T={T} ...", file=sys.stderr, flush=True)
+            results[dname][T] = measure(T, dtype, rounds, flex=not a.no_flex)
+    text = table(results)
+    print(text)
+    name = "attention_quick" if a.quick else "attention"
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+            "shape": [1, HEADS, "T", DIM], "rounds": rounds}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (RESULTS / f"{name}.md").write_text(f"`{meta['command']}` (torch {torch.__version__}, "
+                                        f"{meta['threads']} threads)\n{text}\n")
+    return 0 if all(math.isfinite(r["ratio"]) for d in results.values() for t in d.values() for r in t.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Re-centring: every score of a query block evaluated relative to one origin, so every factor stays finite.
+
+Encodings whose F and G grow with absolute time (decay, damped rotation, Jordan blocks, ALiBi's slots)
+are applied as ``F(t − o)`` and ``G(s − o)`` with ``o`` the latest query time of the block; scores do
+not change (``F(t − o)ᵀ G(s − o) = A(t − s)``) and, causally, ``s − o ≤ 0`` for every visible key. A
+block is halved while ``|λ| · span`` would leave the exponent budget or the polynomial parts would span
+more than :data:`POLY_SPAN` time units. Values carried by a generator follow the same origin:
+``A_v(t − o) · Σ_s w_ts G_v(s − o) v_s = Σ_s w_ts A_v(t − s) v_s``.
+
+A cache keeps its keys (and values) encoded at one origin; a decode step encodes the new key only,
+until a query moves too far from the origin (then every key is encoded afresh from the raw keys, at a
+new origin: no transport, no drift).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from liepos.attention_call import LOW, Call
+from liepos.attention_pieces import available, pieces
+from liepos.attention_sdpa import sdpa
+from liepos.encoding import Encoding
+from liepos.masks import finish, visible
+
+__all__ = ["recentred", "MAX_EXPONENT", "POLY_SPAN"]
+
+# largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
+MAX_EXPONENT = 30.0
+# largest time span of the polynomial parts (Jordan blocks, slots) around one origin: binomial terms
+# of (t - o) and (s - o) cancel, so the span bounds the rounding of near-lag scores
+POLY_SPAN = 256.0
+# relative rounding allowed from that cancellation: a Jordan block of degree n (size n + 1) computed in
+# a dtype of unit roundoff eps loses about span^n · eps, so the span is at most (POLY_ROUNDING / eps)^(1/n)
+POLY_ROUNDING = 2.0**-14
+
+
+def _max_rate(enc: Encoding | None) -> float:
+    if enc is None:
+        return 0.0
+    with torch.no_grad():
+        r = enc.generator.rates
+        return float(r.detach().abs().max()) if r.numel() else 0.0
+
+
+def budget(call: Call) -> tuple[float, float, float]:
+    """(max |λ|, exponent budget, time span allowed for polynomial parts) of the call's encodings."""
+    rate = max(_max_rate(call.enc), _max_rate(call.venc))
+    dtype = call.q.dtype
+    work = torch.float32 if dtype in LOW else dtype
+    # e^{±budget} factors on both sides must stay far inside the dtype's range
+    limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
+    return rate, limit, _poly_span(call.enc, work) if call.venc is None else min(
+        _poly_span(call.enc, work), _poly_span(call.venc, work))
+
+
+def _poly_span(enc: Encoding, work: torch.dtype) -> float:
+    """The time span one origin may cover for the polynomial parts of ``enc`` computed in ``work``."""
+    if not (enc.plan.has_coupling or enc.num_slots):
+        return math.inf
+    degree = max(enc.generator.sizes) - 1
+    return min(POLY_SPAN, (POLY_ROUNDING / torch.finfo(work).eps) ** (1.0 / max(degree, 1)))
+
+
+def _within(times: torch.Tensor, origin: torch.Tensor, b: tuple[float, float, float]) -> bool:
+    """Whether every time is close enough to its row's origin for F/G factors to stay finite and exact."""
+    if times.numel() == 0:
+        return True
+    rate, limit, poly_span = b
+    d = float((times - origin.unsqueeze(-1)).detach().abs().max())
+    return rate * d <= limit and d <= poly_span
+
+
+def _attend(call: Call, qe, ke, ve, m, o, tq) -> torch.Tensor:
+    """Attention of encoded queries over encoded keys, then ``A_v(t − o)`` on the output."""
+    y = finish(sdpa(qe, ke, ve, m, call.c, sinks=call.sinks, finite=call.finite), m)
+    if call.venc is not None:
+        y = call.venc.key(y, o.unsqueeze(-1) - tq)  # A_v(t - o) = G_v(o - t)
+    return y
+
+
+def recentred(call: Call) -> torch.Tensor:
+    """Attention with one origin per query block (re-centred encodings)."""
+    ax = call.qpos.dim() == 3  # several axes: positions (B, S, axes), one origin per axis
+    b = budget(call)
+    if call.cache is not None and not ax:
+        out = _from_cache_origin(call, b)
+        if out is not None:
+            return out
+    if call.simple and not ax and available(call.q):
+        outs = [_diagonal(call, lo, hi) for lo, hi in _blocks(call, b)]
+        if call.cache is not None:
+            _reset_cache_origin(call, b)
+        return torch.cat(outs, dim=2)
+    sorted_keys = call.kord.shape[1] < 2 or bool((call.kord[:, 1:] >= call.kord[:, :-1]).all())
+    outs = []
+    Sq = call.q.shape[2]
+    for i in range(0, Sq, call.block_size):
+        _run(call, i, min(i + call.block_size, Sq), ax, sorted_keys, b, outs)
+    if call.cache is not None and not ax:
+        _reset_cache_origin(call, b)
+    return torch.cat(outs, dim=2)
+
+
+def _run(call: Call, lo: int, hi: int, ax: bool, sorted_keys: bool, b, outs: list) -> None:
+    """One query block ``lo:hi``, halved while it spans too much time for one origin."""
+    rate, limit, poly_span = b
+    tq = call.qpos[:, lo:hi]
+    o = tq.amax(-2 if ax else -1)  # (B,) or (B, axes): origin per block, the latest query time
+    span = float((o - tq.amin(-2 if ax else -1)).detach().max())
+    if hi - lo > 1 and (rate * span > limit or span > poly_span):
+        mid = (lo + hi) // 2
+        _run(call, lo, mid, ax, sorted_keys, b, outs)
+        _run(call, mid, hi, ax, sorted_keys, b, outs)
+        return
+    oq = call.qord[:, lo:hi].amax(-1)  # (B,) the block's last query in mask order
+    n_keys = call.kpos.shape[1]
+    if call.causal and sorted_keys:
+        # keys after the block's last query are invisible: leave them out
+        n_keys = int(torch.searchsorted(call.kord.contiguous(), oq.unsqueeze(-1), right=True).max())
+        n_keys = max(n_keys, 1)
+    oo = o.unsqueeze(-2) if ax else o.unsqueeze(-1)  # (B, 1, axes) or (B, 1)
+    rel = call.kpos[:, :n_keys] - oo  # (B, n_keys[, axes]), ≤ 0 for every visible key when causal by time
+    if call.causal:
+        # invisible future keys are masked anyway; encode them at the origin so they stay finite
+        hidden = call.kord[:, :n_keys] > oq.unsqueeze(-1)  # (B, n_keys)
+        rel = torch.where(hidden.unsqueeze(-1) if ax else hidden, torch.zeros_like(rel), rel)
+    qe = call.enc.query(call.q[:, :, lo:hi], tq - oo)
+    ke = call.enc.key(call.k[:, :, :n_keys], rel)
+    ve = call.v[:, :, :n_keys]
+    if call.venc is not None:
+        ve = call.venc.key(ve, rel)  # G_v(s - o) v
+    m = visible(*call.mask_args(slice(lo, hi), n_keys))
+    outs.append(_attend(call, qe, ke, ve, m, o, tq))
+
+
+def _blocks(call: Call, b) -> list[tuple[int, int]]:
+    """Greedy query blocks of increasing times, each as long as one origin may cover."""
+    rate, limit, poly_span = b
+    allowed = min(limit / rate if rate > 0 else math.inf, poly_span)
+    t = call.qpos.contiguous()  # (B, Sq), strictly increasing
+    out, lo, Sq = [], 0, t.shape[1]
+    while lo < Sq:
+        if math.isinf(allowed):
+            hi = Sq
+        else:
+            ends = torch.searchsorted(t, t[:, lo : lo + 1] + allowed, right=True)  # (B, 1)
+            hi = max(lo + 1, int(ends.min()))
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _diagonal(call: Call, lo: int, hi: int) -> torch.Tensor:
+    """Equal, strictly increasing query and key times: the block ``lo:hi`` sees every key before it
+    (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly."""
+    tq = call.qpos[:, lo:hi]
+    o = tq[:, -1:]  # (B, 1): the origin, the block's latest time (times increase)
+    rel = call.kpos[:, :hi] - o  # (B, hi), ≤ 0: every key up to the block's end
+    qe = call.enc.query(call.q[:, :, lo:hi], tq - o)
+    ke = call.enc.key(call.k[:, :, :hi], rel)
+    ve = call.v[:, :, :hi] if call.venc is None else call.venc.key(call.v[:, :, :hi], rel)
+    parts = [(ke[:, :, :lo], ve[:, :, :lo], False), (ke[:, :, lo:], ve[:, :, lo:], True)]
+    y = pieces(qe, parts, call.c, call.sinks)
+    if call.venc is not None:
+        y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
+    return y
+
+
+def _version(call: Call) -> tuple:
+    return ("origin", call.enc.version, None if call.venc is None else call.venc.version)
+
+
+def _reset_cache_origin(call: Call, b) -> None:
+    """Encode every cached key (and value) at a new origin, the latest query time of each row."""
+    cache = call.cache
+    o = call.qpos.amax(-1)  # (B,)
+    ahead = torch.maximum(call.kpos, o.unsqueeze(-1))  # keys later than the origin grow: bound them
+    if call.k.shape[1] != cache.k.shape[1] or not _within(ahead, o, b):
+        cache._enc, cache._enc_version, cache._origin = {}, None, None
+        return
+    rel = call.kpos - o.unsqueeze(-1)  # (B, Sk)
+    cache._enc = {"k": call.enc.key(call.k, rel)}
+    if call.venc is not None:
+        cache._enc["v"] = call.venc.key(call.v, rel)
+    cache._enc_version, cache._origin = _version(call), o
+
+
+def _from_cache_origin(call: Call, b) -> torch.Tensor | None:
+    """Decode fast path: keys stay encoded at the cache's origin while the new times remain close to it."""
+    cache = call.cache
+    o = cache._origin
+    if o is None or cache._enc_version != _version(call) or call.k.shape[1] != cache.k.shape[1]:
+        return None
+    n_old = cache._enc["k"].shape[-2]
+    if n_old + call.n_new != call.kpos.shape[1]:
+        return None
+    new_times = call.kpos[:, n_old:]
+    if not (_within(call.qpos, o, b) and _within(new_times, o, b)):
+        return None
+    rel = new_times - o.unsqueeze(-1)  # (B, n_new)
+    cache._enc["k"] = torch.cat((cache._enc["k"], call.enc.key(call.k[:, :, n_old:], rel)), dim=-2)
+    ve = call.v
+    if call.venc is not None:
+        ve = cache._enc["v"] = torch.cat((cache._enc["v"], call.venc.key(call.v[:, :, n_old:], rel)), dim=-2)
+    qe = call.enc.query(call.q, call.qpos - o.unsqueeze(-1))
+    m = visible(*call.mask_args(slice(None)))
+    return _attend(call, qe, cache._enc["k"], ve, m, o, call.qpos)
