@@ -83,10 +83,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos.apply",),
     ("liepos._fast",),
     ("liepos.encoding",),
-    ("liepos.catalogue", "liepos.scaling", "liepos.nn", "liepos.axes", "liepos.clock", "liepos.learnable"),
-    ("liepos.attention", "liepos.cache"),
-    ("liepos", "liepos.interop", "liepos.diagnose", "liepos.explore", "liepos.tour", "liepos._theory",
-     "liepos.plot", "liepos.report", "liepos.cli", "liepos.bench"),
+    ("liepos.catalogue", "liepos.scaling", "liepos.nn"),
+    ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.attention_call", "liepos.attention_sdpa",
+     "liepos.attention_pieces"),
+    ("liepos.attention",),
+    ("liepos", "liepos.interop", "liepos.diagnose", "liepos.explore", "liepos.tour", "liepos.cli"),
 ]
 
 

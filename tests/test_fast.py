@@ -7,7 +7,7 @@ import torch
 
 import liepos as lp
 from liepos import _fast
-from liepos.encoding import apply_tables
+from liepos.apply import apply_tables
 from liepos.generator import Generator, direct_sum
 
 

@@ -111,12 +111,11 @@ def attention_error(spec, dtype, pattern, seq, seed, padded=False) -> tuple[floa
 @SETTINGS
 @given(encodings, dtypes, patterns, st.integers(1, 12), st.integers(0, 10**6), st.booleans())
 def test_attention_equals_the_float64_reference(spec, dtype, pattern, seq, seed, padded):
-    assume(not (spec[0] in JORDAN and dtype != torch.float64))  # the xfail below
+    assume(not (spec[0] in JORDAN and dtype != torch.float64))  # Jordan blocks in low precision: the test below
     err, bound = attention_error(spec, dtype, pattern, seq, seed, padded)
     assert err <= bound, (spec, dtype, pattern, seq)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 1: fixed on the attn branch")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_with_a_jordan_block_in_low_precision(dtype):
     err, bound = attention_error(("jordan", 1e4, 0.1), dtype, "integer", 64, 0)
@@ -164,7 +163,6 @@ def test_an_invisible_key_changes_no_output(spec, seq, seed, how):
     assert torch.equal(a[:, :, visible], b[:, :, visible])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 4: fixed on the attn branch")
 def test_a_nan_in_an_invisible_key_changes_no_output():
     enc = lp.rope(8)
     q, k, v = (torch.randn(1, 1, 4, 8, dtype=F64) for _ in range(3))
@@ -200,7 +198,6 @@ def test_every_refused_call_leaves_the_cache_unchanged(spec, seq, refusal, seed)
     assert torch.equal(cache.times, before[3])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 2: fixed on the attn branch")
 def test_a_refused_mixed_dtype_call_leaves_the_cache_unchanged():
     enc = lp.rope(8)
     q, k, v = (torch.randn(1, 2, 3, 8, dtype=F64) for _ in range(3))

@@ -151,11 +151,7 @@ def _expand_batch(p: torch.Tensor, B: int, axes: int | None = None) -> torch.Ten
 
 
 def _positions(p: Any, n: int, B: int, axes: int | None, name: str) -> torch.Tensor:
-    if axes is None:
-        return _expand_batch(as_positions(p, n, B, name), B)
-    from liepos.axes import as_axes_positions
-
-    return _expand_batch(as_axes_positions(p, n, B, axes, name), B, axes)
+    return _expand_batch(as_positions(p, n, B, name, axes), B, axes)
 
 
 def _key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:

@@ -384,7 +384,7 @@ def decay_axial_rope(
 # ---------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class CatalogueEntry:
-    """A registry entry: ``build(head_dim, num_heads=1, **options)``, its paper, identity and seeds' row."""
+    """A registry entry: ``build(head_dim, num_heads=1, **options)``, its paper, identity and row of the six."""
 
     build: Callable[..., Encoding]
     paper: str
@@ -429,7 +429,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         lambda head_dim, num_heads=1, slopes=None: alibi(num_heads, head_dim, slopes),
         "Press et al., 2022 (ALiBi)", "score = q·k - m_h (t - s) via slots and N = [[0,1],[0,0]]", "polynomial",
     ),
-    "jordan": CatalogueEntry(_jordan_bank, "the seeds' untried corner", "A(u) = e^{λu} Σ u^k/k! N^k", "polynomial"),
+    "jordan": CatalogueEntry(_jordan_bank, "the theory's untried corner", "A(u) = e^{λu} Σ u^k/k! N^k", "polynomial"),
     "axial_rope": CatalogueEntry(
         lambda head_dim, num_heads=1, axes=2, base=10000.0, layout="interleaved": axial_rope(head_dim, axes, base, layout),
         "torchtune vision RoPE / CogVideo 3D", "A(u) = exp(Σ_a u_a X_a), axis a owns a block of planes", "rotation",

@@ -1,9 +1,9 @@
-"""Name every block of a generator by the row of the seeds' table it belongs to.
+"""Name every block of a generator by the row of the theory's table of six rows it belongs to.
 
 A generator ``X = P J P^{-1}`` (``J``: canonical real Jordan blocks (rate λ, frequency ω, size n))
 gives ``A(u) = exp(uX) = P exp(uJ) P^{-1}``, so the behaviour of ``A(u)`` along the lag is the
 behaviour of its blocks, whatever the basis P. Six rows exhaust the possibilities; they are
-defined once, in :data:`ROWS` (name, block condition, the seeds' words, a colour for figures):
+defined once, in :data:`ROWS` (name, block condition, the theory's words, a colour for figures):
 
 >>> [(r.name, r.block) for r in ROWS][:2]
 [('growth', 'λ > 0 (any ω, n)'), ('nope', 'λ = 0, ω = 0, n = 1')]
@@ -35,12 +35,12 @@ __all__ = ["Row", "ROWS", "NAMES", "ROW_COLORS", "row_of", "Classification", "cl
 
 @dataclass(frozen=True)
 class Row:
-    """One row of the seeds' table: a kind of canonical block (rate λ, frequency ω, size n).
+    """One row of the theory's table of six rows: a kind of canonical block (rate λ, frequency ω, size n).
 
     Attributes:
         name: the name classify gives the block (a key of ``Classification.counts``).
         block: the condition on (λ, ω, n), as text.
-        eigenvalues, behaviour, picture, known_as: the seeds' words for the row.
+        eigenvalues, behaviour, picture, known_as: the theory's words for the row.
         color: the row's colour in figures (Okabe–Ito, colour-blind safe).
     """
 
@@ -53,7 +53,7 @@ class Row:
     color: str
 
 
-# The seeds' six rows, in the order of their table; every figure, table and count uses these.
+# The theory's six rows, in the order of their table; every figure, table and count uses these.
 ROWS: tuple[Row, ...] = (
     Row("growth", "λ > 0 (any ω, n)", "Re λ > 0", "explodes", "—", "— (forbidden)", "#D55E00"),
     Row("nope", "λ = 0, ω = 0, n = 1", "real, zero", "nothing", "—", "NoPE", "#7F7F7F"),
@@ -98,7 +98,7 @@ def row_of(rate_sign: int, freq_nonzero: bool, size: int) -> str:
 
 @dataclass
 class Classification:
-    """The blocks of a generator ``X = P J P^{-1}``, each named by its row of the seeds' table.
+    """The blocks of a generator ``X = P J P^{-1}``, each named by its row of the theory's table of six rows.
 
     Attributes:
         counts: number of blocks per name, over exactly :data:`NAMES`, in that order.
@@ -289,7 +289,7 @@ def _num_slots(x: Any) -> int:
 
 
 def classify(x: Any, *, tol: float | None = None, exact: bool | None = None) -> Classification:
-    """Name the blocks of the generator ``X = P J P^{-1}`` by the rows of the seeds' table.
+    """Name the blocks of the generator ``X = P J P^{-1}`` by the rows of the theory's table of six rows.
 
     What ``tol`` means: a **relative** tolerance, the size of what counts as zero measured against
     the scale of X, so ``classify(c·X, tol=τ)`` names the same blocks for every ``c > 0``.
@@ -318,7 +318,7 @@ def classify(x: Any, *, tol: float | None = None, exact: bool | None = None) -> 
         exact: for a matrix, ``True`` forces the exact sympy path, ``False`` the numeric one.
 
     Returns:
-        a :class:`Classification`; ``str()`` of it is the seeds' table for this generator.
+        a :class:`Classification`; ``str()`` of it is the theory's table of six rows for this generator.
 
     >>> import numpy as np
     >>> c = classify(np.array([[-0.2, 0.9], [-0.9, -0.2]]))

@@ -29,7 +29,7 @@ from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_table
 from liepos.generator import Generator
 from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, make_plan
 
-__all__ = ["Encoding", "apply_in_basis", "apply_tables", "as_positions"]
+__all__ = ["Encoding", "as_positions"]
 
 # a window of cached tables may take at most this fraction of the cache's byte bound; a larger one is
 # built for the requested positions only and never cached, so the cache really holds at most its bound

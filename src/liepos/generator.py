@@ -40,9 +40,9 @@ import numpy as np
 import torch
 
 from liepos._checks import check_bool, check_int, check_ints, check_real, check_real_tensor, describe
-from liepos.structure import Structure, conjugate, dense_exp, dense_generator, fill_exp_block
+from liepos.structure import Structure, conjugate, dense_exp, dense_generator
 
-__all__ = ["Generator", "conjugate", "direct_sum", "fill_exp_block"]
+__all__ = ["Generator", "direct_sum"]
 
 F64 = torch.float64
 

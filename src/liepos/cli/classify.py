@@ -1,4 +1,4 @@
-"""``liepos classify MATRIX``: name the blocks of a generator by the seeds' six rows.
+"""``liepos classify MATRIX``: name the blocks of a generator by the theory's six rows.
 
 MATRIX is a JSON list of rows (or ``@file.json``), read by :func:`liepos.cli._common.read_json`:
 parsed as data, never evaluated; invalid JSON, a matrix that is not square, and a number beyond
@@ -13,7 +13,7 @@ from typing import Any
 
 from liepos.cli._common import UsageError, read_json, real_in, shown
 
-HELP = "classify a generator matrix into the seeds' six rows"
+HELP = "classify a generator matrix into the theory's six rows"
 EXAMPLES = [
     "liepos classify '[[0, 1], [-1, 0]]'",
     "liepos classify '[[-0.1, 1], [-1, -0.1]]'",

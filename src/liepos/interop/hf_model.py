@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from liepos.encoding import Encoding, apply_tables
+from liepos.apply import apply_tables
+from liepos.encoding import Encoding
 from liepos.tables import Tables
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
