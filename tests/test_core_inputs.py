@@ -244,3 +244,12 @@ def test_the_table_cache_holds_no_more_than_its_bound(monkeypatch):
         enc.key(torch.randn(1, 2, 1, 64), torch.tensor([p]))
     assert _fast.CACHE.misses - misses <= 1
     _fast.CACHE.clear()
+
+
+@pytest.mark.parametrize("origin", [torch.zeros(3), torch.zeros(2, 5), torch.zeros(1, 1, 1, 1)])
+def test_an_origin_of_the_wrong_shape_is_a_named_error(origin):
+    """issue 13: an `origin` that fits neither a scalar, the batch, nor the positions is refused by name."""
+    enc = lp.xpos(8)
+    q = torch.randn(2, 1, 4, 8)
+    with pytest.raises(ValueError, match="`origin` of shape"):
+        enc.query(q, torch.arange(4.0), origin=origin)

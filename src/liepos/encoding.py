@@ -309,7 +309,13 @@ class Encoding:
             per_batch = 1 if self.num_axes is None else 2  # origin (batch,) or (batch, axes)
             if o.dim() == per_batch and pos.dim() == per_batch + 1:
                 o = o.unsqueeze(-1 if self.num_axes is None else -2)  # (batch, 1[, axes])
-            pos = pos - o
+            try:
+                pos = pos - o  # broadcasts a scalar, (batch,) or the positions' own shape
+            except RuntimeError:
+                raise ValueError(
+                    f"`origin` of shape {tuple(o.shape)} does not fit `{name}` of shape {tuple(pos.shape)}: "
+                    f"pass a scalar, one origin per batch element, or one per position"
+                ) from None
             one = self.num_axes is None
             if pos.dim() > (2 if one else 3) or pos.shape[-1 if one else -2] != x.shape[-2] or (
                 not one and pos.shape[-1] != self.num_axes
