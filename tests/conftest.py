@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 # tests/helpers.py holds helpers shared by several test files (import mode is importlib)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -22,3 +23,13 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.longrepr = f"skipped in CI, where every test must run: {reason}"
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: token-by-token decoding is thousands of tiny ops, where OpenMP barriers
+    dominate, and exact-equality comparisons need one reduction order."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

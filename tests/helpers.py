@@ -5,6 +5,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# one example block (rate, freq, size) per row of the theory's table of six
+SEED_ROWS = {
+    "growth": (0.3, 0.0, 1),
+    "nope": (0.0, 0.0, 1),
+    "decay": (-0.5, 0.0, 1),
+    "rotation": (0.0, 1.3, 1),
+    "damped_rotation": (-0.2, 0.9, 1),
+    "polynomial": (0.0, 0.0, 2),
+}
+
 
 def random_basis(d: int, cond: float, seed: int) -> np.ndarray:
     """A random invertible d×d matrix with condition number ``cond``."""

@@ -233,15 +233,6 @@ def test_full_equals_prefill_plus_decode_and_windows(name, dtype, tol):
     assert float((torch.cat(outs, 2) - full).abs().max()) < tol
 
 
-@pytest.fixture
-def one_thread():
-    """Token-by-token decoding is thousands of tiny ops: one intra-op thread avoids OpenMP barriers."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["xpos", "retnet"])
 def test_ten_thousand_decode_steps_do_not_overflow_or_drift(name, one_thread):

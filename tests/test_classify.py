@@ -15,14 +15,7 @@ from liepos import Generator
 from liepos._jordan import canonical_form
 from liepos.classify import NAMES, Classification, classify
 
-SEED_ROWS = {
-    "growth": (0.3, 0.0, 1),
-    "nope": (0.0, 0.0, 1),
-    "decay": (-0.5, 0.0, 1),
-    "rotation": (0.0, 1.3, 1),
-    "damped_rotation": (-0.2, 0.9, 1),
-    "polynomial": (0.0, 0.0, 2),
-}
+from helpers import SEED_ROWS  # one block per row of the six
 
 
 def generator_of(blocks) -> Generator:

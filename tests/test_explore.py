@@ -21,14 +21,6 @@ from liepos.explore.tasks import IGNORE, CopyTask, CountTask, LookupTask, Recall
 from liepos.explore.train import TrainConfig, evaluate, train_run
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ---------------------------------------------------------------------- the spec grammar
 @pytest.mark.parametrize("spec", ["rope", "alibi", "xpos", "nope", "decay", "jordan3", "jordan5", "retnet",
                                   "growth", "decay:0.01", "xpos:scale=256", "jordan:size=4:rate=-0.1",

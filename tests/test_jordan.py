@@ -15,15 +15,7 @@ from hypothesis import strategies as st
 from liepos import Generator
 from liepos._jordan import canonical_form, real_jordan
 
-# the seeds' table, one block per row
-SEED_ROWS = {
-    "growth": (0.3, 0.0, 1),
-    "nope": (0.0, 0.0, 1),
-    "decay": (-0.5, 0.0, 1),
-    "rotation": (0.0, 1.3, 1),
-    "damped_rotation": (-0.2, 0.9, 1),
-    "polynomial": (0.0, 0.0, 2),
-}
+from helpers import SEED_ROWS  # one block per row of the six
 ROPE16 = [(0.0, 10000.0 ** (-2 * k / 16), 1) for k in range(8)]
 MIXTURE = (
     list(SEED_ROWS.values())

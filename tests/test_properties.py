@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import liepos as lp
+from liepos.recentre import POLY_ROUNDING
 
 F64 = torch.float64
 HEADS = 2  # every tensor has two heads (per-head encodings have two)
@@ -118,7 +119,12 @@ def test_attention_equals_the_float64_reference(spec, dtype, pattern, seq, seed,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_with_a_jordan_block_in_low_precision(dtype):
+    """A Jordan block's couplings grow like span^n within one origin; re-centring keeps span^n·eps at
+    most POLY_ROUNDING (liepos.recentre), so in float32 the output is within that of the float64
+    reference (bfloat16 is computed in float32 and rounded once at the end: its own 16·eps)."""
     err, bound = attention_error(("jordan", 1e4, 0.1), dtype, "integer", 64, 0)
+    if dtype == torch.float32:
+        bound = max(bound, POLY_ROUNDING)
     assert err <= bound
 
 
