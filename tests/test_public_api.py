@@ -20,8 +20,6 @@ DESIGN = [
     "from_hf", "to_hf", "interop", "scaling",
     "diagnose", "Diagnosis",
 ]
-# built by the interop engineer on another branch: listed and routed lazily here, resolvable after the merge
-NOT_ON_THIS_BRANCH = {"to_hf"}
 SCALING_MAPS = ["linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional"]
 
 
@@ -29,16 +27,17 @@ def test_all_is_the_curated_list_in_design_order():
     assert lp.__all__ == [*DESIGN, "__version__"]
 
 
-@pytest.mark.parametrize("name", sorted(set(DESIGN) - NOT_ON_THIS_BRANCH))
+@pytest.mark.parametrize("name", sorted(DESIGN))
 def test_every_design_name_resolves_and_is_documented(name):
     obj = getattr(lp, name)
     doc = getattr(obj, "__doc__", None) if not isinstance(obj, dict) else "a registry"
     assert doc and doc.strip(), f"lp.{name} has no docstring"
 
 
-def test_names_of_other_branches_are_routed_lazily():
-    for name in NOT_ON_THIS_BRANCH:
-        assert name in lp.__all__ and lp._LAZY[name] == "liepos.interop"
+def test_the_hugging_face_names_are_lazy():
+    """`from_hf` / `to_hf` resolve through liepos.interop on first use (import liepos loads no transformers)."""
+    for name in ("from_hf", "to_hf"):
+        assert lp._LAZY[name] == "liepos.interop" and getattr(lp, name) is getattr(lp.interop, name)
 
 
 @pytest.mark.parametrize("name", SCALING_MAPS)
