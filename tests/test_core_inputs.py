@@ -253,3 +253,26 @@ def test_an_origin_of_the_wrong_shape_is_a_named_error(origin):
     q = torch.randn(2, 1, 4, 8)
     with pytest.raises(ValueError, match="`origin` of shape"):
         enc.query(q, torch.arange(4.0), origin=origin)
+
+
+def test_query_scale_is_checked_and_kept_through_replace_and_scaling():
+    """A per-dim temperature on the query (``query_scale``): positive, one per content dim, carried by
+    ``replace`` and the scaling maps, and part of the encoding's identity (``version``)."""
+    enc = lp.rope(8)
+    with pytest.raises(ValueError, match="`query_scale` must have 8 entries"):
+        enc.replace(query_scale=torch.ones(6))
+    with pytest.raises(ValueError, match="`query_scale` must be > 0"):
+        enc.replace(query_scale=torch.tensor([1.0] * 7 + [0.0]))
+    with pytest.raises(TypeError, match="`query_scale`"):
+        enc.replace(query_scale="2")
+    D = torch.tensor([2.0] * 4 + [1.0] * 4, dtype=torch.float64)
+    scaled = enc.replace(query_scale=D)
+    assert enc.replace(query_scale=torch.ones(8)).query_scale is None  # all ones is no temperature
+    assert scaled.version != enc.version and "query_scale" in repr(scaled)
+    assert torch.equal(lp.scaling.linear(scaled, factor=2.0).query_scale, D)
+    q, k = torch.randn(2, 1, 1, 3, 8, dtype=torch.float64)
+    p = torch.tensor([0.0, 5.0, 9.0])
+    got = scaled.query(q, p) @ scaled.key(k, p).transpose(-1, -2)
+    want = enc.query(q * D, p) @ enc.key(k, p).transpose(-1, -2)
+    assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
+    assert torch.allclose(scaled.query_reference(q, p), scaled.query(q, p), rtol=1e-12, atol=1e-12)

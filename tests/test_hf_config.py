@@ -135,9 +135,8 @@ def test_partial_rotary_with_scaling(name, monkeypatch):
     # the temperature is transformers' on the 32 rotated dims only: apart from the encoding
     assert compat.rotary_dim == 32 and compat.rotary_scale == pytest.approx(af * af, rel=1e-12)
     assert compat.encoding.logit_scale == pytest.approx(1.0, rel=1e-12)
-    if af != 1.0:
-        with pytest.raises(ValueError, match="rotated dims"):
-            from_hf(cfg)
+    if af != 1.0:  # from_hf states the temperature on the rotated dims only, as transformers applies it
+        _check_rotated_dims_temperature(cfg, compat.rotary_scale)
     compat, precise = compat.encoding, precise.encoding
     assert torch.equal(rotation_freqs(compat), w32.double())
     assert rel_err(rotation_freqs(precise), w64) <= 1e-12
@@ -146,6 +145,41 @@ def test_partial_rotary_with_scaling(name, monkeypatch):
     if precise.length_rule is not None:  # a length-dependent rope is used at an explicit length
         precise = precise.at_length(20001)
     assert torch.equal(precise.query(q, [5000, 9000, 20000])[..., 32:], q[..., 32:])
+
+
+def _check_rotated_dims_temperature(cfg, factor):
+    """``from_hf`` of a partially rotary head with a temperature: scores are the rotation's scores with
+    only the rotated dims' part multiplied by ``factor`` (transformers scales cos and sin)."""
+    enc, rotation = from_hf(cfg), read_hf(cfg).encoding
+    if enc.length_rule is not None:
+        enc, rotation = enc.at_length(300), rotation.at_length(300)
+    D = enc.query_scale
+    assert D is not None and torch.all(D[:32] == factor) and torch.all(D[32:] == 1.0)
+    assert enc.logit_scale == rotation.logit_scale == pytest.approx(1.0, rel=1e-12)
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 5, 64, dtype=torch.float64, generator=g) for _ in range(2))
+    p = torch.tensor([0, 3, 50, 151, 299])
+    got = enc.query(q, p) @ enc.key(k, p).transpose(-1, -2)  # (1, 2, 5, 5)
+    qe, ke = rotation.query(q, p), rotation.key(k, p)
+    want = factor * qe[..., :32] @ ke[..., :32].transpose(-1, -2) + qe[..., 32:] @ ke[..., 32:].transpose(-1, -2)
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+    # the reference path agrees, and lp.attention uses the same scores
+    assert torch.allclose(enc.query_reference(q, p), enc.query(q, p), rtol=1e-12, atol=1e-12)
+    v = torch.randn(1, 2, 5, 64, dtype=torch.float64, generator=g)
+    ref = torch.softmax(want / 8.0 + torch.triu(torch.full((5, 5), float("-inf"), dtype=torch.float64), 1), -1) @ v
+    assert torch.allclose(lp.attention(q, k, v, enc, positions=p), ref, rtol=1e-10, atol=1e-12)
+
+
+def test_a_per_dim_temperature_round_trips_through_to_hf():
+    cfg = llama("yarn", partial_rotary_factor=0.5)
+    enc = from_hf(cfg)
+    assert enc.query_scale is not None
+    back = from_hf(lp.to_hf(enc))
+    assert torch.allclose(back.query_scale, enc.query_scale, rtol=1e-12)
+    assert torch.allclose(rotation_freqs(back), rotation_freqs(enc), rtol=1e-12)
+    # a whole-head logit scale on a partial head is not what transformers' attention_factor means
+    with pytest.raises(ValueError, match="rotated dims"):
+        lp.to_hf(enc.replace(query_scale=None, logit_scale=2.0))
 
 
 @pytest.mark.parametrize("length", [8192, 8193, 10000, 65536])

@@ -151,8 +151,10 @@ def test_temperature_on_rotated_dims_only():
                           "original_max_position_embeddings": L0})
     r = read_hf(model.config)
     assert r.rotary_dim == 12 and r.rotary_scale > 1.1  # sqrt(1 + ln 4 / ln 32)² on 12 of 16 dims
-    with pytest.raises(ValueError, match="rotated dims"):
-        from_hf(model.config)
+    enc = from_hf(model.config)  # the temperature on the 12 rotated dims as a per-dim query scale
+    assert torch.all(enc.query_scale[:12] == r.rotary_scale) and torch.all(enc.query_scale[12:] == 1.0)
+    with pytest.raises(ValueError, match="query_scale"):  # patch_model reads it from the config itself
+        patch_model(model, enc)
     assert worst(model, ids()) <= 1e-4
 
 

@@ -65,10 +65,15 @@ def test_an_unpatched_model_computes_the_encoding(name, model_type):
     enc = EXPRESSIBLE[name]()
     cfg = to_hf(enc)
     if model_type == "gpt_neox":  # a partial head of 16 dims rotating 8 with a temperature
-        enc = lp.scaling.yarn(EXPRESSIBLE["partial"](), factor=4.0, original_max_position_embeddings=32)
+        whole = lp.scaling.yarn(EXPRESSIBLE["partial"](), factor=4.0, original_max_position_embeddings=32)
         with pytest.raises(ValueError, match="rotated dims"):
-            from_hf(to_hf(enc))  # the temperature is upstream's on the 8 rotated dims only ...
+            to_hf(whole)  # a whole-head logit scale: upstream's attention_factor² covers the 8 rotated dims only
+        D = torch.ones(whole.content_dim, dtype=torch.float64)
+        D[:8] = whole.logit_scale
+        enc = whole.replace(logit_scale=1.0, query_scale=D)  # the temperature on the rotated dims only ...
         cfg = to_hf(enc)
+        back = from_hf(cfg)
+        assert torch.allclose(back.query_scale, D, rtol=1e-12) and back.logit_scale == pytest.approx(1.0)
     upstream = model_for(model_type, cfg)
     x = torch.randint(0, 128, (2, 100), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -124,6 +124,10 @@ class Encoding:
             dims: planes (k, k + d/2) for RoPE, Hugging Face / GPT-NeoX).
         query_slots, key_slots: constants appended to every query and key, shape ``(slots,)`` or
             ``(heads, slots)``; both or neither.
+        query_scale: ``None``, or a positive factor per content dim ``(content_dim,)``, applied to the
+            query before F(t): a temperature on some dims only (transformers multiplies only the
+            rotated dims of a partially rotary head by ``attention_factor²``). The score is then
+            ``qᵀ D A(t − s) k`` with ``D = diag(query_scale)``: still a function of t − s.
         logit_scale: multiplier on qᵀk (context-extension temperatures such as YaRN's
             ``attention_factor²``), applied by :func:`liepos.attention`.
         name: a label for reports.
@@ -133,7 +137,7 @@ class Encoding:
 
     The defining identity (checked in the tests for every block type, both layouts, with slots)::
 
-        enc.query(q, t)ᵀ enc.key(k, s) = [q; q_slots]ᵀ A(t − s) [k; k_slots]
+        enc.query(q, t)ᵀ enc.key(k, s) = [D q; q_slots]ᵀ A(t − s) [k; k_slots]     (D = diag(query_scale), else I)
 
     >>> import torch, liepos as lp
     >>> enc = lp.rope(4)
@@ -152,6 +156,7 @@ class Encoding:
         query_slots: Any = None,
         key_slots: Any = None,
         logit_scale: float = 1.0,
+        query_scale: Any = None,
         name: str | None = None,
         length_rule: Callable[[int], Encoding] | None = None,
         length: int | None = None,
@@ -170,6 +175,7 @@ class Encoding:
         self.num_slots = 0 if query_slots is None else self._check_slots()
         self.num_heads = self._heads()
         self.logit_scale = check_real("logit_scale", logit_scale, positive=True)
+        self.query_scale = self._query_scale(query_scale)
         if name is not None and not isinstance(name, str):
             raise TypeError(f"`name` must be a string or None, got {describe(name)}")
         self.name = name
@@ -244,13 +250,15 @@ class Encoding:
         if self.query_slots is not None:
             flat = lambda t: tuple(t.reshape(-1).tolist())  # noqa: E731 - ([heads,] slots) -> (values,)
             slots = (flat(self.query_slots), flat(self.key_slots))
-        return (self.generator.key(), self.layout, slots, self.logit_scale)
+        qs = None if self.query_scale is None else tuple(self.query_scale.tolist())
+        return (self.generator.key(), self.layout, slots, self.logit_scale, qs)
 
     def replace(self, **changes: Any) -> Encoding:
         """A copy with the given constructor fields replaced (``generator``, ``layout``, …)."""
         fields = dict(
             generator=self.generator, layout=self.layout, query_slots=self.query_slots, key_slots=self.key_slots,
-            logit_scale=self.logit_scale, name=self.name, length_rule=self.length_rule, length=self.length,
+            logit_scale=self.logit_scale, query_scale=self.query_scale, name=self.name,
+            length_rule=self.length_rule, length=self.length,
         )
         unknown = set(changes) - set(fields)
         if unknown:
@@ -267,13 +275,35 @@ class Encoding:
         if self.length_rule is None:
             return self
         L = check_int("length", length, min=1)
-        return self.length_rule(L).replace(length=L)
+        out = self.length_rule(L)
+        # a per-dim temperature does not depend on the length (transformers' attention_factor is fixed)
+        keep = {} if self.query_scale is None or out.query_scale is not None else {"query_scale": self.query_scale}
+        return out.replace(length=L, **keep)
 
     def __repr__(self) -> str:
         name = f"{self.name!r}, " if self.name else ""
         slots = f", slots={self.num_slots}" if self.num_slots else ""
         scale = f", logit_scale={self.logit_scale:g}" if self.logit_scale != 1.0 else ""
+        if self.query_scale is not None:
+            vals = sorted(set(self.query_scale.tolist()))
+            scale += f", query_scale={{{', '.join(f'{v:g}' for v in vals)}}}"
         return f"Encoding({name}{self.generator!r}, layout={self.layout!r}{slots}{scale})"
+
+    def _query_scale(self, value: Any) -> torch.Tensor | None:
+        """``query_scale``: ``None``, or ``(content_dim,)`` positive finite factors (all ones is ``None``)."""
+        if value is None:
+            return None
+        d = check_real_tensor("query_scale", value, ndim=1, positive=True)
+        if d.shape[0] != self.content_dim:
+            raise ValueError(f"`query_scale` must have {self.content_dim} entries (the content dims), got {d.shape[0]}")
+        return None if bool((d == 1).all()) else d.detach().clone()
+
+    def _scaled(self, q: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """``D q``: the per-dim temperature on the query's content dims (``query_scale``), if any."""
+        if self.query_scale is None:
+            return q
+        D = self.query_scale.to(device=q.device, dtype=q.dtype)  # (content_dim,), broadcast over (B, H, S)
+        return q.mul_(D) if inplace else q * D
 
     # ------------------------------------------------------------------ checks
     def _check(self, x: Any, name: str, full: bool = False) -> None:
@@ -427,7 +457,7 @@ class Encoding:
         """
         self._check(q, "q")
         pos = self._relative(positions, q, origin, "positions")
-        return self._apply(q, pos, "query", slots=True, inplace=inplace)
+        return self._apply(self._scaled(q, inplace), pos, "query", slots=True, inplace=inplace)
 
     def key(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False) -> torch.Tensor:
         """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim); ``inplace`` as in :meth:`query`."""
@@ -458,7 +488,7 @@ class Encoding:
         """Reference path: the dense matrix ``exp((t − o) X)ᵀ`` per position, times ``[q; slots]``."""
         self._check(q, "q")
         pos = self._relative(positions, q, origin, "positions")
-        return apply_dense(self._with_slots(q, self.query_slots), self.generator, self.plan, pos, "query")
+        return apply_dense(self._with_slots(self._scaled(q), self.query_slots), self.generator, self.plan, pos, "query")
 
     def key_reference(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None) -> torch.Tensor:
         """Reference path: the dense matrix ``exp(−(s − o) X)`` per position, times ``[k; slots]``."""

@@ -665,15 +665,13 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
 
 
 def _as_encoding(r: HFRope, softmax_mscale: bool | None) -> Encoding:
-    if not r.exact_encoding:
-        raise ValueError(
-            f"{r.encoding.name}: transformers multiplies only the {r.rotary_dim} rotated dims of the "
-            f"{r.encoding.content_dim}-dim head by attention_factor² = {r.rotary_scale:.6g} (it scales cos and "
-            "sin), and a liepos Encoding has one logit_scale for the whole head, so no Encoding states it "
-            "exactly; liepos.interop.read_hf(config) gives the rotation and that factor apart, and "
-            "liepos.interop.patch_model(model) applies it exactly"
-        )
     enc = r.encoding
+    if not r.exact_encoding:
+        # transformers multiplies only the rotated dims (the first ones of the head) by
+        # attention_factor² (it scales cos and sin): a per-dim temperature on the query, D = diag(query_scale)
+        D = torch.ones(enc.content_dim, dtype=torch.float64)
+        D[: r.rotary_dim] = r.rotary_scale
+        enc = enc.replace(query_scale=D)
     use = (r.family is not None and r.family.softmax_mscale) if softmax_mscale is None else bool(softmax_mscale)
     if use and r.softmax_multiplier != 1.0:
         enc = _times_logit(enc, r.softmax_multiplier)
@@ -721,12 +719,16 @@ def from_hf(
     Returns:
         An :class:`~liepos.Encoding` over the full head dim: the rotation planes (``inv_freq``)
         then ``head_dim − rotary_dim`` NoPE dims, with ``logit_scale = attention_factor²``
-        (times the MLA softmax multiplier), and a ``length_rule`` for ``dynamic`` and ``longrope``.
+        (times the MLA softmax multiplier) when the whole head rotates, and a ``length_rule`` for
+        ``dynamic`` and ``longrope``. When only part of the head rotates and the rope has a
+        temperature (Phi-3 longrope, GPT-NeoX + yarn), transformers multiplies only the rotated dims
+        by ``attention_factor²``: the encoding carries it as ``query_scale`` on those dims (1 on the
+        others), so its scores are ``qᵀ D A(t − s) k`` exactly as upstream's.
 
     Raises:
         ValueError: unknown ``rope_type``, unknown or unused keys, missing required keys,
-            contradictory keys, absolute-position families, a temperature on a partial rotary
-            head (see :func:`read_hf`), edge configs liepos refuses (each message says why).
+            contradictory keys, absolute-position families, edge configs liepos refuses (each
+            message says why).
 
     >>> enc = from_hf({"hidden_size": 64, "num_attention_heads": 4, "rope_theta": 10000.0})
     >>> import liepos as lp

@@ -78,6 +78,25 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(((a - b).abs() <= _MATCH * b.abs()).all())
 
 
+def _rotated_temperature(encoding: Encoding, rot: int) -> float:
+    """The factor on the rotated dims' part of qᵀk, as transformers' ``attention_factor²`` states it.
+
+    transformers multiplies cos and sin, so its factor covers the ``rot`` rotated dims only: a whole-head
+    ``logit_scale`` says that only when the whole head rotates; a ``query_scale`` says it when it is one
+    constant on the rotated dims and 1 on the others."""
+    D = encoding.query_scale
+    if D is None:
+        if rot < encoding.content_dim and encoding.logit_scale != 1.0:
+            raise _refuse(encoding, f"a logit_scale on the whole head, but transformers applies attention_factor² "
+                                    f"to the {rot} rotated dims of {encoding.content_dim} only")
+        return encoding.logit_scale
+    c = float(D[0])
+    if not (bool((D[:rot] == c).all()) and bool((D[rot:] == 1).all())) or encoding.logit_scale != 1.0:
+        raise _refuse(encoding, "a query_scale that is not one factor on the rotated dims and 1 on the others "
+                                "(with logit_scale 1)")
+    return c
+
+
 def to_hf(encoding: Encoding) -> dict[str, Any]:
     """The config entries that make an unpatched transformers model compute ``encoding``.
 
@@ -113,17 +132,18 @@ def to_hf(encoding: Encoding) -> dict[str, Any]:
     if int(head_dim * p) != rot:  # transformers' rotary dim is int(head_dim · partial_rotary_factor)
         raise _refuse(encoding, f"{rot} rotated dims of {head_dim}: int({head_dim} · {p!r}) is not {rot}")
     params: dict[str, Any] = {"rope_theta": base, "partial_rotary_factor": p}
+    temperature = _rotated_temperature(encoding, rot)
     default = _default_freqs(base, rot)
     factor = float(default[0] / w[0])
-    if encoding.logit_scale == 1.0 and _close(w, default):
+    if temperature == 1.0 and _close(w, default):
         params["rope_type"] = "default"
-    elif encoding.logit_scale == 1.0 and _close(w, default / factor):
+    elif temperature == 1.0 and _close(w, default / factor):
         params.update(rope_type="linear", factor=factor)
     else:
         ext = (default / w).tolist()  # 1/(f_i · base^(2i/rot)) = ω_i
         params.update(
             rope_type="longrope", short_factor=ext, long_factor=list(ext), factor=1.0,
-            original_max_position_embeddings=_ANY_LENGTH, attention_factor=math.sqrt(encoding.logit_scale),
+            original_max_position_embeddings=_ANY_LENGTH, attention_factor=math.sqrt(temperature),
         )
     return {
         "head_dim": head_dim,

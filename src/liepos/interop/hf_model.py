@@ -437,6 +437,11 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
     else:
         if not isinstance(item, Encoding):
             raise TypeError(f"encoding must be a liepos.Encoding (or a dict of them by layer type), got {type(item).__name__}")
+        if item.query_scale is not None:
+            raise ValueError(
+                f"{item!r} carries a per-dim temperature (query_scale): pass encoding=None, and patch_model "
+                "reads the config's rotated-dims temperature and applies it on those dims itself"
+            )
         enc, pad = item, 0
         # a fixed rotation runs in the model's backend: its logit scale goes into q and k;
         # liepos.attention applies it itself
