@@ -153,6 +153,10 @@ def test_temperature_on_rotated_dims_only():
     assert r.rotary_dim == 12 and r.rotary_scale > 1.1  # sqrt(1 + ln 4 / ln 32)² on 12 of 16 dims
     enc = from_hf(model.config)  # the temperature on the 12 rotated dims as a per-dim query scale
     assert torch.all(enc.query_scale[:12] == r.rotary_scale) and torch.all(enc.query_scale[12:] == 1.0)
+    import pickle
+
+    back = pickle.loads(pickle.dumps(enc))  # the length rule (longrope) pickles, and keeps the scale
+    assert back.version == enc.version and torch.equal(back.at_length(100).query_scale, enc.query_scale)
     with pytest.raises(ValueError, match="query_scale"):  # patch_model reads it from the config itself
         patch_model(model, enc)
     assert worst(model, ids()) <= 1e-4

@@ -25,7 +25,7 @@ import torch
 
 from liepos._checks import check_choice, check_int, check_real, check_real_tensor, check_tensor, describe
 from liepos._fast import CACHE, FastTables, _arange_start, _window, apply_fast, fast_tables
-from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, dense_transform, work_dtype
+from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
 from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, make_plan
 
@@ -480,10 +480,6 @@ class Encoding:
         return self._apply(x, as_positions(-d, x.shape[-2], x.shape[0], "delta", self.num_axes), "key")
 
     # ------------------------------------------------------------------ dense reference path
-    def _dense(self, pos: torch.Tensor, side: str) -> torch.Tensor:
-        """:func:`liepos.apply.dense_transform` of this encoding (kept for bench.py's import)."""
-        return dense_transform(self.generator, self.plan, pos, side)
-
     def query_reference(self, q: torch.Tensor, positions: Any = None, *, origin: Any = None) -> torch.Tensor:
         """Reference path: the dense matrix ``exp((t − o) X)ᵀ`` per position, times ``[q; slots]``."""
         self._check(q, "q")

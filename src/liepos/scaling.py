@@ -57,16 +57,13 @@ __all__ = [
     "llama3",
     "proportional",
     "rotation_freqs",
+    "with_freqs",
+    "map_spectrum",
     "yarn_mscale",
     "yarn_attention_factor",
     "yarn_correction_range",
     "longrope_attention_factor",
 ]
-
-
-def _real(value: Any, name: str) -> float:
-    """A finite real number (interop's import; prefer :func:`liepos._checks.check_real`)."""
-    return check_real(name, value)
 
 
 def _positive(value: Any, name: str) -> float:
@@ -123,7 +120,7 @@ def _rotary_dim(planes: int, rotary_dim: Any) -> int:
     return rotary_dim
 
 
-def _with_freqs(enc: Encoding, w: torch.Tensor, logit: float, tag: str) -> Encoding:
+def with_freqs(enc: Encoding, w: torch.Tensor, logit: float, tag: str) -> Encoding:
     """``enc`` with the rotation frequencies replaced by ``w`` and the logit scale multiplied."""
     idx = _planes(enc)
     g = enc.generator
@@ -158,7 +155,7 @@ class LengthRule:
         return self.at(self.source.at_length(length), length).replace(length_rule=self)
 
 
-def _build(enc: Encoding, at: Callable[[Encoding, int | None], Encoding], length_dependent: bool = False) -> Encoding:
+def map_spectrum(enc: Encoding, at: Callable[[Encoding, int | None], Encoding], length_dependent: bool = False) -> Encoding:
     """Apply ``at(e, L)`` to ``enc`` (``L=None``: no length known) and carry length rules through.
 
     An input that already has a ``length_rule`` keeps it, composed: at length L the result is
@@ -194,11 +191,11 @@ def linear(enc: Encoding, *, factor: float) -> Encoding:
     True
     """
     s = _positive(factor, "factor")
-    return _build(enc, partial(_linear_at, s))
+    return map_spectrum(enc, partial(_linear_at, s))
 
 
 def _linear_at(s: float, e: Encoding, L: int | None) -> Encoding:
-    return _with_freqs(e, rotation_freqs(e) / s, 1.0, f"linear({s:g})")
+    return with_freqs(e, rotation_freqs(e) / s, 1.0, f"linear({s:g})")
 
 
 def ntk(enc: Encoding, *, factor: float, rotary_dim: int | None = None) -> Encoding:
@@ -219,13 +216,13 @@ def ntk(enc: Encoding, *, factor: float, rotary_dim: int | None = None) -> Encod
     True
     """
     s = _positive(factor, "factor")
-    return _build(enc, partial(_ntk_at, s, rotary_dim))
+    return map_spectrum(enc, partial(_ntk_at, s, rotary_dim))
 
 
 def _ntk_at(s: float, rotary_dim: int | None, e: Encoding, L: int | None) -> Encoding:
     w = rotation_freqs(e)
     d = _rotary_dim(w.shape[-1], rotary_dim)
-    return _with_freqs(e, w * _index_power(w.shape[-1], d, s), 1.0, f"ntk({s:g})")
+    return with_freqs(e, w * _index_power(w.shape[-1], d, s), 1.0, f"ntk({s:g})")
 
 
 def dynamic(
@@ -258,7 +255,7 @@ def dynamic(
     s = _positive(factor, "factor")
     L0 = _positive(original_max_position_embeddings, "original_max_position_embeddings")
     _rotary_dim(len(_planes(enc)), rotary_dim)  # validate now, not at the first long sequence
-    return _build(enc, partial(_dynamic_at, s, L0, rotary_dim), length_dependent=True)
+    return map_spectrum(enc, partial(_dynamic_at, s, L0, rotary_dim), length_dependent=True)
 
 
 def _dynamic_at(s: float, L0: float, rotary_dim: int | None, e: Encoding, L: int | None) -> Encoding:
@@ -267,7 +264,7 @@ def _dynamic_at(s: float, L0: float, rotary_dim: int | None, e: Encoding, L: int
     w = rotation_freqs(e)
     d = _rotary_dim(w.shape[-1], rotary_dim)
     kappa = (s * L / L0) - (s - 1)
-    return _with_freqs(e, w * _index_power(w.shape[-1], d, kappa), 1.0, f"dynamic({s:g}, L={L})")
+    return with_freqs(e, w * _index_power(w.shape[-1], d, kappa), 1.0, f"dynamic({s:g}, L={L})")
 
 
 # YaRN's magnitude correction: 0.1·ln s per unit of mscale (Peng et al. 2023, eq. 4's √(1/t) = 0.1 ln s + 1)
@@ -426,7 +423,7 @@ def yarn(
     if b == 1.0:
         raise ValueError("`base` must differ from 1, got 1.0")
     af = yarn_attention_factor(s, mscale=mscale, mscale_all_dim=mscale_all_dim, attention_factor=attention_factor)
-    return _build(enc, partial(_yarn_at, s, L0, bf, bs, truncate, b, rotary_dim, af))
+    return map_spectrum(enc, partial(_yarn_at, s, L0, bf, bs, truncate, b, rotary_dim, af))
 
 
 def _yarn_at(
@@ -451,7 +448,7 @@ def _yarn_at(
         gamma = ((i - low) / (high - low)).clamp(0.0, 1.0)
         out.append(row * (1.0 - gamma) + (row / s) * gamma)
     new = torch.stack(out).reshape(w.shape)  # (rows, planes) -> (*heads, planes)
-    return _with_freqs(e, new, af * af, f"yarn({s:g})")
+    return with_freqs(e, new, af * af, f"yarn({s:g})")
 
 
 def longrope_attention_factor(
@@ -515,13 +512,13 @@ def longrope(
     else:
         s = _positive(factor, "factor")
     af = longrope_attention_factor(s, L0, attention_factor)
-    return _build(enc, partial(_longrope_at, short, long, L0, af), length_dependent=True)
+    return map_spectrum(enc, partial(_longrope_at, short, long, L0, af), length_dependent=True)
 
 
 def _longrope_at(short: torch.Tensor, long: torch.Tensor, L0: float, af: float, e: Encoding, L: int | None) -> Encoding:
     use_long = L is not None and L > L0
     tag = f"longrope({'long' if use_long else 'short'})"
-    return _with_freqs(e, rotation_freqs(e) / (long if use_long else short), af * af, tag)
+    return with_freqs(e, rotation_freqs(e) / (long if use_long else short), af * af, tag)
 
 
 def llama3(
@@ -559,7 +556,7 @@ def llama3(
         raise ValueError(
             f"`high_freq_factor` must be greater than low_freq_factor ({low_freq_factor}), got {high_freq_factor}"
         )
-    return _build(enc, partial(_llama3_at, s, L0, lo, hi))
+    return map_spectrum(enc, partial(_llama3_at, s, L0, lo, hi))
 
 
 def _llama3_at(s: float, L0: float, lo: float, hi: float, e: Encoding, L: int | None) -> Encoding:
@@ -569,7 +566,7 @@ def _llama3_at(s: float, L0: float, lo: float, hi: float, e: Encoding, L: int | 
     ramp = (1 - alpha) * w / s + alpha * w
     new = torch.where(wavelen > L0 / lo, w / s, w)
     medium = ~(wavelen < L0 / hi) & ~(wavelen > L0 / lo)
-    return _with_freqs(e, torch.where(medium, ramp, new), 1.0, f"llama3({s:g})")
+    return with_freqs(e, torch.where(medium, ramp, new), 1.0, f"llama3({s:g})")
 
 
 def proportional(enc: Encoding, *, partial_rotary_factor: float, factor: float = 1.0) -> Encoding:
@@ -592,14 +589,14 @@ def proportional(enc: Encoding, *, partial_rotary_factor: float, factor: float =
     """
     p = check_real("partial_rotary_factor", partial_rotary_factor, min=0.0, max=1.0)
     s = _positive(factor, "factor")
-    return _build(enc, partial(_proportional_at, p, s))
+    return map_spectrum(enc, partial(_proportional_at, p, s))
 
 
 def _proportional_at(p: float, s: float, e: Encoding, L: int | None) -> Encoding:
     w = rotation_freqs(e)
     P = int(w.shape[-1])
     keep = (torch.arange(P) < int(p * (2 * P) // 2)).to(w.dtype)
-    return _with_freqs(e, w * keep / s, 1.0, f"proportional({p:g})")
+    return with_freqs(e, w * keep / s, 1.0, f"proportional({p:g})")
 
 
 # ---------------------------------------------------------------------- the registry

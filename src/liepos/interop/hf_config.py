@@ -22,6 +22,7 @@ bit (:mod:`liepos.interop._f32`), and stores those values.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from liepos import scaling
+from liepos._checks import check_real
 from liepos.catalogue import alibi
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
@@ -166,7 +168,12 @@ def _nope(head_dim: int, name: str) -> Encoding:
 
 def _times_logit(enc: Encoding, m: float) -> Encoding:
     """Multiply the logit scale, also at every length of a length-dependent encoding."""
-    return scaling._build(enc, lambda e, L: e.replace(logit_scale=e.logit_scale * m))
+    return scaling.map_spectrum(enc, functools.partial(_logit_times, m=m))
+
+
+def _logit_times(e: Encoding, length: int | None, m: float) -> Encoding:
+    """``e`` with its logit scale multiplied by ``m`` (module level, so scaled encodings pickle)."""
+    return e.replace(logit_scale=e.logit_scale * m)
 
 
 @dataclass
@@ -202,7 +209,7 @@ class _Ctx:
 
     def store(self, e: Encoding, w32: torch.Tensor) -> Encoding:
         """``e`` with transformers' float32 frequencies in place of the float64 ones."""
-        return scaling._with_freqs(e, w32.to(torch.float64), 1.0, "compat")
+        return scaling.with_freqs(e, w32.to(torch.float64), 1.0, "compat")
 
 
 def _default(c: _Ctx) -> Encoding:
@@ -216,7 +223,7 @@ def _linear(c: _Ctx) -> Encoding:
 
 def _dynamic(c: _Ctx) -> Encoding:
     L0 = c.need_max_pos("as the original length of dynamic NTK")
-    scaling._positive(c.factor, "factor")
+    check_real("factor", c.factor, positive=True)
     if not c.compat:
         return scaling.dynamic(c.enc, factor=c.factor, original_max_position_embeddings=L0, rotary_dim=c.dim)
     init = c.store(c.enc, _f32.dynamic(c.base, c.dim, c.factor, L0, None))
@@ -313,7 +320,7 @@ def _llama3_step(c: _Ctx, band: Any) -> Encoding:
     if c.compat:
         w32 = _f32.default(c.base, c.dim)
         stepped = torch.where(2 * math.pi / w32 > edge, w32 / c.factor, w32)
-    return scaling._with_freqs(c.enc, stepped, 1.0, "llama3")
+    return scaling.with_freqs(c.enc, stepped, 1.0, "llama3")
 
 
 def _proportional(c: _Ctx) -> Encoding:
@@ -393,7 +400,7 @@ def _rotary_fraction(params: Mapping[str, Any], kind: str, family: Family | None
     """``partial_rotary_factor`` as the family's rope reads it (1.0 where its default rope ignores it)."""
     p = params.get("partial_rotary_factor", 1.0)
     p = 1.0 if p is None else p
-    scaling._real(p, "partial_rotary_factor")
+    check_real("partial_rotary_factor", p)
     if not 0 < p <= 1:
         raise ValueError(f"partial_rotary_factor must lie in (0, 1], got {p!r}")
     if kind != "default" or p == 1 or model_type is None:
@@ -421,7 +428,7 @@ def _one(params: dict[str, Any], *, src: _Source, layer_type: str | None, nested
             params["original_max_position_embeddings"] = src.get("max_position_embeddings")
     _check_keys(params, kind, where, ignore_keys)
     base = params.get("rope_theta", _DEFAULT_THETA)
-    scaling._positive(base, "rope_theta")
+    check_real("rope_theta", base, positive=True)
     if base == 1:
         raise ValueError("rope_theta must differ from 1")
     p = _rotary_fraction(params, kind, family, src.get("model_type"))
