@@ -39,6 +39,7 @@ from liepos.apply import apply_tables
 from liepos.encoding import Encoding
 from liepos.tables import Tables
 from liepos.interop.families import FAMILIES, Family, family_of
+from liepos.interop.hf_decode import attend, hf_visible, remember
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -245,9 +246,14 @@ def _raw_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if pos.dim() != 2:
         raise NotImplementedError("the raw-key path takes one position axis; M-RoPE runs as a pure rotation")
     B, S, Sk = q.shape[0], q.shape[2], k.shape[2]
-    seen, cache = state.call["seen"], state.call["cache"]
+    seen, cache, want = state.call["seen"], state.call["cache"], state.call.get("weights")
     if cache is not None:
         kpos, first = _key_times(cache, module.layer_idx, pos, Sk, seen)
+        if not want:  # a decode step: keys encoded at the cache's origin, only the new one encoded now
+            out = attend(state, module.layer_idx, q, k, v, attention_mask, scaling, pos, kpos, cache, seen,
+                         state.call.get("raw"))
+            if out is not None:
+                return out.transpose(1, 2).contiguous(), None  # (B, H, S, D) -> (B, S, H, D)
     else:
         kpos, first = pos, 0
     kpos = kpos.expand(B, -1)
@@ -255,17 +261,9 @@ def _raw_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     order = (torch.arange(Sk, device=q.device) + first)[None, :] <= (torch.arange(S, device=q.device) + seen)[:, None]
     filled = (torch.arange(Sk, device=q.device) < seen + S - first).expand(B, -1)  # (B, Sk): unfilled static slots
     mask = order[None, None]  # (1, 1, S, Sk)
-    if isinstance(attention_mask, torch.Tensor):
-        hf = attention_mask if attention_mask.dtype == torch.bool else attention_mask > torch.finfo(attention_mask.dtype).min / 2
-        if hf.dim() == 2:  # (B, Sk) padding, 1 = token
-            filled = filled & hf.bool()
-        else:
-            mask = mask & hf[..., -Sk:]
-    elif attention_mask is not None:
-        raise TypeError(
-            f"an attention mask of type {type(attention_mask).__name__} (flex attention's BlockMask?) is not "
-            "supported on the raw-key path; use attn_implementation='sdpa' or 'eager'"
-        )
+    hf = hf_visible(attention_mask, Sk)
+    if hf is not None:
+        mask = mask & hf
     out = attention(q, k, v, state.encoding, positions=pos.expand(B, -1), key_positions=kpos, causal=True,
                     attn_mask=mask, key_padding_mask=filled, scale=scaling)
     weights = None
@@ -274,6 +272,8 @@ def _raw_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         eye = torch.eye(Sk, dtype=v.dtype, device=v.device).expand(B, k.shape[1], Sk, Sk)  # (B, Hk, Sk, Sk)
         weights = attention(q, k, eye, state.encoding, positions=pos.expand(B, -1), key_positions=kpos,
                             causal=True, attn_mask=mask, key_padding_mask=filled, scale=scaling)
+    if cache is not None and first == 0 and Sk == seen + S and not want:  # a prefill: keep its keys encoded
+        remember(state, module.layer_idx, k, v, kpos, cache, q.shape[1], pos)
     return out.transpose(1, 2).contiguous(), weights  # (B, S, H, D)
 
 
@@ -287,6 +287,7 @@ def _alibi_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     state.call = {"cache": cache, "seen": seen, "weights": weights,
                   "pos": torch.arange(seen, seen + S, device=q.device, dtype=torch.float64)[None]}  # (1, S)
     if cache is not None:
+        state.call["raw"] = _raw_keys(cache, module.layer_idx)
         k, v = cache.update(k, v, module.layer_idx)
     return _raw_attention(module, q, k, v, mask, scaling=scale)
 
@@ -358,12 +359,21 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         "cache": cache,
         "seen": int(cache.get_seq_length(self.layer_idx)) if cache is not None else 0,
         "weights": bool(kwargs.get("output_attentions", False)) or _recording_attentions(),
+        "raw": None if cache is None or state.encoded else _raw_keys(cache, self.layer_idx),
     }
     token = _ACTIVE.set(self)
     try:
         return type(self).forward(self, *args, **kwargs)
     finally:
         _ACTIVE.reset(token)
+
+
+def _raw_keys(cache: Any, layer: int) -> Any:
+    """HF's key tensor of ``layer`` before this step writes to it (None when the cache has no such layer)."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or layer >= len(layers):
+        return None
+    return getattr(layers[layer], "keys", None)
 
 
 def _recording_attentions() -> bool:

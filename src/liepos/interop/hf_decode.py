@@ -1,0 +1,308 @@
+"""The decode step of a patched raw-key layer: keys kept encoded at a cache origin beside HF's cache.
+
+A layer whose encoding is not a fixed rotation (xPos, RetNet, decays, ALiBi's slots, Jordan blocks)
+caches *raw* keys in Hugging Face's cache (:mod:`liepos.interop.hf_model`). Encoding every cached key
+again at each step would cost one pass over the cache per step before attention even starts; instead
+each layer keeps beside HF's cache the keys encoded at one *origin* ``o``, ``G(s − o) k``, and a step
+encodes only its query and its new key, because the score does not depend on ``o``::
+
+    (F(t − o) q)ᵀ (G(s − o) k) = qᵀ A(t − s) k
+
+The origin moves only when a query or a new key would leave the precision budget of
+:mod:`liepos.recentre` around it: ``|λ|·|t − o|`` within the exponent budget and ``|t − o|`` within
+the polynomial span (ALiBi's slots in float32: every 256 tokens; xPos: every ~12 000). Then every key
+is encoded afresh from HF's raw keys at the new origin — no transport, so no drift — a cost of one
+pass over the cache amortised over that many steps. Keys behind the origin may lie any distance back
+(they fade causally), exactly as in :class:`liepos.KVCache` and :func:`liepos.attention`.
+
+The tables of a step are built once per forward and shared by every layer with that encoding (rows
+of a cached window of :data:`liepos._fast.CACHE` for consecutive positions). Whatever this path does
+not cover (a static or sliding cache that returns other keys than "all so far", attention weights, a
+length-dependent generator, a cache reordered or cropped since the last step, a query block wider
+than the budget) returns ``None`` and the caller runs :func:`liepos.attention` over the raw keys.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as Fn
+
+from liepos._fast import apply_fast
+from liepos.attention_sdpa import sdpa
+from liepos.encoding import Encoding
+from liepos.recentre import MAX_EXPONENT, _poly_span
+from liepos.tables import check_range
+
+__all__ = ["attend", "remember", "budget", "hf_visible", "STORES"]
+
+STORES = "_liepos_encoded"  # the cache attribute holding every layer's encoded keys
+_LOW = (torch.float16, torch.bfloat16)
+_GROW = 64  # the encoded-key buffer grows by doubling, at least by this many positions
+
+
+@dataclass
+class _Store:
+    """One layer's keys encoded at ``origin`` (buffers of ``cap`` positions, the first ``n`` filled)."""
+
+    origin: float
+    version: tuple  # what the encoded values depend on: the encoding, the work dtype, device, batch, heads
+    k: torch.Tensor | None  # (B, Hs, cap, content_dim) encoded keys, content dims
+    slots: torch.Tensor | None  # (B, H, cap, slots) the keys' encoded slot values (their bias: qₛᵀ kₛ)
+    v: torch.Tensor | None  # (B, Hs, cap, Dv) values when HF's cannot serve (heads expanded or upcast)
+    n: int
+    raw: torch.Tensor  # HF's raw-key tensor after the last write: the cache is untouched while it stays
+    finite: bool
+    own_v: bool  # the store keeps its own values (per-head keys of grouped heads, or half inputs upcast)
+    plain: bool  # the encoding leaves the content dims as they are: HF's raw keys serve as encoded content
+
+    def write(self, enc: Encoding, ke: torch.Tensor, v: torch.Tensor, heads: int) -> None:
+        """Append encoded keys ``(B, Hs, S, dim)`` (content, then slot values) and, if kept, their values."""
+        c = enc.content_dim
+        if not self.plain:
+            self.k = _grown(self.k, self.n, ke[..., :c])
+        if enc.num_slots:
+            self.slots = _grown(self.slots, self.n, ke[..., c:])
+        if self.own_v:
+            self.v = _grown(self.v, self.n, _expand(v, heads, enc).to(ke.dtype))
+        self.n += ke.shape[-2]
+
+
+def budget(enc: Encoding, dtype: torch.dtype) -> float:
+    """The largest ``|t − o|`` of a query or new key around an origin, as :mod:`liepos.recentre` allows."""
+    work = torch.float32 if dtype in _LOW else dtype
+    rate = enc.generator.bounds()[0]
+    limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
+    return min(limit / rate if rate > 0 else math.inf, _poly_span(enc, work))
+
+
+@functools.lru_cache(maxsize=64)
+def _plain(enc: Encoding, version: tuple) -> bool:
+    """Whether ``enc`` leaves its content dims as they are (NoPE content, the positions in the slots: ALiBi)."""
+    g = enc.generator
+    if g.basis is not None or enc.query_scale is not None:
+        return False
+    blocks = [i for i, off in enumerate(g.offsets) if off < g.dim - enc.num_slots]  # canonical: slots come last
+    with torch.no_grad():
+        return all(g.sizes[i] == 1 for i in blocks) and not bool(g.rates[..., blocks].any() or g.freqs[..., blocks].any())
+
+
+def _work(enc: Encoding, dtype: torch.dtype) -> torch.dtype:
+    """The dtype keys are encoded and attended in: float32 for half inputs with Jordan parts (as liepos.attention)."""
+    return torch.float32 if dtype in _LOW and enc.plan.has_coupling else dtype
+
+
+def _grown(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
+    """``buf`` with ``new`` ``(B, H, S, d)`` written at positions ``n …``, reallocated (doubling) when full."""
+    S = new.shape[-2]
+    if buf is None or n + S > buf.shape[-2]:
+        cap = max(2 * (0 if buf is None else buf.shape[-2]), n + S, _GROW)
+        out = new.new_empty(*new.shape[:2], cap, new.shape[-1])
+        if n:
+            out[:, :, :n].copy_(buf[:, :, :n])
+        buf = out
+    buf[:, :, n:n + S].copy_(new)
+    return buf
+
+
+def _tables(layer: Any, enc: Encoding, rel: torch.Tensor, side: str, x: torch.Tensor, key: tuple) -> Any:
+    """Fast tables of one side at ``rel``, once per forward for every layer sharing the encoding (None: no fast form)."""
+    memo = layer.positions.tables
+    if key in memo:
+        return memo[key]
+    ft = None
+    if enc._fast_usable(x, rel):
+        check_range(enc.generator, rel, side, x.dtype)
+        ft = enc._fast_tables(rel, side, torch.float32 if x.dtype in _LOW else x.dtype, True)
+    if layer.positions.ids is not None:  # positions recorded for this forward: valid for every layer
+        memo[key] = ft
+    return ft
+
+
+def _encode(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side: str, origin: float,
+            work: torch.dtype) -> torch.Tensor:
+    """``F(t − o) x`` or ``G(s − o) x`` with the encoded slots appended, in ``work`` (slots: float32 at least)."""
+    x = x.to(work)
+    if side == "query":
+        x = enc._scaled(x)
+    ft = _tables(layer, enc, rel, side, x, ("origin", id(enc), side, origin, work, x.device, tuple(rel.shape)))
+    if ft is None:
+        return (enc.query if side == "query" else enc.key)(x, rel)
+    out_dtype = ft.dtype if (enc.num_slots and x.dtype in _LOW) else x.dtype
+    return apply_fast(x, ft, out_dtype=out_dtype)
+
+
+def _expand(x: torch.Tensor, heads: int, enc: Encoding) -> torch.Tensor:
+    """Key/value heads repeated to ``heads`` for a per-head encoding (it acts on each query head's keys)."""
+    g = 1 if enc.num_heads is None else heads // x.shape[1]
+    return x if g == 1 else x.repeat_interleave(g, dim=1)  # (B, Hk, S, d) -> (B, H, S, d)
+
+
+def _rebuild(layer: Any, enc: Encoding, k: torch.Tensor, v: torch.Tensor, kpos: torch.Tensor, n: int,
+             origin: float, version: tuple, work: torch.dtype, span: float, heads: int) -> _Store | None:
+    """A store of the first ``n`` raw keys encoded at ``origin``; None when a key ahead of it is out of budget."""
+    times = kpos[:, :n]
+    if n and float(times.max()) - origin > span:  # a key later than the origin grows: bound it as recentre does
+        return None
+    ks, vs = k[:, :, :n], v[:, :, :n]
+    finite = bool(torch.isfinite(ks).all()) and bool(torch.isfinite(vs).all())
+    plain = work == k.dtype and _plain(enc, enc.version)
+    own_v = not plain and enc.num_heads is not None and v.shape[1] != heads or work != v.dtype
+    st = _Store(origin, version, None, None, None, 0, k, finite, own_v, plain)
+    if n:
+        st.write(enc, enc.key(_expand(ks, heads, enc).to(work), times - origin), vs, heads)
+    return st
+
+
+def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
+           scaling: float | None, pos: torch.Tensor, kpos: torch.Tensor, cache: Any, seen: int,
+           raw_before: Any) -> torch.Tensor | None:
+    """Attention of ``q`` ``(B, H, S, D)`` over HF's keys through the layer's encoded-key store, or None.
+
+    ``k``/``v`` are every key/value so far as HF's cache returned them, raw; ``pos`` ``(1|B, S)`` the
+    query times, ``kpos`` ``(B, seen + S)`` the key times; ``raw_before`` HF's key tensor before this
+    step's write (the store is valid only while it is the tensor the store last saw).
+    """
+    enc: Encoding = layer.encoding
+    B, H, S, _ = q.shape
+    if (enc.length_rule is not None or pos.dim() != 2 or k.shape[2] != seen + S or kpos.shape[-1] != seen + S
+            or not hasattr(cache, "__dict__")):
+        return None
+    stores = cache.__dict__.setdefault(STORES, {})
+    work = _work(enc, q.dtype)
+    version = (enc.version, work, q.device, B, k.shape[1])
+    st = stores.get(idx)
+    if st is not None and (st.version != version or st.raw is not raw_before or st.n != seen):
+        st = None  # another encoding, or the cache was reordered, cropped or reset: encode afresh
+    span = budget(enc, work)
+    lo, hi = _bounds(layer, pos)
+    if st is None or max(hi - st.origin, st.origin - lo) > span:
+        stores.pop(idx, None)
+        if hi - lo > span:
+            return None  # the queries need several origins: liepos.attention, then remember()
+        st = _rebuild(layer, enc, k, v, kpos, seen, hi, version, work, span, H)
+        if st is None:
+            return None
+    out = _step(layer, enc, st, q, k, v, attention_mask, scaling, pos, seen, work)
+    st.raw = k
+    stores[idx] = st
+    return out
+
+
+def _bounds(layer: Any, pos: torch.Tensor) -> tuple[float, float]:
+    """``(min, max)`` of the query times, read once per forward."""
+    memo = layer.positions.tables
+    b = memo.get("bounds")
+    if b is None:
+        b = (float(pos.min()), float(pos.max()))
+        if layer.positions.ids is not None:
+            memo["bounds"] = b
+    return b
+
+
+def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+          attention_mask: Any, scaling: float | None, pos: torch.Tensor, seen: int, work: torch.dtype) -> torch.Tensor:
+    """Encode the new keys and the queries at the store's origin, append, attend.
+
+    Slots (ALiBi) do not widen the attention: their part of the score, ``F(t − o) sₚᵀ G(s − o) sₖ``,
+    depends on the times only and joins as an additive bias, unscaled, so the content dims keep the
+    head dim the fused kernel wants (a 66-wide head falls back to the slow math kernel on the CPU).
+    """
+    B, H, S, _ = q.shape
+    rel = pos - st.origin  # (1|B, S)
+    kn, vn = k[:, :, seen:], v[:, :, seen:]
+    st.finite = st.finite and bool(torch.isfinite(kn).all()) and bool(torch.isfinite(vn).all())
+    c = (1.0 / math.sqrt(enc.content_dim) if scaling is None else scaling) * enc.logit_scale
+    if st.plain:  # the content is HF's own q and k: only the slots' values are encoded (once per forward)
+        if enc.num_slots:
+            st.slots = _grown(st.slots, st.n, _slot_values(layer, enc, kn, rel, "key", st.origin, work, H))
+        st.n += S
+        qc, ke, qs = q, k, _slot_values(layer, enc, q, rel, "query", st.origin, work, H) if enc.num_slots else None
+    else:
+        st.write(enc, _encode(layer, enc, _expand(kn, H, enc), rel, "key", st.origin, work), vn, H)
+        qe = _encode(layer, enc, q, rel, "query", st.origin, work)
+        qc, ke, qs = qe[..., : enc.content_dim], st.k[:, :, : st.n], qe[..., enc.content_dim:]
+    ve = (st.v[:, :, : st.n] if st.own_v else v).to(qc.dtype)
+    mask = _mask(attention_mask, S, st.n, seen, q.device)
+    if not st.finite:  # the select-masked form: slots ride as columns again (c applied to the content)
+        if enc.num_slots:
+            ks = st.slots[:, :, : st.n]
+            ke = torch.cat((_expand(ke, H, enc).expand(-1, ks.shape[1], -1, -1), ks), -1)
+            qc, c = torch.cat((qc * c, qs.expand(B, -1, -1, -1)), -1), 1.0
+        return sdpa(qc, ke, ve, mask, c, finite=False).to(v.dtype)
+    bias = None
+    if enc.num_slots:
+        key = ("bias", id(enc), st.origin, st.n, work)
+        bias = layer.positions.tables.get(key)
+        if bias is None:
+            bias = qs @ st.slots[:, :, : st.n].transpose(-1, -2)  # (1|B, H, S, n): the same in every layer
+            if layer.positions.ids is not None:
+                layer.positions.tables[key] = bias
+    if mask is not None:  # an additive float mask (a boolean one is slow on the CPU)
+        base = bias if bias is not None else torch.zeros(mask.shape, dtype=qc.dtype, device=qc.device)
+        bias = base.masked_fill(~mask, -math.inf)
+    causal = mask is None and S > 1
+    if causal and bias is not None:  # a prefill-sized step with slots: the causal order goes into the bias
+        order = torch.ones(S, st.n, dtype=torch.bool, device=q.device).tril(st.n - S)
+        bias, causal = bias.masked_fill(~order, -math.inf), False
+    out = Fn.scaled_dot_product_attention(qc, ke, ve, attn_mask=bias, is_causal=causal, scale=c,
+                                          enable_gqa=ke.shape[1] != H)
+    return out.to(v.dtype)
+
+
+def _slot_values(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side: str, origin: float,
+                 work: torch.dtype, heads: int) -> torch.Tensor:
+    """The encoded slot values ``(1|B, H, S, slots)`` at ``rel`` (they depend on the times only)."""
+    ft = _tables(layer, enc, rel, side, x, ("origin", id(enc), side, origin, work, x.device, tuple(rel.shape)))
+    if ft is not None:
+        sv = ft.slot_vals  # (…, S, slots), (H|1, S, slots) or (B, H|1, S, slots)
+        while sv.dim() < 4:
+            sv = sv.unsqueeze(0)
+        return sv.to(work).expand(-1, heads, -1, -1)
+    zeros = x.new_zeros(x.shape[0], heads, x.shape[2], enc.content_dim).to(work)
+    return (enc.query if side == "query" else enc.key)(zeros, rel)[..., enc.content_dim:]
+
+
+def hf_visible(attention_mask: Any, Sk: int) -> torch.Tensor | None:
+    """HF's attention mask (boolean, additive float, or ``(B, Sk)`` padding) as booleans over the last ``Sk`` keys."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(
+            f"an attention mask of type {type(attention_mask).__name__} (flex attention's BlockMask?) is not "
+            "supported on the raw-key path; use attn_implementation='sdpa' or 'eager'"
+        )
+    m = attention_mask
+    hf = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+    if hf.dim() == 2:  # (B, Sk) padding, 1 = token
+        return hf.bool()[:, None, None, -Sk:]  # (B, 1, 1, Sk)
+    return hf[..., -Sk:]
+
+
+def _mask(attention_mask: Any, S: int, Sk: int, seen: int, device: torch.device) -> torch.Tensor | None:
+    """HF's mask as booleans ``(…, S, Sk)``, with the causal order of a multi-token step; None: all visible."""
+    hf = hf_visible(attention_mask, Sk)
+    if S == 1:
+        return hf
+    order = torch.arange(Sk, device=device)[None, :] <= (torch.arange(S, device=device) + seen)[:, None]  # (S, Sk)
+    if hf is None:
+        return None if seen == 0 else order[None, None]  # None: the causal kernel (S == Sk)
+    return hf & order
+
+
+def remember(layer: Any, idx: int, k: torch.Tensor, v: torch.Tensor, kpos: torch.Tensor, cache: Any, heads: int,
+             pos: torch.Tensor) -> None:
+    """After a call :func:`attend` declined for its query span (a prefill): encode its keys at its last time."""
+    enc: Encoding = layer.encoding
+    if enc.length_rule is not None or pos.dim() != 2 or kpos.shape[-1] != k.shape[2] or not hasattr(cache, "__dict__"):
+        return
+    work = _work(enc, k.dtype)
+    origin = _bounds(layer, pos)[1]
+    version = (enc.version, work, k.device, k.shape[0], k.shape[1])
+    st = _rebuild(layer, enc, k, v, kpos, k.shape[2], origin, version, work, budget(enc, work), heads)
+    if st is not None:
+        cache.__dict__.setdefault(STORES, {})[idx] = st
