@@ -1,19 +1,27 @@
 """A patched model's ``generate`` against the same model unpatched: ``python benchmarks/generate.py [--quick]``.
 
-Issue 14 item 3: with the patch, greedy generation should stay within 1.05× of upstream for RoPE
-(the encoded-key path: one new key rotated per step, the model's own backend) and 1.15× for
-other encodings (the raw-key path: liepos.attention over the cache each step). One random-weight
-Llama (no download), the same prompt, the same number of new tokens; the variants run in
-interleaved rounds in one process and the medians are compared, so that drift of the machine
-hits every variant alike.
+Issue 14 item 3: with the patch, greedy generation stays within 1.05× of upstream for RoPE (the
+encoded-key path: the new key rotated once, the model's own backend) and within 1.15× for every
+other encoding (the raw-key path: keys kept encoded at a cache origin beside HF's cache,
+:mod:`liepos.interop.hf_decode`, so a step encodes its query and its new key only).
+
+One random-weight Llama (no download; 512 wide, 8 heads, 4 key/value heads, head dim 64), a
+512-token prompt and 32 new tokens, greedy; one row per encoding. The variants run in interleaved
+rounds in one process (each round times every variant once, in turn) and the medians are compared,
+so that drift of a shared machine hits every variant alike. ``--layers 2 4 8`` repeats it per
+layer count: the overhead per layer and new token shows whether Python overhead grows with depth.
+
+Writes ``benchmarks/results/generate.{json,md}`` (not with ``--quick``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -21,11 +29,13 @@ import liepos as lp
 from liepos._progress import progress
 from liepos.interop import patch_model, unpatch_model
 
-# the ratios issue 14 asks for
-BOUNDS = {"rope (config)": 1.05, "xpos": 1.15, "alibi": 1.15}
+# the ratios issue 14 asks for: RoPE from the config 1.05x, every other encoding 1.15x
+BOUNDS = {"rope (config)": 1.05, "rope (liepos)": 1.05, "xpos": 1.15, "alibi": 1.15, "retnet": 1.15,
+          "decay": 1.15}
+HIDDEN, HEADS = 512, 8
 
 
-def model(layers: int, hidden: int, heads: int) -> torch.nn.Module:
+def model(layers: int, hidden: int = HIDDEN, heads: int = HEADS) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -36,44 +46,84 @@ def model(layers: int, hidden: int, heads: int) -> torch.nn.Module:
     return LlamaForCausalLM(cfg).eval()
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a smaller model and fewer rounds")
-    p.add_argument("--rounds", type=int, default=None)
-    args = p.parse_args(argv)
-    layers, hidden, heads, prompt, new = (2, 128, 4, 64, 16) if args.quick else (4, 256, 8, 256, 64)
-    rounds = args.rounds or (3 if args.quick else 7)
-    torch.set_num_threads(1)
-    m = model(layers, hidden, heads)
-    head_dim = hidden // heads
-    x = torch.randint(0, 512, (1, prompt), generator=torch.Generator().manual_seed(1))
-    variants = {
+def variants(head_dim: int, heads: int) -> dict:
+    """``None``: upstream; ``"config"``: what the config means; else the liepos encoding patched in."""
+    build = lp.catalogue.build
+    return {
         "upstream": None,
         "rope (config)": "config",
-        "xpos": lp.xpos(head_dim, layout="half"),
-        "alibi": lp.alibi(heads, head_dim),
+        "rope (liepos)": lp.rope(head_dim, layout="half"),
+        "xpos": build("xpos", head_dim, heads),
+        "alibi": build("alibi", head_dim, heads),
+        "retnet": build("retnet", head_dim, heads),
+        "decay": build("decay", head_dim, heads),
     }
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    with progress(rounds * len(variants), "generate") as bar, torch.no_grad():
+
+
+def run(layers: int, prompt: int, new: int, rounds: int, bar) -> dict[str, list[float]]:
+    """Seconds of one ``generate`` per variant and round, every variant once per round."""
+    m = model(layers)
+    x = torch.randint(0, 512, (1, prompt), generator=torch.Generator().manual_seed(1))
+    vs = variants(HIDDEN // HEADS, HEADS)
+    times: dict[str, list[float]] = {k: [] for k in vs}
+    tokens: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
         for _ in range(rounds):
-            for name, enc in variants.items():
+            for name, enc in vs.items():
                 unpatch_model(m)
                 if enc is not None:
                     patch_model(m, None if enc == "config" else enc)
                 t0 = time.perf_counter()
-                m.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+                out = m.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False)
                 times[name].append(time.perf_counter() - t0)
+                tokens[name] = out
                 bar.update()
-    base = statistics.median(times["upstream"])
-    print(f"{layers} layers, hidden {hidden}, {heads} heads; prompt {prompt}, {new} new tokens; "
-          f"median of {rounds} interleaved rounds")
-    ok = True
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        bound = BOUNDS.get(name)
-        verdict = "" if bound is None else (" ok" if med / base <= bound else f" over {bound}x")
-        ok &= bound is None or med / base <= bound
-        print(f"  {name:14s} {med * 1e3:8.1f} ms  {med / base:5.2f}x{verdict}")
+    unpatch_model(m)
+    for name in ("rope (config)", "rope (liepos)"):  # the same model computes the same tokens
+        if not torch.equal(tokens[name], tokens["upstream"]):
+            raise AssertionError(f"{name}: greedy tokens differ from upstream's")
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="2 layers, a 64-token prompt, 3 rounds; writes nothing")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, --quick 3)")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="layer counts (default 4)")
+    args = p.parse_args(argv)
+    layer_counts = args.layers or ([2] if args.quick else [4])
+    prompt, new = (64, 16) if args.quick else (512, 32)
+    rounds = args.rounds or (3 if args.quick else 7)
+    torch.set_num_threads(1)
+    n_var = len(variants(HIDDEN // HEADS, HEADS))
+    rows, ok = [], True
+    with progress(rounds * n_var * len(layer_counts), "generate") as bar:
+        results = {L: run(L, prompt, new, rounds, bar) for L in layer_counts}
+    lines = [f"Llama {HIDDEN} wide, {HEADS} heads ({HEADS // 2} kv), prompt {prompt} + {new} new tokens, greedy, "
+             f"1 thread; median of {rounds} interleaved rounds", "",
+             "| layers | encoding | generate | vs upstream | bound | met | extra per layer and token |",
+             "|---|---|---|---|---|---|---|"]
+    for L, times in results.items():
+        base = statistics.median(times["upstream"])
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            bound = BOUNDS.get(name)
+            met = bound is None or med / base <= bound
+            ok &= met
+            extra = (med - base) / (L * new) * 1e6  # µs per layer and new token (prefill included)
+            rows.append({"layers": L, "encoding": name, "median_s": med, "ratio": med / base, "bound": bound,
+                         "met": met, "extra_us_per_layer_token": extra, "times_s": ts})
+            lines.append(f"| {L} | {name} | {med * 1e3:.1f} ms | {med / base:.3f}x | "
+                         f"{'' if bound is None else f'{bound:.2f}x'} | {'' if bound is None else met} | "
+                         f"{'' if bound is None else f'{extra:.0f} µs'} |")
+    print("\n".join(lines))
+    if not args.quick:
+        out = Path(__file__).parent / "results"
+        out.mkdir(exist_ok=True)
+        meta = {"hidden": HIDDEN, "heads": HEADS, "prompt": prompt, "new": new, "rounds": rounds,
+                "torch": torch.__version__}
+        (out / "generate.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        (out / "generate.md").write_text("\n".join(lines) + "\n")
     return 0 if ok else 1
 
 

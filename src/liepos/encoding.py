@@ -245,13 +245,33 @@ class Encoding:
 
     @property
     def version(self) -> tuple:
-        """A hashable key of everything that determines the encoded values."""
+        """A hashable key of everything that determines the encoded values.
+
+        Read at every call (table caches are keyed by it), so it is kept until a tensor it depends on
+        changes: in place (torch's version counter: an optimizer step) or by a new storage
+        (``p.data = …``, which keeps the counter; then the generator's own memos are dropped too).
+        """
+        stamp = self._stamp()
+        memo = self.__dict__.get("_version_memo")
+        if memo is not None and memo[0] == stamp:
+            return memo[1]
+        if memo is not None and memo[0][0] == stamp[0]:  # the same generator, other values: recompute its memos
+            self.generator.__dict__.pop("_memos", None)
         slots = None
         if self.query_slots is not None:
             flat = lambda t: tuple(t.reshape(-1).tolist())  # noqa: E731 - ([heads,] slots) -> (values,)
             slots = (flat(self.query_slots), flat(self.key_slots))
         qs = None if self.query_scale is None else tuple(self.query_scale.tolist())
-        return (self.generator.key(), self.layout, slots, self.logit_scale, qs)
+        version = (self.generator.key(), self.layout, slots, self.logit_scale, qs)
+        self.__dict__["_version_memo"] = (stamp, version)
+        return version
+
+    def _stamp(self) -> tuple:
+        """What :attr:`version` depends on, cheaply: identities, storages and version counters of the tensors."""
+        g = self.generator
+        ts = (g.rates, g.freqs, g.nus, g.basis, self.query_slots, self.key_slots, self.query_scale)
+        return (id(g), self.layout, self.logit_scale) + tuple(
+            None if t is None else (id(t), t.data_ptr(), t._version) for t in ts)
 
     def replace(self, **changes: Any) -> Encoding:
         """A copy with the given constructor fields replaced (``generator``, ``layout``, …)."""

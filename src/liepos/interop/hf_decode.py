@@ -59,6 +59,7 @@ class _Store:
     finite: bool
     own_v: bool  # the store keeps its own values (per-head keys of grouped heads, or half inputs upcast)
     plain: bool  # the encoding leaves the content dims as they are: HF's raw keys serve as encoded content
+    span: float = math.inf  # the budget around the origin (:func:`budget`)
 
     def write(self, enc: Encoding, ke: torch.Tensor, v: torch.Tensor, heads: int) -> None:
         """Append encoded keys ``(B, Hs, S, dim)`` (content, then slot values) and, if kept, their values."""
@@ -125,15 +126,39 @@ def _tables(layer: Any, enc: Encoding, rel: torch.Tensor, side: str, x: torch.Te
 
 def _encode(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side: str, origin: float,
             work: torch.dtype) -> torch.Tensor:
-    """``F(t − o) x`` or ``G(s − o) x`` with the encoded slots appended, in ``work`` (slots: float32 at least)."""
+    """``F(t − o) x`` or ``G(s − o) x`` with the encoded slots appended, in ``work`` (slots: float32 at least).
+
+    One position for the whole batch (a decode step), in float32/64: ``x @ Mᵀ`` with ``Mᵀ`` the
+    transform of the identity, built once per forward — one matmul per layer instead of a pass per
+    block kind (the same sums: every output dim is the tables' one or two products, the rest exact zeros;
+    a non-finite entry spreads over its token's row instead of its plane, a token whose scores are not
+    finite either way).
+    """
     x = x.to(work)
     if side == "query":
         x = enc._scaled(x)
-    ft = _tables(layer, enc, rel, side, x, ("origin", id(enc), side, origin, work, x.device, tuple(rel.shape)))
+    key = ("origin", id(enc), side, origin, work, x.device, tuple(rel.shape))
+    ft = _tables(layer, enc, rel, side, x, key)
     if ft is None:
         return (enc.query if side == "query" else enc.key)(x, rel)
-    out_dtype = ft.dtype if (enc.num_slots and x.dtype in _LOW) else x.dtype
-    return apply_fast(x, ft, out_dtype=out_dtype)
+    if x.dtype in _LOW or rel.numel() != 1 or enc.num_slots:
+        out_dtype = ft.dtype if (enc.num_slots and x.dtype in _LOW) else x.dtype
+        return apply_fast(x, ft, out_dtype=out_dtype)
+    memo = layer.positions.tables
+    m = memo.get(("matrix",) + key)
+    if m is None:
+        c = enc.content_dim
+        eye = torch.eye(c, dtype=x.dtype, device=x.device).expand(1, enc.num_heads or 1, c, c)  # (1, H|1, c, c)
+        m = apply_fast(eye, ft)  # row i: the transform of e_i, i.e. Mᵀ (a position axis of size 1 broadcasts)
+        if layer.positions.ids is not None:
+            memo[("matrix",) + key] = m
+    return x @ m  # (B, H, 1, c) @ (1, H|1, c, c)
+
+
+def _finite(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether every entry of ``k`` and ``v`` is finite, from one sum (an overflowing sum of finite
+    entries says False: then the select-masked attention runs, which is exact for finite keys too)."""
+    return math.isfinite(float(k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)))
 
 
 def _expand(x: torch.Tensor, heads: int, enc: Encoding) -> torch.Tensor:
@@ -149,10 +174,10 @@ def _rebuild(layer: Any, enc: Encoding, k: torch.Tensor, v: torch.Tensor, kpos: 
     if n and float(times.max()) - origin > span:  # a key later than the origin grows: bound it as recentre does
         return None
     ks, vs = k[:, :, :n], v[:, :, :n]
-    finite = bool(torch.isfinite(ks).all()) and bool(torch.isfinite(vs).all())
+    finite = bool(torch.isfinite(ks).all()) and bool(torch.isfinite(vs).all())  # once per re-centring
     plain = work == k.dtype and _plain(enc, enc.version)
     own_v = not plain and enc.num_heads is not None and v.shape[1] != heads or work != v.dtype
-    st = _Store(origin, version, None, None, None, 0, k, finite, own_v, plain)
+    st = _Store(origin, version, None, None, None, 0, k, finite, own_v, plain, span)
     if n:
         st.write(enc, enc.key(_expand(ks, heads, enc).to(work), times - origin), vs, heads)
     return st
@@ -178,7 +203,7 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     st = stores.get(idx)
     if st is not None and (st.version != version or st.raw is not raw_before or st.n != seen):
         st = None  # another encoding, or the cache was reordered, cropped or reset: encode afresh
-    span = budget(enc, work)
+    span = st.span if st is not None else budget(enc, work)
     lo, hi = _bounds(layer, pos)
     if st is None or max(hi - st.origin, st.origin - lo) > span:
         stores.pop(idx, None)
@@ -215,7 +240,7 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
     B, H, S, _ = q.shape
     rel = pos - st.origin  # (1|B, S)
     kn, vn = k[:, :, seen:], v[:, :, seen:]
-    st.finite = st.finite and bool(torch.isfinite(kn).all()) and bool(torch.isfinite(vn).all())
+    st.finite = st.finite and _finite(kn, vn)
     c = (1.0 / math.sqrt(enc.content_dim) if scaling is None else scaling) * enc.logit_scale
     if st.plain:  # the content is HF's own q and k: only the slots' values are encoded (once per forward)
         if enc.num_slots:

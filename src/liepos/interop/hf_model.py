@@ -90,6 +90,18 @@ class _Positions:
         self.tables[key] = t
         return t
 
+    def matrix(self, key: Any, tables: Tables, x: torch.Tensor) -> torch.Tensor:
+        """``Mᵀ`` ``(1, H|1, d, d)`` of the tables at one position: row i is the transform of e_i, so
+        ``x @ Mᵀ`` is the transform of every row of ``x`` (the same one or two products per output
+        dim as :func:`apply_tables`, the rest exact zeros)."""
+        m = self.tables.get(("matrix",) + key)
+        if m is None:
+            d = x.shape[-1]
+            heads = 1 if tables.a is None or tables.a.dim() < 3 else tables.a.shape[-3]
+            m = apply_tables(torch.eye(d, dtype=x.dtype, device=x.device).expand(1, heads, d, d), tables)
+            self.tables[("matrix",) + key] = m
+        return m
+
 
 @dataclass
 class _Layer:
@@ -147,7 +159,11 @@ class _Layer:
         else:
             key = (id(self.encoding), side if self.sided else "both", x.dtype, x.device)
             work = torch.float32 if x.dtype in _LOW else x.dtype
-            out = apply_tables(x, self.positions.get(self.encoding, pos, side, key, work, x.device))
+            tables = self.positions.get(self.encoding, pos, side, key, work, x.device)
+            if pos.numel() == 1 and x.dtype not in _LOW:  # a decode step: one matmul with Mᵀ, built once per forward
+                out = x @ self.positions.matrix(key, tables, x)
+            else:
+                out = apply_tables(x, tables)
         if self.pad:
             out = out[..., : out.shape[-1] - self.pad]
         return self._scaled(out)
@@ -210,19 +226,25 @@ def _key_times(cache: Any, layer: int, pos: torch.Tensor, n_keys: int, seen: int
     """
     store = cache.__dict__.setdefault(_TIMES, {})
     S = pos.shape[-1]
-    old, total = store.get(layer, (None, 0))
-    if seen == 0 or old is None:
-        old, total = pos.new_zeros(pos.shape[0], 0), 0
+    buf, total = store.get(layer, (None, 0))  # buf (B, capacity): the first `total` are the times so far
+    if seen == 0 or buf is None:
+        buf, total = None, 0
     if seen < total:  # cropped: drop the latest times with it
-        old, total = old[:, : old.shape[-1] - (total - seen)], seen
+        total = seen
     if seen != total:
         raise RuntimeError(
             f"layer {layer}: the cache holds {seen} tokens but liepos recorded the times of {total} "
             "(a cache filled by the unpatched model, or reordered); start from an empty cache"
         )
-    B = max(old.shape[0], pos.shape[0])
-    times = torch.cat((old.expand(B, -1), pos.expand(B, -1)), dim=-1)  # (B, seen + S)
-    store[layer] = (times, seen + S)
+    B = pos.shape[0] if buf is None else max(buf.shape[0], pos.shape[0])
+    if buf is None or buf.shape[0] != B or total + S > buf.shape[1]:  # grow by doubling: O(1) per step
+        grown = pos.new_zeros(B, max(2 * (0 if buf is None else buf.shape[1]), total + S, 64))
+        if total:
+            grown[:, :total] = buf[:, :total]  # (1|B, total) broadcast to (B, total)
+        buf = grown
+    buf[:, total:total + S] = pos  # (1|B, S)
+    times = buf[:, : total + S]  # (B, seen + S)
+    store[layer] = (buf, total + S)
     if n_keys >= seen + S:  # everything so far (dynamic), or a static buffer with unfilled slots
         pad = times.new_zeros(B, n_keys - seen - S)
         return torch.cat((times, pad), dim=-1), 0
