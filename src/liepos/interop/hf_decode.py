@@ -56,21 +56,23 @@ class _Store:
     v: torch.Tensor | None  # (B, Hs, cap, Dv) values when HF's cannot serve (heads expanded or upcast)
     n: int
     raw: torch.Tensor  # HF's raw-key tensor after the last write: the cache is untouched while it stays
-    finite: bool
+    finite: bool  # every key and value up to ``checked`` is finite
     own_v: bool  # the store keeps its own values (per-head keys of grouped heads, or half inputs upcast)
     plain: bool  # the encoding leaves the content dims as they are: HF's raw keys serve as encoded content
     span: float = math.inf  # the budget around the origin (:func:`budget`)
+    checked: int = 0  # the keys whose finiteness is known (read only when a mask hides some key)
 
-    def write(self, enc: Encoding, ke: torch.Tensor, v: torch.Tensor, heads: int) -> None:
-        """Append encoded keys ``(B, Hs, S, dim)`` (content, then slot values) and, if kept, their values."""
+    def write(self, enc: Encoding, ke: torch.Tensor | None, v: torch.Tensor, heads: int, S: int = 0) -> None:
+        """Append encoded keys ``(B, Hs, S, dim)`` (content, then slot values; None: the content of ``S``
+        keys is written already) and, if kept, their values."""
         c = enc.content_dim
-        if not self.plain:
+        if ke is not None and not self.plain:
             self.k = _grown(self.k, self.n, ke[..., :c])
-        if enc.num_slots:
+        if ke is not None and enc.num_slots:
             self.slots = _grown(self.slots, self.n, ke[..., c:])
         if self.own_v:
-            self.v = _grown(self.v, self.n, _expand(v, heads, enc).to(ke.dtype))
-        self.n += ke.shape[-2]
+            self.v = _grown(self.v, self.n, _expand(v, heads, enc).to(self.k.dtype if ke is None else ke.dtype))
+        self.n += S if ke is None else ke.shape[-2]
 
 
 def budget(enc: Encoding, dtype: torch.dtype) -> float:
@@ -97,8 +99,8 @@ def _work(enc: Encoding, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW and enc.plan.has_coupling else dtype
 
 
-def _grown(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
-    """``buf`` with ``new`` ``(B, H, S, d)`` written at positions ``n …``, reallocated (doubling) when full."""
+def _room(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
+    """``buf`` ``(B, H, cap, d)`` with room for ``new``'s positions after the first ``n`` (doubling when full)."""
     S = new.shape[-2]
     if buf is None or n + S > buf.shape[-2]:
         cap = max(2 * (0 if buf is None else buf.shape[-2]), n + S, _GROW)
@@ -106,7 +108,13 @@ def _grown(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
         if n:
             out[:, :, :n].copy_(buf[:, :, :n])
         buf = out
-    buf[:, :, n:n + S].copy_(new)
+    return buf
+
+
+def _grown(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
+    """``buf`` with ``new`` ``(B, H, S, d)`` written at positions ``n …``."""
+    buf = _room(buf, n, new)
+    buf[:, :, n:n + new.shape[-2]].copy_(new)
     return buf
 
 
@@ -117,7 +125,8 @@ def _tables(layer: Any, enc: Encoding, rel: torch.Tensor, side: str, x: torch.Te
         return memo[key]
     ft = None
     if enc._fast_usable(x, rel):
-        check_range(enc.generator, rel, side, x.dtype)
+        if enc.plan.has_coupling:  # scales: |λ·rel| <= budget() <= log(max)/3 already; couplings τᵏ/k! may not
+            check_range(enc.generator, rel, side, x.dtype)
         ft = enc._fast_tables(rel, side, torch.float32 if x.dtype in _LOW else x.dtype, True)
     if layer.positions.ids is not None:  # positions recorded for this forward: valid for every layer
         memo[key] = ft
@@ -126,33 +135,45 @@ def _tables(layer: Any, enc: Encoding, rel: torch.Tensor, side: str, x: torch.Te
 
 def _encode(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side: str, origin: float,
             work: torch.dtype) -> torch.Tensor:
-    """``F(t − o) x`` or ``G(s − o) x`` with the encoded slots appended, in ``work`` (slots: float32 at least).
-
-    One position for the whole batch (a decode step), in float32/64: ``x @ Mᵀ`` with ``Mᵀ`` the
-    transform of the identity, built once per forward — one matmul per layer instead of a pass per
-    block kind (the same sums: every output dim is the tables' one or two products, the rest exact zeros;
-    a non-finite entry spreads over its token's row instead of its plane, a token whose scores are not
-    finite either way).
-    """
+    """``F(t − o) x`` or ``G(s − o) x`` with the encoded slots appended, in ``work`` (slots: float32 at least)."""
     x = x.to(work)
     if side == "query":
         x = enc._scaled(x)
-    key = ("origin", id(enc), side, origin, work, x.device, tuple(rel.shape))
-    ft = _tables(layer, enc, rel, side, x, key)
+    m = _matrix(layer, enc, x, rel, side, origin, work)
+    if m is not None:
+        return x @ m  # (B, H, 1, c) @ (1, H|1, c, c)
+    ft = _tables(layer, enc, rel, side, x, ("origin", id(enc), side, origin, work, x.device, tuple(rel.shape)))
     if ft is None:
         return (enc.query if side == "query" else enc.key)(x, rel)
+    out_dtype = ft.dtype if (enc.num_slots and x.dtype in _LOW) else x.dtype
+    return apply_fast(x, ft, out_dtype=out_dtype)
+
+
+def _matrix(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side: str, origin: float,
+            work: torch.dtype) -> torch.Tensor | None:
+    """``Mᵀ`` ``(1, H|1, c, c)`` of one side at one position for the whole batch (a decode step), else None.
+
+    Row i is the transform of e_i, so ``x @ Mᵀ`` encodes every row of ``x`` in one matmul instead of
+    a pass per block kind — the same sums (every output dim is the tables' one or two products, the
+    rest exact zeros; a non-finite entry spreads over its token's row instead of its plane, a token
+    whose scores are not finite either way). Built once per forward for every layer; float32/64
+    without slots (slots are not linear in x, half inputs are encoded in float32 and rounded once).
+    """
     if x.dtype in _LOW or rel.numel() != 1 or enc.num_slots:
-        out_dtype = ft.dtype if (enc.num_slots and x.dtype in _LOW) else x.dtype
-        return apply_fast(x, ft, out_dtype=out_dtype)
+        return None
+    key = ("origin", id(enc), side, origin, work, x.device, tuple(rel.shape))
     memo = layer.positions.tables
     m = memo.get(("matrix",) + key)
     if m is None:
+        ft = _tables(layer, enc, rel, side, x, key)
+        if ft is None:
+            return None
         c = enc.content_dim
         eye = torch.eye(c, dtype=x.dtype, device=x.device).expand(1, enc.num_heads or 1, c, c)  # (1, H|1, c, c)
-        m = apply_fast(eye, ft)  # row i: the transform of e_i, i.e. Mᵀ (a position axis of size 1 broadcasts)
+        m = apply_fast(eye, ft)  # a position axis of size 1 broadcasts over the c rows
         if layer.positions.ids is not None:
             memo[("matrix",) + key] = m
-    return x @ m  # (B, H, 1, c) @ (1, H|1, c, c)
+    return m
 
 
 def _finite(k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -174,10 +195,9 @@ def _rebuild(layer: Any, enc: Encoding, k: torch.Tensor, v: torch.Tensor, kpos: 
     if n and float(times.max()) - origin > span:  # a key later than the origin grows: bound it as recentre does
         return None
     ks, vs = k[:, :, :n], v[:, :, :n]
-    finite = bool(torch.isfinite(ks).all()) and bool(torch.isfinite(vs).all())  # once per re-centring
     plain = work == k.dtype and _plain(enc, enc.version)
     own_v = not plain and enc.num_heads is not None and v.shape[1] != heads or work != v.dtype
-    st = _Store(origin, version, None, None, None, 0, k, finite, own_v, plain, span)
+    st = _Store(origin, version, None, None, None, 0, k, True, own_v, plain, span)
     if n:
         st.write(enc, enc.key(_expand(ks, heads, enc).to(work), times - origin), vs, heads)
     return st
@@ -238,9 +258,12 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
     head dim the fused kernel wants (a 66-wide head falls back to the slow math kernel on the CPU).
     """
     B, H, S, _ = q.shape
-    rel = pos - st.origin  # (1|B, S)
+    rel = layer.positions.tables.get(("rel", st.origin))
+    if rel is None:
+        rel = pos - st.origin  # (1|B, S), the same in every layer
+        if layer.positions.ids is not None:
+            layer.positions.tables[("rel", st.origin)] = rel
     kn, vn = k[:, :, seen:], v[:, :, seen:]
-    st.finite = st.finite and _finite(kn, vn)
     c = (1.0 / math.sqrt(enc.content_dim) if scaling is None else scaling) * enc.logit_scale
     if st.plain:  # the content is HF's own q and k: only the slots' values are encoded (once per forward)
         if enc.num_slots:
@@ -248,11 +271,23 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         st.n += S
         qc, ke, qs = q, k, _slot_values(layer, enc, q, rel, "query", st.origin, work, H) if enc.num_slots else None
     else:
-        st.write(enc, _encode(layer, enc, _expand(kn, H, enc), rel, "key", st.origin, work), vn, H)
-        qe = _encode(layer, enc, q, rel, "query", st.origin, work)
-        qc, ke, qs = qe[..., : enc.content_dim], st.k[:, :, : st.n], qe[..., enc.content_dim:]
+        kn = _expand(kn, H, enc).to(work)
+        m = _matrix(layer, enc, kn, rel, "key", st.origin, work)
+        if m is not None:  # the encoding fused into the cache write: the matmul writes the store's next rows
+            st.k = _room(st.k, st.n, kn)
+            torch.matmul(kn, m, out=st.k[:, :, st.n:st.n + S])
+            st.write(enc, None, vn, H, S)
+        else:
+            st.write(enc, _encode(layer, enc, kn, rel, "key", st.origin, work), vn, H)
+        qe, ke = _encode(layer, enc, q, rel, "query", st.origin, work), st.k[:, :, : st.n]
+        qc, qs = (qe[..., : enc.content_dim], qe[..., enc.content_dim:]) if enc.num_slots else (qe, None)
     ve = (st.v[:, :, : st.n] if st.own_v else v).to(qc.dtype)
     mask = _mask(attention_mask, S, st.n, seen, q.device)
+    if mask is not None and st.checked < st.n:
+        # a key hidden from some query must not reach it even when it is not finite: know whether
+        # every key is (unmasked, a non-finite key reaches every query in either kernel alike)
+        st.finite = st.finite and _finite(k[:, :, st.checked:st.n], v[:, :, st.checked:st.n])
+        st.checked = st.n
     if not st.finite:  # the select-masked form: slots ride as columns again (c applied to the content)
         if enc.num_slots:
             ks = st.slots[:, :, : st.n]

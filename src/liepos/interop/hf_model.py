@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from liepos.apply import apply_tables
+from liepos._fast import FastTables, apply_fast
 from liepos.encoding import Encoding
-from liepos.tables import Tables
+from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_decode import attend, hf_visible, remember
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
@@ -47,58 +47,42 @@ __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
 _TIMES = "_liepos_times"
 _LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
-_WINDOW = 64  # positions of one table window: a decode step slices it, one build per 64 tokens
 
 
 @dataclass
 class _Positions:
     """The ``position_ids`` the model's rotary module saw last, shared by all layers of one model,
-    and the tables of the fixed rotations at them (built once per forward, not once per layer)."""
+    and what every layer with the same encoding reads at them (built once per forward, not once
+    per layer): fast tables, sliced from the cached windows of :data:`liepos._fast.CACHE` for
+    consecutive positions, so a decode step builds nothing; one step's transforms as matrices."""
 
     ids: torch.Tensor | None = None
     tables: dict[Any, Any] = field(default_factory=dict)
-    # tables over a window of consecutive positions, kept across forwards: decoding one token per
-    # step then slices them instead of building tables at every step
-    windows: dict[Any, tuple[int, Tables, int]] = field(default_factory=dict)
 
     def record(self, ids: torch.Tensor | None) -> None:
         self.ids = ids
         self.tables.clear()
 
-    def get(self, enc: Encoding, pos: torch.Tensor, side: str, key: Any, dtype: torch.dtype,
-            device: torch.device) -> Tables:
-        """The tables of ``enc`` at ``pos`` ``(1|B, S)``, built once per forward or sliced from a window."""
-        t = self.tables.get(key)
-        if t is not None:
-            return t
-        S = pos.shape[-1]
-        start = int(pos[0, 0]) if pos.shape[0] == 1 else None
-        steps = start is not None and float(pos[0, 0]) == start and bool(
-            (pos[0] == start + torch.arange(S, dtype=pos.dtype, device=pos.device)).all())
-        if not steps or not enc.generator.is_orthogonal:  # rows, other positions, or couplings
-            t = enc.tables(pos, side).to(dtype, device)
-        else:
-            first, window, length = self.windows.get(key, (None, None, 0))
-            if first is None or not first <= start or start + S > first + length:
-                length = max(S, _WINDOW)
-                span = start + torch.arange(length, dtype=torch.float64)[None]  # (1, window)
-                first, window = start, enc.tables(span.to(pos.device), side).to(dtype, device)
-                self.windows[key] = (first, window, length)
-            i = start - first
-            cut = lambda v: None if v is None else v[..., i:i + S, :]  # noqa: E731  (…, window, dim) -> (…, S, dim)
-            t = dataclasses.replace(window, a=cut(window.a), b=cut(window.b))
-        self.tables[key] = t
-        return t
+    def fast(self, enc: Encoding, pos: torch.Tensor, side: str, key: Any, x: torch.Tensor) -> FastTables | None:
+        """Fast tables of ``enc`` at ``pos`` ``(1|B, S)`` for inputs like ``x``; None: no fast form."""
+        if key in self.tables:
+            return self.tables[key]
+        ft = None
+        if enc._fast_usable(x, pos):
+            check_range(enc.generator, pos, side, x.dtype)
+            ft = enc._fast_tables(pos, side, torch.float32 if x.dtype in _LOW else x.dtype, False)
+        self.tables[key] = ft
+        return ft
 
-    def matrix(self, key: Any, tables: Tables, x: torch.Tensor) -> torch.Tensor:
+    def matrix(self, key: Any, ft: FastTables, x: torch.Tensor, heads: int) -> torch.Tensor:
         """``Mᵀ`` ``(1, H|1, d, d)`` of the tables at one position: row i is the transform of e_i, so
-        ``x @ Mᵀ`` is the transform of every row of ``x`` (the same one or two products per output
-        dim as :func:`apply_tables`, the rest exact zeros)."""
+        ``x @ Mᵀ`` is the transform of every row of ``x`` in one matmul — the same one or two products
+        per output dim as the pass per block kind, the rest exact zeros (a non-finite entry spreads over
+        its token's row, a token whose scores are not finite either way)."""
         m = self.tables.get(("matrix",) + key)
         if m is None:
             d = x.shape[-1]
-            heads = 1 if tables.a is None or tables.a.dim() < 3 else tables.a.shape[-3]
-            m = apply_tables(torch.eye(d, dtype=x.dtype, device=x.device).expand(1, heads, d, d), tables)
+            m = apply_fast(torch.eye(d, dtype=x.dtype, device=x.device).expand(1, heads, d, d), ft)
             self.tables[("matrix",) + key] = m
         return m
 
@@ -157,13 +141,15 @@ class _Layer:
         if self.positions.ids is None or pos.dim() != 2:  # no forward-wide positions: encode directly
             out = getattr(self.encoding, side)(x, pos)
         else:
-            key = (id(self.encoding), side if self.sided else "both", x.dtype, x.device)
-            work = torch.float32 if x.dtype in _LOW else x.dtype
-            tables = self.positions.get(self.encoding, pos, side, key, work, x.device)
-            if pos.numel() == 1 and x.dtype not in _LOW:  # a decode step: one matmul with Mᵀ, built once per forward
-                out = x @ self.positions.matrix(key, tables, x)
+            enc = self.encoding
+            key = (id(enc), side if self.sided else "both", x.dtype, x.device, tuple(pos.shape))
+            ft = self.positions.fast(enc, pos, side, key, x)
+            if ft is None:  # a basis, a gathered partner, learned parameters: the readable path
+                out = enc._apply(x, pos, side)
+            elif pos.numel() == 1 and x.dtype not in _LOW:  # a decode step: one matmul, Mᵀ built once per forward
+                out = x @ self.positions.matrix(key, ft, x, enc.num_heads or 1)
             else:
-                out = apply_tables(x, tables)
+                out = apply_fast(x, ft)
         if self.pad:
             out = out[..., : out.shape[-1] - self.pad]
         return self._scaled(out)
