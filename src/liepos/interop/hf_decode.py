@@ -229,13 +229,20 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         stores.pop(idx, None)
         if hi - lo > span:
             return None  # the queries need several origins: liepos.attention, then remember()
-        st = _rebuild(layer, enc, k, v, kpos, seen, hi, version, work, span, H)
+        st = _rebuild(layer, enc, k, v, kpos, seen, _origin(lo, hi, span), version, work, span, H)
         if st is None:
             return None
     out = _step(layer, enc, st, q, k, v, attention_mask, scaling, pos, seen, work)
     st.raw = k
     stores[idx] = st
     return out
+
+
+def _origin(lo: float, hi: float, span: float) -> float:
+    """The origin for queries from ``lo`` to ``hi`` (``hi − lo ≤ span``): ``span`` past the first, so
+    the queries that follow stay within the budget for ``2·span − (hi − lo)`` more positions (every key
+    so far lies behind it: causally they fade)."""
+    return lo + span if math.isfinite(span) else hi
 
 
 def _bounds(layer: Any, pos: torch.Tensor) -> tuple[float, float]:
@@ -265,20 +272,10 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
             layer.positions.tables[("rel", st.origin)] = rel
     kn, vn = k[:, :, seen:], v[:, :, seen:]
     c = (1.0 / math.sqrt(enc.content_dim) if scaling is None else scaling) * enc.logit_scale
+    _encode_keys(layer, enc, kn, rel, st, vn, work, H)
     if st.plain:  # the content is HF's own q and k: only the slots' values are encoded (once per forward)
-        if enc.num_slots:
-            st.slots = _grown(st.slots, st.n, _slot_values(layer, enc, kn, rel, "key", st.origin, work, H))
-        st.n += S
         qc, ke, qs = q, k, _slot_values(layer, enc, q, rel, "query", st.origin, work, H) if enc.num_slots else None
     else:
-        kn = _expand(kn, H, enc).to(work)
-        m = _matrix(layer, enc, kn, rel, "key", st.origin, work)
-        if m is not None:  # the encoding fused into the cache write: the matmul writes the store's next rows
-            st.k = _room(st.k, st.n, kn)
-            torch.matmul(kn, m, out=st.k[:, :, st.n:st.n + S])
-            st.write(enc, None, vn, H, S)
-        else:
-            st.write(enc, _encode(layer, enc, kn, rel, "key", st.origin, work), vn, H)
         qe, ke = _encode(layer, enc, q, rel, "query", st.origin, work), st.k[:, :, : st.n]
         qc, qs = (qe[..., : enc.content_dim], qe[..., enc.content_dim:]) if enc.num_slots else (qe, None)
     ve = (st.v[:, :, : st.n] if st.own_v else v).to(qc.dtype)
@@ -312,6 +309,26 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
     out = Fn.scaled_dot_product_attention(qc, ke, ve, attn_mask=bias, is_causal=causal, scale=c,
                                           enable_gqa=ke.shape[1] != H)
     return out.to(v.dtype)
+
+
+def _encode_keys(layer: Any, enc: Encoding, kn: torch.Tensor, rel: torch.Tensor, st: _Store, vn: torch.Tensor,
+                 work: torch.dtype, heads: int) -> None:
+    """Encode a step's new raw keys ``kn`` ``(B, Hk, S, D)`` at the store's origin and append them (and
+    their values where the store keeps its own): the only key encoding of a decode step."""
+    S = kn.shape[-2]
+    if st.plain:  # HF's raw keys are the content: only their slots' values
+        if enc.num_slots:
+            st.slots = _grown(st.slots, st.n, _slot_values(layer, enc, kn, rel, "key", st.origin, work, heads))
+        st.n += S
+        return
+    kn = _expand(kn, heads, enc).to(work)
+    m = _matrix(layer, enc, kn, rel, "key", st.origin, work)
+    if m is not None:  # the encoding fused into the cache write: the matmul writes the store's next rows
+        st.k = _room(st.k, st.n, kn)
+        torch.matmul(kn, m, out=st.k[:, :, st.n:st.n + S])
+        st.write(enc, None, vn, heads, S)
+    else:
+        st.write(enc, _encode(layer, enc, kn, rel, "key", st.origin, work), vn, heads)
 
 
 def _slot_values(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side: str, origin: float,

@@ -1,0 +1,207 @@
+"""The decode step of patched raw-key layers (liepos.interop.hf_decode), against the full forward.
+
+Keys are kept encoded at a cache origin beside HF's cache; a step encodes its query and its new key
+only, and the origin moves (every key encoded afresh from HF's raw keys) only when a query leaves the
+precision budget of liepos.recentre. These tests run decoding *past* that budget, at far positions,
+and check:
+
+* every decode step's logits equal the full forward's (uncached, liepos.attention re-centred per
+  block) for xPos, ALiBi, RetNet, a decay and a Jordan block;
+* a step encodes one key row per layer (counted), and re-encodes the cache only when the budget is
+  left (about once per budget, never per step);
+* whatever invalidates the stored keys does: another encoding, a parameter changed in place or by a
+  new storage, a cache reordered by beam search or cropped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import liepos as lp  # noqa: E402
+from liepos.interop import hf_decode, patch_model  # noqa: E402
+from liepos.encoding import Encoding  # noqa: E402
+
+transformers.logging.set_verbosity_error()
+pytestmark = pytest.mark.upstream
+
+
+def tiny(seed=0, layers=2):
+    """Hidden 64, 4 heads of 16, 2 kv heads; sharp attention (std 0.2) so positions move the logits."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      vocab_size=128, num_hidden_layers=layers, max_position_embeddings=1 << 22,
+                      initializer_range=0.2, attn_implementation="sdpa", attention_dropout=0.0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def ids(n, batch=1, seed=1):
+    return torch.randint(0, 128, (batch, n), generator=torch.Generator().manual_seed(seed))
+
+
+def custom_jordan():
+    # a damped rotation, a slide (Jordan block of size 2, its couplings) and NoPE dims: 2 + 2 + 12 = 16
+    g = lp.direct_sum(lp.Generator([-0.05, 0.0], [0.3, 0.0], [1, 2]), lp.nope(12).generator)
+    return Encoding(g, name="custom")
+
+
+# budgets (liepos.recentre, float32): xPos with scale_base 4 ~ 97 positions, ALiBi's slots 256, the
+# decay 60, RetNet's slowest head ~930, the Jordan block 256: 300 decode steps leave all but RetNet's
+ENCODINGS = {
+    "xpos": lambda: lp.xpos(16, scale_base=4.0, layout="half"),
+    "alibi": lambda: lp.alibi(4, 16),
+    "retnet": lambda: lp.retnet(4, 16),
+    "decay": lambda: lp.catalogue.build("decay", 16, 4),
+    "jordan": custom_jordan,
+}
+
+
+def decode(model, x, prefill, pos0=0):
+    """Logits of each token after ``prefill``, decoded one token per step through the cache."""
+    n = x.shape[1]
+    position_ids = torch.arange(pos0, pos0 + n)[None]
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = [model(x[:, :prefill], position_ids=position_ids[:, :prefill], cache=cache).logits[:, -1]]
+        for i in range(prefill, n - 1):
+            out.append(model(x[:, i:i + 1], position_ids=position_ids[:, i:i + 1], cache=cache).logits[:, -1])
+    return torch.stack(out, 1), cache  # (B, n - prefill, vocab): the logits at tokens prefill-1 … n-2
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+@pytest.mark.parametrize("pos0", [0, 10**6])
+def test_decode_steps_equal_the_full_forward_past_the_budget(name, pos0, monkeypatch):
+    enc = ENCODINGS[name]()
+    model = patch_model(tiny(), enc)
+    x, prefill = ids(340), 40
+    rebuilds = []
+    real = hf_decode._rebuild
+    monkeypatch.setattr(hf_decode, "_rebuild", lambda *a: rebuilds.append(a[5]) or real(*a))
+    steps, cache = decode(model, x, prefill, pos0)
+    at = torch.arange(pos0, pos0 + x.shape[1] - 1)[None]
+    with torch.no_grad():
+        full = model(x[:, :-1], position_ids=at).logits[:, prefill - 1:]
+        ref = patch_model(tiny().double(), enc)(x[:, :-1], position_ids=at).logits[:, prefill - 1:]
+    # decoding is as close to the float64 model as the full forward is (the Jordan block's couplings
+    # cost both about span·eps, docs/guide/precision.md), and equals the full forward
+    err_step, err_full = (steps - ref).abs().max(), (full - ref).abs().max()
+    assert err_step <= 2 * err_full + 2e-5
+    assert (steps - full).abs().max() < (1e-3 if name == "jordan" else 5e-5)
+    span = hf_decode.budget(enc, torch.float32)
+    layers = len(model.model.layers)
+    assert cache.__dict__[hf_decode.STORES].keys() == set(range(layers))  # every layer decoded from its store
+    # the stored keys are encoded afresh only when a query leaves the budget around the origin (placed a
+    # span ahead of the query that moved it): about once per two spans per layer, never once per step
+    assert len(rebuilds) <= layers * (math.ceil((x.shape[1] - prefill) / (2 * span)) + 2)
+    if span < x.shape[1] - prefill:
+        assert rebuilds, "the test must leave the budget at least once"
+
+
+@pytest.mark.parametrize("name", ["xpos", "alibi", "retnet"])
+def test_a_step_encodes_one_key_per_layer(name, monkeypatch):
+    """Counted, not timed: each decode step encodes the new key only (one row per layer), the query
+    once per layer, and nothing re-encodes the cache while the queries stay within the budget."""
+    model = patch_model(tiny(layers=3), ENCODINGS[name]())
+    x = ids(60)
+    rows = {"key": 0, "query": 0, "whole": 0}
+    real_keys, real_encode = hf_decode._encode_keys, hf_decode._encode
+    monkeypatch.setattr(hf_decode, "_encode_keys",
+                        lambda layer, enc, kn, *a: rows.__setitem__("key", rows["key"] + kn.shape[-2])
+                        or real_keys(layer, enc, kn, *a))
+    monkeypatch.setattr(hf_decode, "_encode",
+                        lambda layer, enc, x, rel, side, *a: rows.__setitem__(side, rows[side] + x.shape[-2])
+                        or real_encode(layer, enc, x, rel, side, *a))
+    real_key = Encoding.key
+    monkeypatch.setattr(Encoding, "key", lambda self, k, *a, **kw: rows.__setitem__("whole", rows["whole"] + 1)
+                        or real_key(self, k, *a, **kw))
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(x[:, :20], cache=cache)
+        for _ in rows:
+            rows[_] = 0
+        for i in range(20, 40):
+            model(x[:, i:i + 1], cache=cache)
+    assert rows["key"] == 3 * 20  # one new key per layer and step
+    assert rows["query"] <= 3 * 20  # one query per layer and step (ALiBi's content query is HF's own)
+    assert rows["whole"] == 0  # no call of Encoding.key over the cache
+
+
+
+def test_far_batch_with_left_padding_generates_as_without_cache():
+    model = patch_model(tiny(), lp.xpos(16, scale_base=4.0, layout="half"))
+    x = ids(30, batch=2)
+    mask = torch.ones_like(x)
+    mask[0, :7] = 0  # row 0 left-padded
+    gen = dict(max_new_tokens=12, do_sample=False, attention_mask=mask)
+    with torch.no_grad():
+        cached = model.generate(x, **gen)
+        uncached = model.generate(x, use_cache=False, **gen)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("name", ["xpos", "alibi"])
+def test_beam_search_reorders_the_cache_and_the_store_follows(name):
+    model = patch_model(tiny(), ENCODINGS[name]())
+    x = ids(24)
+    gen = dict(max_new_tokens=8, do_sample=False, num_beams=3, num_return_sequences=3)
+    with torch.no_grad():
+        cached = model.generate(x, **gen)
+        uncached = model.generate(x, use_cache=False, **gen)
+    assert torch.equal(cached, uncached)
+
+
+def test_a_cropped_cache_decodes_as_the_full_forward():
+    model = patch_model(tiny(), lp.xpos(16, scale_base=4.0, layout="half"))
+    x = ids(50)
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(x[:, :30], cache=cache)
+        for i in range(30, 40):
+            model(x[:, i:i + 1], cache=cache)
+        cache.crop(-5)  # back to 35 tokens (assisted decoding does this)
+        steps = [model(x[:, i:i + 1], cache=cache).logits[:, -1] for i in range(35, 45)]
+        full = model(x[:, :45]).logits[:, 35:45]
+    assert (torch.stack(steps, 1) - full).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("how", ["in place", "new storage", "another encoding"])
+def test_a_changed_encoding_is_never_read_from_stale_keys(how):
+    """Mutating or re-learning a parameter (in place: an optimizer step; or ``p.data = …``, which keeps
+    torch's version counter) changes the decoded logits exactly as a fresh forward says. One layer, so
+    that the cached keys do not depend on outputs computed under the old encoding."""
+    enc = lp.xpos(16, layout="half")
+    model = patch_model(tiny(layers=1), enc)
+    x = ids(40)
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(x[:, :30], cache=cache)
+        before = model(x[:, 30:31], cache=cache).logits
+        if how == "in place":
+            enc.generator.freqs.mul_(1.5)
+        elif how == "new storage":
+            enc.generator.freqs.data = enc.generator.freqs.data * 1.5
+        else:
+            patch_model(model, lp.xpos(16, scale_base=64.0, layout="half"))
+        step = model(x[:, 31:32], cache=cache).logits[:, -1]
+        full = model(x[:, :32]).logits[:, -1]
+    assert (step - full).abs().max() < 1e-4
+    assert (before[:, -1] - full).abs().max() > 1e-3  # the change is visible at all
+
+
+def test_version_follows_the_parameters():
+    enc = lp.alibi(4, 16)
+    q = torch.randn(1, 4, 3, 16)
+    v0, a = enc.version, enc.query(q, torch.arange(3))
+    assert enc.version is v0  # kept while nothing changed (no recomputation per call)
+    with torch.no_grad():
+        enc.query_slots.mul_(2.0)
+    assert enc.version != v0 and not torch.equal(enc.query(q, torch.arange(3)), a)
+    v1 = enc.version
+    enc.key_slots.data = enc.key_slots.data * 2.0  # a new storage: the version counter stays
+    assert enc.version != v1
