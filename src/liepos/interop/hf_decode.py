@@ -239,10 +239,11 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def _origin(lo: float, hi: float, span: float) -> float:
-    """The origin for queries from ``lo`` to ``hi`` (``hi − lo ≤ span``): ``span`` past the first, so
-    the queries that follow stay within the budget for ``2·span − (hi − lo)`` more positions (every key
-    so far lies behind it: causally they fade)."""
-    return lo + span if math.isfinite(span) else hi
+    """The origin for queries from ``lo`` to ``hi`` (``hi − lo ≤ span``): ``⌊span⌋`` past the first, so
+    the queries that follow stay within the budget for about ``2·span − (hi − lo)`` more positions
+    (every key so far lies behind it: causally they fade). A whole number of positions, so that integer
+    times stay integers relative to it and a step reads its tables from a cached window."""
+    return lo + math.floor(span) if math.isfinite(span) else hi
 
 
 def _bounds(layer: Any, pos: torch.Tensor) -> tuple[float, float]:
