@@ -215,7 +215,7 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     enc: Encoding = layer.encoding
     B, H, S, _ = q.shape
     if (enc.length_rule is not None or pos.dim() != 2 or k.shape[2] != seen + S or kpos.shape[-1] != seen + S
-            or not hasattr(cache, "__dict__")):
+            or not hasattr(cache, "__dict__") or _training(q, k, v)):
         return None
     stores = cache.__dict__.setdefault(STORES, {})
     work = _work(enc, q.dtype)
@@ -227,8 +227,11 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     lo, hi = _bounds(layer, pos)
     if st is None or max(hi - st.origin, st.origin - lo) > span:
         stores.pop(idx, None)
-        if hi - lo > span:
-            return None  # the queries need several origins: liepos.attention, then remember()
+        if hi - lo > span:  # the queries need several origins: one per block of them, or liepos.attention
+            out = _blocks(layer, enc, q, k, v, attention_mask, scaling, pos, kpos, seen, version, work, span)
+            if out is not None:
+                stores[idx] = out[1]
+            return None if out is None else out[0]
         st = _rebuild(layer, enc, k, v, kpos, seen, _origin(lo, hi, span), version, work, span, H)
         if st is None:
             return None
@@ -236,6 +239,41 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     st.raw = k
     stores[idx] = st
     return out
+
+
+def _blocks(layer: Any, enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
+            scaling: float | None, pos: torch.Tensor, kpos: torch.Tensor, seen: int, version: tuple,
+            work: torch.dtype, span: float) -> tuple[torch.Tensor, _Store] | None:
+    """A prefill wider than the budget: blocks of queries, each within ``span`` of its own origin (as
+    :mod:`liepos.recentre` cuts them), every key up to the block's end encoded at that origin; the last
+    block's store is the layer's for decoding. None (liepos.attention then) unless the times are one
+    increasing row and nothing was cached before."""
+    t = pos[0]  # (S,)
+    S = t.shape[0]
+    if seen or pos.shape[0] != 1 or (S > 1 and not bool((t[1:] > t[:-1]).all())):
+        return None
+    outs, a, st = [], 0, None
+    while a < S:
+        b = max(a + 1, int(torch.searchsorted(t, t[a] + span, right=True)))  # queries a … b-1
+        st = _rebuild(layer, enc, k, v, kpos, a, _origin(float(t[a]), float(t[b - 1]), span), version, work,
+                      span, q.shape[1])
+        if st is None:
+            return None
+        mask = attention_mask
+        if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+            mask = mask[..., a:b, :b]  # (B|1, 1, S, Sk) -> the block's rows and keys
+        elif isinstance(mask, torch.Tensor):
+            mask = mask[..., :b]  # (B, Sk) padding
+        outs.append(_step(layer, enc, st, q[:, :, a:b], k[:, :, :b], v[:, :, :b], mask, scaling, pos[:, a:b], a,
+                          work))
+        a = b
+    st.raw = k
+    return torch.cat(outs, dim=2), st
+
+
+def _training(*xs: torch.Tensor) -> bool:
+    """A forward that autograd records: liepos.attention's path (the store serves inference)."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
 def _origin(lo: float, hi: float, span: float) -> float:
@@ -376,7 +414,8 @@ def remember(layer: Any, idx: int, k: torch.Tensor, v: torch.Tensor, kpos: torch
              pos: torch.Tensor) -> None:
     """After a call :func:`attend` declined for its query span (a prefill): encode its keys at its last time."""
     enc: Encoding = layer.encoding
-    if enc.length_rule is not None or pos.dim() != 2 or kpos.shape[-1] != k.shape[2] or not hasattr(cache, "__dict__"):
+    if (enc.length_rule is not None or pos.dim() != 2 or kpos.shape[-1] != k.shape[2] or not hasattr(cache, "__dict__")
+            or _training(k, v)):
         return
     work = _work(enc, k.dtype)
     origin = _bounds(layer, pos)[1]
