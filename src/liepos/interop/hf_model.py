@@ -15,7 +15,9 @@ windows, sinks, soft-capping, the backend) and replaces only what the encoding d
 * for encodings that are not fixed rotations (xPos, RetNet, ALiBi's slots, dynamic NTK,
   LongRoPE, Jordan blocks) the rope functions return the raw q and k, the cache keeps raw keys,
   their times are kept beside it, and ``ALL_ATTENTION_FUNCTIONS`` of the modeling file returns
-  :func:`liepos.attention`, causal by token order (packed sequences never see a later token).
+  the raw-key attention, causal by token order (packed sequences never see a later token): a decode
+  step through the keys kept encoded at a cache origin (:mod:`liepos.interop.hf_decode`: only the
+  new key and the query are encoded), anything else through :func:`liepos.attention`.
 
 The ALiBi families (Bloom, MPT, Falcon with ``alibi=True``) build a bias tensor inside their own
 attention code instead; for them the attention forward itself is replaced by one that runs
@@ -514,9 +516,11 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
       applied to the rotated dims as upstream does, model-level multipliers stay upstream's.
     * Pure rotations with a fixed generator cache the *encoded* keys in HF's cache, exactly like
       upstream, and run the model's own attention backend.
-    * Every other encoding caches *raw* keys; their times are kept beside the cache and
-      :func:`liepos.attention` encodes them relative to each query block, causal by token order
-      and under HF's mask (padding, packed sequences, sliding windows, static caches).
+    * Every other encoding caches *raw* keys; their times are kept beside the cache, and beside
+      them the keys encoded at a cache origin, so a decode step encodes its query and new key only
+      (:mod:`liepos.interop.hf_decode`); otherwise :func:`liepos.attention` encodes them relative to
+      each query block, causal by token order and under HF's mask (padding, packed sequences,
+      sliding windows, static caches).
       ``output_attentions`` returns the softmax weights.
 
     ``encoding`` may be a dict ``{layer_type: Encoding}``. Layers the family runs without rope
