@@ -88,12 +88,50 @@ def run(layers: int, prompt: int, new: int, rounds: int, bar) -> dict[str, list[
     return times
 
 
+def profile(layers: int, prompt: int, steps: int = 20, top: int = 8) -> None:
+    """Where a decode step's time goes: ``cProfile`` of ``steps`` one-token forwards after a prefill,
+    per variant, the functions of largest own time in µs per layer and step (profiler overhead included)."""
+    import cProfile
+    import pstats
+
+    m = model(layers)
+    x = torch.randint(0, 512, (1, prompt), generator=torch.Generator().manual_seed(1))
+    for name, enc in variants(HIDDEN // HEADS, HEADS).items():
+        unpatch_model(m)
+        if enc is not None:
+            patch_model(m, None if enc == "config" else enc)
+        with torch.no_grad():
+            out = m(x, use_cache=True)
+            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            for _ in range(3):
+                m(nxt, past_key_values=cache, use_cache=True)
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(steps):
+                m(nxt, past_key_values=cache, use_cache=True)
+            prof.disable()
+        stats = pstats.Stats(prof).stats  # {(file, line, fn): (cc, nc, tottime, cumtime, callers)}
+        total = sum(v[2] for v in stats.values())
+        rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+        per = 1e6 / (steps * layers)
+        print(f"{name}: {total * per:.0f} µs per layer and step in all")
+        for (file, line, fn), v in rows:
+            where = fn if file == "~" else f"{Path(file).name}:{fn}"
+            print(f"    {v[2] * per:7.1f} µs  {v[1] / (steps * layers):5.1f} calls  {where}")
+    unpatch_model(m)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="2 layers, a 64-token prompt, 3 rounds; writes nothing")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 7, --quick 3)")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="layer counts (default 4)")
+    p.add_argument("--profile", action="store_true", help="where a decode step's time goes, per variant (cProfile)")
     args = p.parse_args(argv)
+    if args.profile:
+        torch.set_num_threads(1)
+        profile((args.layers or [4])[0], 64 if args.quick else 512)
+        return 0
     layer_counts = args.layers or ([2] if args.quick else [4])
     prompt, new = (64, 16) if args.quick else (512, 32)
     rounds = args.rounds or (3 if args.quick else 7)

@@ -38,7 +38,7 @@ from liepos.encoding import Encoding
 from liepos.recentre import MAX_EXPONENT, _poly_span
 from liepos.tables import check_range
 
-__all__ = ["attend", "remember", "budget", "hf_visible", "STORES"]
+__all__ = ["attend", "remember", "budget", "hf_visible", "identity", "STORES"]
 
 STORES = "_liepos_encoded"  # the cache attribute holding every layer's encoded keys
 _LOW = (torch.float16, torch.bfloat16)
@@ -169,7 +169,7 @@ def _matrix(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side:
         if ft is None:
             return None
         c = enc.content_dim
-        eye = torch.eye(c, dtype=x.dtype, device=x.device).expand(1, enc.num_heads or 1, c, c)  # (1, H|1, c, c)
+        eye = identity(c, x.dtype, x.device).expand(1, enc.num_heads or 1, c, c)  # (1, H|1, c, c)
         m = apply_fast(eye, ft)  # a position axis of size 1 broadcasts over the c rows
         if layer.positions.ids is not None:
             memo[("matrix",) + key] = m
@@ -269,6 +269,12 @@ def _blocks(layer: Any, enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torc
         a = b
     st.raw = k
     return torch.cat(outs, dim=2), st
+
+
+@functools.lru_cache(maxsize=16)
+def identity(d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ``d × d`` identity (read only: the transform of its rows is a step's ``Mᵀ``), made once."""
+    return torch.eye(d, dtype=dtype, device=device)
 
 
 def _training(*xs: torch.Tensor) -> bool:

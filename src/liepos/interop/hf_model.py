@@ -41,7 +41,7 @@ from liepos._fast import FastTables, apply_fast
 from liepos.encoding import Encoding
 from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
-from liepos.interop.hf_decode import attend, hf_visible, remember
+from liepos.interop.hf_decode import attend, hf_visible, identity, remember
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -84,7 +84,7 @@ class _Positions:
         m = self.tables.get(("matrix",) + key)
         if m is None:
             d = x.shape[-1]
-            m = apply_fast(torch.eye(d, dtype=x.dtype, device=x.device).expand(1, heads, d, d), ft)
+            m = apply_fast(identity(d, x.dtype, x.device).expand(1, heads, d, d), ft)
             self.tables[("matrix",) + key] = m
         return m
 
