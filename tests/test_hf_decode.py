@@ -208,3 +208,21 @@ def test_version_follows_the_parameters():
     v1 = enc.version
     enc.key_slots.data = enc.key_slots.data * 2.0  # a new storage: the version counter stays
     assert enc.version != v1
+
+
+@pytest.mark.parametrize("name", ["alibi", "xpos", "retnet"])
+def test_non_finite_padding_keys_reach_no_query(name):
+    """Left padding whose embedding is NaN: the padded keys are hidden from every query, so the
+    decoded tokens are finite and equal the uncached ones (the store's select-masked form)."""
+    model = patch_model(tiny(), ENCODINGS[name]())
+    with torch.no_grad():
+        model.model.embed_tokens.weight[0] = float("nan")  # the pad token
+    x = ids(20, batch=2) % 127 + 1
+    x[0, :5] = 0
+    mask = torch.ones_like(x)
+    mask[0, :5] = 0
+    gen = dict(max_new_tokens=6, do_sample=False, attention_mask=mask, pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(x, **gen)
+        uncached = model.generate(x, use_cache=False, **gen)
+    assert torch.equal(cached, uncached)

@@ -332,9 +332,11 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         st.checked = st.n
     if not st.finite:  # the select-masked form: slots ride as columns again (c applied to the content)
         if enc.num_slots:
-            ks = st.slots[:, :, : st.n]
-            ke = torch.cat((_expand(ke, H, enc).expand(-1, ks.shape[1], -1, -1), ks), -1)
+            ks = st.slots[:, :, : st.n].expand(B, -1, -1, -1)  # (B, H, n, slots)
+            ke = torch.cat((_expand(ke, H, enc).expand(-1, ks.shape[1], -1, -1).to(ks.dtype), ks), -1)
             qc, c = torch.cat((qc * c, qs.expand(B, -1, -1, -1)), -1), 1.0
+        if ve.shape[1] != ke.shape[1]:  # per-head keys over HF's grouped values
+            ve = ve.repeat_interleave(ke.shape[1] // ve.shape[1], dim=1)  # (B, Hk, n, Dv) -> (B, H, n, Dv)
         return sdpa(qc, ke, ve, mask, c, finite=False).to(v.dtype)
     bias = None
     if enc.num_slots:
