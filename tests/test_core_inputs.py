@@ -276,3 +276,17 @@ def test_query_scale_is_checked_and_kept_through_replace_and_scaling():
     want = enc.query(q * D, p) @ enc.key(k, p).transpose(-1, -2)
     assert torch.allclose(got, want, rtol=1e-13, atol=1e-13)
     assert torch.allclose(scaled.query_reference(q, p), scaled.query(q, p), rtol=1e-12, atol=1e-12)
+
+
+def test_generator_memos_follow_a_new_storage():
+    """``p.data = …`` keeps torch's version counter; the memos (orthogonality, bounds, the cache key) still follow it."""
+    from liepos.tables import check_range
+
+    g = lp.rope(8).generator
+    far = torch.tensor([1e6], dtype=torch.float64)
+    check_range(g, far, "query", torch.float32)  # a rotation: nothing to overflow
+    key = g.key()
+    g.rates.data = torch.full_like(g.rates, 1.0)  # a new storage, version counter unchanged
+    assert not g.is_orthogonal and g.bounds()[0] == 1.0 and g.key() != key
+    with pytest.raises(OverflowError, match="query scale"):
+        check_range(g, far, "query", torch.float32)

@@ -206,8 +206,9 @@ class Generator:
         return [(float(rr[i]), float(ww[i]), self.sizes[i]) for rr, ww in zip(r, w) for i in range(self.num_blocks)]
 
     def _memo(self, name: str, compute: Any) -> Any:
-        """``compute()`` cached until a parameter tensor is modified in place (torch's version counters)."""
-        stamp = tuple(t._version for t in (self.rates, self.freqs, self.nus, self.basis) if t is not None)
+        """``compute()`` cached until a parameter tensor changes: in place (torch's version counter) or by a
+        new storage (``p.data = …`` keeps the counter, so the storage's address is part of the stamp)."""
+        stamp = tuple((t.data_ptr(), t._version) for t in (self.rates, self.freqs, self.nus, self.basis) if t is not None)
         cached = self.__dict__.get("_memos", {}).get(name)
         if cached is None or cached[0] != stamp:
             cached = (stamp, compute())
