@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -99,11 +100,13 @@ def table(results: dict) -> str:
         lines.append(f"\n{dname}: time / causal SDPA (median of interleaved rounds; SDPA's own time in ms)\n")
         lines.append("| encoding | " + " | ".join(f"T = {T}" for T in Ts) + " |")
         lines.append("|---|" + "---|" * len(Ts))
-        for n in by_t[Ts[0]]:
+        names = list(dict.fromkeys(n for T in Ts for n in by_t[T]))  # every contender, in order
+        for n in names:
             cells = []
             for T in Ts:
-                r = by_t[T][n]
-                cells.append(f"{r['median_s'] * 1e3:.0f} ms" if n == "sdpa (causal)" else f"{r['ratio']:.2f}")
+                r = by_t[T].get(n)
+                cells.append("not run" if r is None else f"{r['median_s'] * 1e3:.0f} ms" if n == "sdpa (causal)"
+                             else f"{r['ratio']:.2f}")
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default 2048 4096 8192 16384)")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 5, quick 3)")
     p.add_argument("--no-flex", action="store_true", help="leave out the compiled FlexAttention peer")
+    p.add_argument("--flex-max-length", type=int, default=8192,
+                   help="longest T FlexAttention runs at (its CPU bfloat16 kernel is ~27x SDPA at T = 8192)")
     a = p.parse_args(argv)
     Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
     rounds = a.rounds or (3 if a.quick else 5)
@@ -123,17 +128,18 @@ def main(argv: list[str] | None = None) -> int:
         results[dname] = {}
         for T in Ts:
             print(f"{dname} T={T} ...", file=sys.stderr, flush=True)
-            results[dname][T] = measure(T, dtype, rounds, flex=not a.no_flex)
+            results[dname][T] = measure(T, dtype, rounds, flex=not a.no_flex and T <= a.flex_max_length)
     text = table(results)
     print(text)
     name = "attention_quick" if a.quick else "attention"
     RESULTS.mkdir(exist_ok=True)
     meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-            "shape": [1, HEADS, "T", DIM], "rounds": rounds}
+            "shape": [1, HEADS, "T", DIM], "rounds": rounds, "load_average_after": list(os.getloadavg())}
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     (RESULTS / f"{name}.md").write_text(f"`{meta['command']}` (torch {torch.__version__}, "
-                                        f"{meta['threads']} threads)\n{text}\n")
+                                        f"{meta['threads']} threads, load average after the run "
+                                        f"{', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n{text}\n")
     return 0 if all(math.isfinite(r["ratio"]) for d in results.values() for t in d.values() for r in t.values()) else 1
 
 
