@@ -148,6 +148,18 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def write(results: dict, name: str, rounds: int) -> None:
+    text = table(results)
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+            "shape": [1, HEADS, "T", DIM], "rounds": rounds, "load_average_after": list(os.getloadavg())}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (RESULTS / f"{name}.md").write_text(f"`{meta['command']}` (torch {torch.__version__}, "
+                                        f"{meta['threads']} threads, load average after the run "
+                                        f"{', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n{text}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="T = 2048 only, 3 rounds")
@@ -165,23 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
     rounds = a.rounds or (3 if a.quick else 5)
     results: dict[str, dict] = {}
+    name = "attention_quick" if a.quick else "attention"
     for dtype in (torch.float32, torch.bfloat16):
         dname = str(dtype).replace("torch.", "")
         results[dname] = {}
         for T in Ts:
             print(f"{dname} T={T} ...", file=sys.stderr, flush=True)
             results[dname][T] = measure(T, dtype, rounds, flex=not a.no_flex and T <= a.flex_max_length)
-    text = table(results)
-    print(text)
-    name = "attention_quick" if a.quick else "attention"
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-            "shape": [1, HEADS, "T", DIM], "rounds": rounds, "load_average_after": list(os.getloadavg())}
-    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    (RESULTS / f"{name}.md").write_text(f"`{meta['command']}` (torch {torch.__version__}, "
-                                        f"{meta['threads']} threads, load average after the run "
-                                        f"{', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n{text}\n")
+            write(results, name, rounds)  # after every length: a run cut short keeps what it measured
+    print(table(results))
     return 0 if all(math.isfinite(r["ratio"]) for d in results.values() for t in d.values() for r in t.values()) else 1
 
 
