@@ -2,6 +2,7 @@
 
     python benchmarks/attention.py            # T = 2048 … 16384, float32 and bfloat16
     python benchmarks/attention.py --quick    # T = 2048, float32 and bfloat16 (< 2 minutes)
+    python benchmarks/attention.py --breakdown --lengths 8192   # where the time of the re-centred ones goes
 
 Shape: batch 1, 8 heads, head dim 64, causal self-attention over positions 0 … T − 1. Every round times
 every contender once, in one process, in an interleaved order (so a change in machine load hits all
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -92,6 +94,42 @@ def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool) -> dict[str, di
                 "ratio": statistics.median([t / b for t, b in zip(ts, base)])} for n, ts in times.items()}
 
 
+# profiler op names counted as encoding q, k (and v): the one-pass kernels' elementwise work
+ENCODE_OPS = {"aten::mul", "aten::mul_", "aten::addcmul_", "aten::add_", "aten::neg", "aten::index", "aten::select",
+              "aten::copy_"}
+
+
+def breakdown(T: int, dtype: torch.dtype) -> str:
+    """One profiled call per re-centred encoding: self time in the flash kernel, in encoding, in the rest."""
+    from torch.profiler import profile
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, T, DIM, generator=g).to(dtype) for _ in range(3))
+
+    def timed(fn) -> dict[str, float]:
+        fn()  # warm
+        with profile() as prof:
+            fn()
+        out = {"flash": 0.0, "encode": 0.0, "other": 0.0, "calls": 0}
+        for ev in prof.key_averages():
+            kind = "flash" if "flash" in ev.key else "encode" if ev.key in ENCODE_OPS else "other"
+            out[kind] += ev.self_cpu_time_total / 1e3  # ms
+            out["calls"] += ev.count if kind == "flash" else 0
+        return out
+
+    with torch.no_grad():
+        base = sum(timed(lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=True)).values())
+        lines = [f"\n{dtype} T = {T}: profiler self time / causal SDPA's ({base:.0f} ms), one call each\n",
+                 "| encoding | total | flash kernel (calls) | encoding q, k | everything else |", "|---|---|---|---|---|"]
+        for name in ("retnet", "decay", "alibi", "jordan"):
+            enc = encodings()[name]
+            r = timed(lambda: lp.attention(q, k, v, enc))
+            tot = r["flash"] + r["encode"] + r["other"]
+            lines.append(f"| {name} | {tot / base:.2f} | {r['flash'] / base:.2f} ({r['calls']}) | "
+                         f"{r['encode'] / base:.2f} | {r['other'] / base:.2f} |")
+    return "\n".join(lines)
+
+
 def table(results: dict) -> str:
     lines = []
     for dname, by_t in results.items():
@@ -99,13 +137,27 @@ def table(results: dict) -> str:
         lines.append(f"\n{dname}: time / causal SDPA (median of interleaved rounds; SDPA's own time in ms)\n")
         lines.append("| encoding | " + " | ".join(f"T = {T}" for T in Ts) + " |")
         lines.append("|---|" + "---|" * len(Ts))
-        for n in by_t[Ts[0]]:
+        names = list(dict.fromkeys(n for T in Ts for n in by_t[T]))  # every contender, in order
+        for n in names:
             cells = []
             for T in Ts:
-                r = by_t[T][n]
-                cells.append(f"{r['median_s'] * 1e3:.0f} ms" if n == "sdpa (causal)" else f"{r['ratio']:.2f}")
+                r = by_t[T].get(n)
+                cells.append("not run" if r is None else f"{r['median_s'] * 1e3:.0f} ms" if n == "sdpa (causal)"
+                             else f"{r['ratio']:.2f}")
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def write(results: dict, name: str, rounds: int) -> None:
+    text = table(results)
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+            "shape": [1, HEADS, "T", DIM], "rounds": rounds, "load_average_after": list(os.getloadavg())}
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    (RESULTS / f"{name}.md").write_text(f"`{meta['command']}` (torch {torch.__version__}, "
+                                        f"{meta['threads']} threads, load average after the run "
+                                        f"{', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n{text}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,26 +166,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", type=int, nargs="*", help="sequence lengths (default 2048 4096 8192 16384)")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 5, quick 3)")
     p.add_argument("--no-flex", action="store_true", help="leave out the compiled FlexAttention peer")
+    p.add_argument("--flex-max-length", type=int, default=8192,
+                   help="longest T FlexAttention runs at (its CPU bfloat16 kernel is ~27x SDPA at T = 8192)")
+    p.add_argument("--breakdown", action="store_true", help="profile one call per re-centred encoding instead")
     a = p.parse_args(argv)
+    if a.breakdown:
+        for T in a.lengths or [8192]:
+            print(breakdown(T, torch.float32))
+        return 0
     Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
     rounds = a.rounds or (3 if a.quick else 5)
     results: dict[str, dict] = {}
+    name = "attention_quick" if a.quick else "attention"
     for dtype in (torch.float32, torch.bfloat16):
         dname = str(dtype).replace("torch.", "")
         results[dname] = {}
         for T in Ts:
             print(f"{dname} T={T} ...", file=sys.stderr, flush=True)
-            results[dname][T] = measure(T, dtype, rounds, flex=not a.no_flex)
-    text = table(results)
-    print(text)
-    name = "attention_quick" if a.quick else "attention"
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-            "shape": [1, HEADS, "T", DIM], "rounds": rounds}
-    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    (RESULTS / f"{name}.md").write_text(f"`{meta['command']}` (torch {torch.__version__}, "
-                                        f"{meta['threads']} threads)\n{text}\n")
+            results[dname][T] = measure(T, dtype, rounds, flex=not a.no_flex and T <= a.flex_max_length)
+            write(results, name, rounds)  # after every length: a run cut short keeps what it measured
+    print(table(results))
     return 0 if all(math.isfinite(r["ratio"]) for d in results.values() for t in d.values() for r in t.values()) else 1
 
 

@@ -1,10 +1,13 @@
 """Re-centring: every score of a query block evaluated relative to one origin, so every factor stays finite.
 
 Encodings whose F and G grow with absolute time (decay, damped rotation, Jordan blocks, ALiBi's slots)
-are applied as ``F(t − o)`` and ``G(s − o)`` with ``o`` the latest query time of the block; scores do
-not change (``F(t − o)ᵀ G(s − o) = A(t − s)``) and, causally, ``s − o ≤ 0`` for every visible key. A
-block is halved while ``|λ| · span`` would leave the exponent budget or the polynomial parts would span
-more than :data:`POLY_SPAN` time units. Values carried by a generator follow the same origin:
+are applied as ``F(t − o)`` and ``G(s − o)`` with ``o`` an origin per query block; scores do not change
+(``F(t − o)ᵀ G(s − o) = A(t − s)``). The general path takes ``o`` the latest query time of the block
+(causally ``s − o ≤ 0`` for every visible key) and halves a block while ``|λ| · span`` would leave the
+exponent budget or the polynomial parts would span more than :data:`POLY_SPAN` time units. The fused
+path (equal, strictly increasing times) puts ``o`` in the block's middle, so a block covers twice that
+span at the same bounds, and under a linear bias (ALiBi) leaves out, per head, the keys whose weight is
+below the dtype's smallest normal times its rounding (:func:`_window_starts`). Values carried by a generator follow the same origin:
 ``A_v(t − o) · Σ_s w_ts G_v(s − o) v_s = Σ_s w_ts A_v(t − s) v_s``.
 
 A cache keeps its keys (and values) encoded at one origin; a decode step encodes the new key only,
@@ -29,8 +32,9 @@ __all__ = ["recentred", "MAX_EXPONENT", "POLY_SPAN"]
 # largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
 MAX_EXPONENT = 30.0
 # largest time span of the polynomial parts (Jordan blocks, slots) around one origin: binomial terms
-# of (t - o) and (s - o) cancel, so the span bounds the rounding of near-lag scores
-POLY_SPAN = 256.0
+# of (t - o) and (s - o) cancel, so the span bounds the rounding of near-lag scores; 512 is where
+# ALiBi's degree-one slots in float32 meet POLY_ROUNDING (span · eps = 2^9 · 2^-23)
+POLY_SPAN = 512.0
 # relative rounding allowed from that cancellation: a Jordan block of degree n (size n + 1) computed in
 # a dtype of unit roundoff eps loses about span^n · eps, so the span is at most (POLY_ROUNDING / eps)^(1/n)
 POLY_ROUNDING = 2.0**-14
@@ -89,7 +93,8 @@ def recentred(call: Call) -> torch.Tensor:
         if out is not None:
             return out
     if call.simple and not ax and available(call.q):
-        outs = [_diagonal(call, lo, hi) for lo, hi in _blocks(call, b)]
+        slopes = _linear_bias_slopes(call)
+        outs = [_diagonal(call, lo, hi, o, slopes) for lo, hi, o in _blocks(call, b)]
         if call.cache is not None:
             _reset_cache_origin(call, b)
         return torch.cat(outs, dim=2)
@@ -135,37 +140,119 @@ def _run(call: Call, lo: int, hi: int, ax: bool, sorted_keys: bool, b, outs: lis
     outs.append(_attend(call, qe, ke, ve, m, o, tq))
 
 
-def _blocks(call: Call, b) -> list[tuple[int, int]]:
-    """Greedy query blocks of increasing times, each as long as one origin may cover."""
+def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
+    """Greedy query blocks ``(lo, hi, origin)`` of increasing times, the origin in the block's middle.
+
+    Every time of a block is within the allowed span of its origin (``|t − o| ≤ allowed``), so a
+    block covers twice that span: e^{±|λ|·allowed} on both sides, and the polynomial parts span
+    ``allowed`` on each side of ``o`` (keys before the block lie on the far side of every query after
+    ``o``, where the binomial terms of ``(t − o)`` and ``(o − s)`` share their sign). Integer times
+    keep an integer origin, so the positions ``s − o`` stay integer ranges (cached tables).
+    """
     rate, limit, poly_span = b
     allowed = min(limit / rate if rate > 0 else math.inf, poly_span)
     t = call.qpos.contiguous()  # (B, Sq), strictly increasing
+    integer = bool((t == t.round()).all())
+    reach = 2 * math.floor(allowed) if integer and math.isfinite(allowed) else 2 * allowed
     out, lo, Sq = [], 0, t.shape[1]
     while lo < Sq:
         if math.isinf(allowed):
             hi = Sq
         else:
-            ends = torch.searchsorted(t, t[:, lo : lo + 1] + allowed, right=True)  # (B, 1)
+            ends = torch.searchsorted(t, t[:, lo : lo + 1] + reach, right=True)  # (B, 1)
             hi = max(lo + 1, int(ends.min()))
-        out.append((lo, hi))
+        first, last = t[:, lo : lo + 1], t[:, hi - 1 : hi]  # (B, 1)
+        half = (last - first) / 2
+        o = first + (half.ceil() if integer else half)  # (B, 1): within `allowed` of every time of the block
+        out.append((lo, hi, o))
         lo = hi
     return out
 
 
-def _diagonal(call: Call, lo: int, hi: int) -> torch.Tensor:
+def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: torch.Tensor | None) -> torch.Tensor:
     """Equal, strictly increasing query and key times: the block ``lo:hi`` sees every key before it
-    (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly."""
+    (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly.
+
+    ``o (B, 1)``: the block's origin, in its middle; keys after it grow (by at most the factor the
+    budget allows) and only the diagonal piece sees them, where the causal kernel overwrites every
+    masked score (an overflow there is never read). ``slopes``: a linear bias (ALiBi), whose keys
+    far before the block are left out per head (:func:`_window_starts`)."""
     tq = call.qpos[:, lo:hi]
-    o = tq[:, -1:]  # (B, 1): the origin, the block's latest time (times increase)
-    rel = call.kpos[:, :hi] - o  # (B, hi), ≤ 0: every key up to the block's end
     qe = call.enc.query(call.q[:, :, lo:hi], tq - o)
-    ke = call.enc.key(call.k[:, :, :hi], rel)
-    ve = call.v[:, :, :hi] if call.venc is None else call.venc.key(call.v[:, :, :hi], rel)
-    parts = [(ke[:, :, :lo], ve[:, :, :lo], False), (ke[:, :, lo:], ve[:, :, lo:], True)]
-    y = pieces(qe, parts, call.c, call.sinks)
+    starts = None if slopes is None or lo == 0 else _window_starts(call, qe, lo, slopes)
+    first = 0 if starts is None else min(starts)
+    rel = call.kpos[:, first:hi] - o  # (B, hi - first): every key the block may weigh
+    ke = call.enc.key(call.k[:, :, first:hi], rel)
+    ve = call.v[:, :, first:hi] if call.venc is None else call.venc.key(call.v[:, :, first:hi], rel)
+    cut = lo - first
+    if starts is None or all(st == first for st in starts):
+        parts = [(ke[:, :, :cut], ve[:, :, :cut], False), (ke[:, :, cut:], ve[:, :, cut:], True)]
+        y = pieces(qe, parts, call.c, call.sinks)
+    else:
+        y = torch.empty(*qe.shape[:-1], ve.shape[-1], dtype=qe.dtype, device=qe.device)
+        for st in sorted(set(starts)):
+            h = [i for i, x in enumerate(starts) if x == st]  # heads whose window starts at key `st`
+            idx = torch.tensor(h, device=qe.device)
+            kh, vh = ke.index_select(1, idx), ve.index_select(1, idx)  # (B, |h|, hi - first, ·)
+            a = st - first
+            parts = [(kh[:, :, a:cut], vh[:, :, a:cut], False), (kh[:, :, cut:], vh[:, :, cut:], True)]
+            sk = None if call.sinks is None else call.sinks.index_select(0, idx)
+            y[:, h] = pieces(qe.index_select(1, idx), parts, call.c, sk)
     if call.venc is not None:
         y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
     return y
+
+
+def _linear_bias_slopes(call: Call) -> torch.Tensor | None:
+    """Per-head slopes ``m_h > 0`` when every score is ``content + b_h − m_h (t − s)`` with orthogonal
+    content (rotations or identity, which keep norms) and slots carrying a bias of degree one in the
+    lag, as ALiBi's do; else None. ``b_h(u)`` is read from the slots at lags 0 and 1 in float64."""
+    enc = call.enc
+    g = enc.generator
+    if not enc.num_slots or g.basis is not None or call.venc is not None or call.q.shape[0] == 0:
+        return None
+    rates, freqs = g.rates.detach().reshape(-1, g.num_blocks), g.freqs.detach().reshape(-1, g.num_blocks)
+    for i, (n, off) in enumerate(zip(g.sizes, g.offsets)):
+        slot = off >= enc.content_dim
+        if bool((rates[:, i] != 0).any()) or n > (2 if slot else 1) or (slot and bool((freqs[:, i] != 0).any())):
+            return None
+    H = call.q.shape[1]
+    with torch.no_grad():
+        z = torch.zeros(1, H, 2, enc.content_dim, dtype=torch.float64)
+        qs = enc.query(z, torch.tensor([0.0, 1.0], dtype=torch.float64))[..., enc.content_dim:]  # (1, H, 2, slots)
+        ks = enc.key(z[:, :, :1], torch.tensor([0.0], dtype=torch.float64))[..., enc.content_dim:]  # (1, H, 1, slots)
+        b = (qs * ks).sum(-1)[0]  # (H, 2): the bias at lags 0 and 1
+    m = b[:, 0] - b[:, 1]  # (H,)
+    return m if bool(torch.isfinite(m).all()) else None
+
+
+# the weight a left-out key may have, relative to its row's largest, is below e^-(_DROP + log Sk): past
+# the dtype's smallest normal times its unit roundoff, so leaving it out changes no output by a rounding
+def _drop(dtype: torch.dtype, n_keys: int) -> float:
+    info = torch.finfo(dtype)
+    return -math.log(info.tiny) - math.log(info.eps) + math.log(max(n_keys, 1))
+
+
+def _window_starts(call: Call, qe: torch.Tensor, lo: int, slopes: torch.Tensor) -> list[int]:
+    """Per head, the first key the block ``lo:…`` can weigh at all under a linear bias.
+
+    Each query sees its own key (equal times), so its row's largest score is at least ``−C + b``
+    with ``C = max|q̃|·max|k|`` (orthogonal content: encoded norms are the raw ones); a key at lag
+    ``d`` scores at most ``C + b − m d``. Keys with ``m·d > 2C + _drop`` weigh less than the dtype's
+    smallest normal times its rounding, relative to the row's largest: they are left out, exactly.
+    """
+    D = call.enc.content_dim
+    with torch.no_grad():
+        qn = qe[..., :D].detach().double().norm(dim=-1).amax((0, 2))  # (H,)
+        kn = call.k[:, :, :lo].detach().double().norm(dim=-1).amax((0, 2))  # (Hk,)
+        kn = kn.repeat_interleave(qn.shape[0] // kn.shape[0])  # (H,)
+        C = qn * kn * call.c * (1 + 1e-6)  # the content bound, with room for the encoding's rounding
+        reach = (2 * C + _drop(qe.dtype, call.kpos.shape[1])) / slopes.clamp_min(0)  # (H,): lags that may weigh
+        t0 = call.qpos[:, lo : lo + 1]  # (B, 1): the block's earliest query time
+        cut = (t0 - reach.view(1, -1)).nan_to_num(-math.inf)  # (B, H)
+        kp = call.kpos[:, :lo].contiguous()
+        first = torch.searchsorted(kp, cut.contiguous(), side="left").amin(0)  # (H,): earliest over the batch
+    return [int(x) for x in first]
 
 
 def _version(call: Call) -> tuple:

@@ -1,0 +1,150 @@
+"""The fused re-centred path (equal, strictly increasing query and key times, causal, no mask): each
+block's origin in its middle, and under ALiBi's linear bias the keys that cannot weigh left out per
+head. Fused path == general path (the same call with an explicit causal mask, which re-centres at the
+latest query of each block and masks) == float64 reference, near 0 and near 10⁶, in every dtype."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import liepos as lp
+from liepos import recentre
+from liepos.recentre import POLY_ROUNDING
+
+F64 = torch.float64
+EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8}
+# (encoding, degree of its polynomial parts, T): every block type the fused path re-centres; T spans
+# several blocks
+CASES = {
+    "alibi": (lambda: lp.alibi(2, 16), 1, 1300),  # blocks of 1024, a per-head window past them
+    "decay": (lambda: lp.build("decay", 16), 0, 400),  # rate 1/2: blocks of 118
+    "retnet": (lambda: lp.retnet(2, 16), 0, 400),
+    "xpos": (lambda: lp.xpos(16), 0, 300),
+    "jordan": (lambda: lp.build("jordan", 15), 2, 200),  # 3x3 blocks at rates 1/2 ... : blocks of 45 in float32
+}
+
+
+def inputs(T: int, heads: int, dim: int, dtype: torch.dtype, seed: int, kv_heads: int | None = None):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, T, dim, dtype=F64, generator=g).to(dtype)
+    k, v = (torch.randn(1, kv_heads or heads, T, dim, dtype=F64, generator=g).to(dtype) for _ in range(2))
+    return q, k, v
+
+
+def bound(dtype: torch.dtype, degree: int, v: torch.Tensor, T: int) -> float:
+    """The precision contract (docs/guide/precision.md): 16·eps·max|v|; polynomial parts of degree n
+    lose span^n·eps to cancellation, at most POLY_ROUNDING (bfloat16 with polynomial parts is computed
+    in float32 and rounded once)."""
+    b = 16 * EPS[dtype]
+    if degree and dtype != torch.bfloat16:
+        b = max(b, min(POLY_ROUNDING, b * (2.0 * T) ** degree))
+    return b * max(1.0, float(v.double().abs().max()))
+
+
+def three_ways(enc, q, k, v, p, sinks=None):
+    T = q.shape[2]
+    fused = lp.attention(q, k, v, enc, p, p, sinks=sinks)
+    general = lp.attention(q, k, v, enc, p, p, sinks=sinks, attn_mask=torch.ones(T, T, dtype=torch.bool).tril())
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p, sinks=sinks)
+    return fused, general, ref
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0, 10**6 + 17])
+def test_fused_equals_general_equals_reference(name, dtype, offset):
+    make, degree, T = CASES[name]
+    enc = make()
+    q, k, v = inputs(T, 2, enc.content_dim, dtype, seed=T + offset)
+    p = torch.arange(T) + offset
+    fused, general, ref = three_ways(enc, q, k, v, p)
+    assert fused.dtype == dtype
+    b = bound(dtype, degree, v, T)
+    assert float((fused.double() - ref).abs().max()) <= b, name
+    assert float((general.double() - ref).abs().max()) <= b, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_alibi_window_with_sinks_and_grouped_queries(dtype, monkeypatch):
+    """Per-head windows (the steep heads leave out early keys) with learned sinks and one kv head."""
+    seen = []
+    starts = recentre._window_starts
+    monkeypatch.setattr(recentre, "_window_starts", lambda *a: seen.append(starts(*a)) or seen[-1])
+    enc = lp.alibi(4, 16, slopes=[2.0, 0.5, 0.1, 0.01])  # float64 keeps keys down to e^-750: steep slopes
+    T = 1500
+    q, k, v = inputs(T, 4, 16, dtype, seed=3, kv_heads=1)
+    p = torch.arange(T) + 10**6
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=dtype)
+    fused, general, ref = three_ways(enc, q, k, v, p, sinks=sinks)
+    assert seen and seen[0][0] > 0 and seen[0][-1] == 0  # the steepest head's window left keys out
+    b = bound(dtype, 1, v, T)
+    assert float((fused.double() - ref).abs().max()) <= b
+    assert float((general.double() - ref).abs().max()) <= b
+
+
+def test_alibi_window_keeps_a_far_key_that_wins():
+    """A key 1200 tokens back whose content score beats its bias must stay in the window."""
+    enc = lp.alibi(2, 16, slopes=[0.5, 0.25])
+    T = 1400
+    q, k, v = inputs(T, 2, 16, F64, seed=5)
+    u = torch.zeros(16, dtype=F64)
+    u[0] = 1.0
+    q[:, :, 1100:] = 30.0 * u  # every late query points along u ...
+    k[:, :, 50] = 100.0 * u  # ... and so does one early key: score 30·100/4 = 750 > 0.5·1350
+    p = torch.arange(T)
+    fused, general, ref = three_ways(enc, q, k, v, p)
+    w = ref[0, 0, -1] - v[0, 0, 50]
+    assert float(w.abs().max()) < 1e-6  # the far key does carry the last row of the steep head
+    assert float((fused - ref).abs().max()) <= 1e-10
+    assert float((general - ref).abs().max()) <= 1e-10
+
+
+@pytest.mark.parametrize("name", ["alibi", "decay", "jordan"])
+def test_fused_gradients_equal_the_general_path(name):
+    make, _, T = CASES[name]
+    enc = make()
+    leaves = [t.requires_grad_() for t in inputs(T, 2, enc.content_dim, F64, seed=11)]
+    p = torch.arange(T) + 10**6
+    grads = []
+    for mask in (None, torch.ones(T, T, dtype=torch.bool).tril()):
+        out = lp.attention(*leaves, enc, p, p, attn_mask=mask)
+        grads.append(torch.autograd.grad((out * torch.cos(out)).sum(), leaves))
+    for a, b in zip(*grads):
+        assert float((a - b).abs().max()) <= 1e-9 * max(1.0, float(b.abs().max()))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(st.floats(0.05, 2.0), st.integers(1, 300), st.sampled_from([0, 10**6, 10**9]),
+       st.sampled_from([torch.float64, torch.float32]), st.booleans(), st.integers(0, 10**6))
+def test_decays_at_any_rate_and_time(rate, T, offset, dtype, real, seed):
+    """Random rates (blocks of 2·29.6/rate), integer or real times, near 0 and far."""
+    enc = lp.decay([rate, rate / 5, rate / 50, 0.0])
+    q, k, v = inputs(T, 2, 4, dtype, seed)
+    g = torch.Generator().manual_seed(seed)
+    p = (torch.cumsum(torch.rand(T, dtype=F64, generator=g) * 2 + 0.01, 0) if real else torch.arange(T, dtype=F64))
+    p = p + offset
+    fused, general, ref = three_ways(enc, q, k, v, p)
+    b = bound(dtype, 0, v, T)
+    assert float((fused.double() - ref).abs().max()) <= b
+    assert float((general.double() - ref).abs().max()) <= b
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(1, 500), st.floats(0.3, 100.0), st.booleans(), st.integers(0, 10**6))
+def test_every_time_of_a_block_is_within_the_span_of_its_origin(T, allowed, real, seed):
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.rand(2, T, dtype=F64, generator=g) * 3 + 0.01 if real else torch.ones(2, T, dtype=F64)
+    t = torch.cumsum(steps, -1) + 10**6  # (batch 2, T), strictly increasing
+    blocks = recentre._blocks(types.SimpleNamespace(qpos=t), (0.0, math.inf, allowed))
+    assert blocks[0][0] == 0 and blocks[-1][1] == T
+    assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    for lo, hi, o in blocks:
+        assert float((t[:, lo:hi] - o).abs().max()) <= allowed or hi == lo + 1
+        if not real:
+            assert bool((o == o.round()).all())  # integer times keep an integer origin (cached tables)
