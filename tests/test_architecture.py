@@ -82,7 +82,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos.classify", "liepos.tables"),
     ("liepos.apply",),
     ("liepos._fast", "liepos._kernels"),
-    ("liepos.encoding",),
+    ("liepos.encoding", "liepos._graph"),
     ("liepos.catalogue", "liepos.scaling", "liepos.nn"),
     ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.attention_call", "liepos.attention_sdpa",
      "liepos.attention_pieces"),

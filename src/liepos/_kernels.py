@@ -36,6 +36,7 @@ and the float64 dense reference).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -45,7 +46,7 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["ENV", "MIN_ELEMS", "SLAB_BYTES", "enabled", "rotate_halves", "status"]
+__all__ = ["ENV", "MIN_ELEMS", "SLAB_BYTES", "enabled", "off", "rotate_halves", "status"]
 
 ENV = "LIEPOS_KERNELS"
 # below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers
@@ -62,6 +63,19 @@ _lock = threading.RLock()
 _compiled: dict[tuple, Callable] = {}
 _failed: dict[tuple, str] = {}
 _said: set[str] = set()
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def off():
+    """Within the block (this thread only) the torch ops run instead of the kernels: benchmarks and
+    tests compare the two."""
+    before = getattr(_local, "off", False)
+    _local.off = True
+    try:
+        yield
+    finally:
+        _local.off = before
 
 
 def _say_once(what: str, message: str, warn: bool) -> None:
@@ -76,7 +90,9 @@ def _say_once(what: str, message: str, warn: bool) -> None:
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether compiled kernels may run on ``device`` (the environment variable, device and imports)."""
+    """Whether compiled kernels may run on ``device`` (:func:`off`, the environment variable, device, imports)."""
+    if getattr(_local, "off", False):
+        return False
     if os.environ.get(ENV, "1").strip().lower() in _OFF:
         _say_once("env", f"liepos: {ENV}={os.environ[ENV]!r}: compiled kernels off, using the torch ops", False)
         return False
