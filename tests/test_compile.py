@@ -77,3 +77,191 @@ def test_compiled_backward():
         (g,) = torch.autograd.grad(enc.query(q).square().sum(), q)
         assert torch.allclose(q.grad, g)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+# ---------------------------------------------------------------------- tables outside the graph
+from liepos import _graph  # noqa: E402
+from liepos.generator import Generator, direct_sum  # noqa: E402
+
+# ops that build tables (angles, scales, polynomial coefficients): none may appear in a compiled graph
+TABLE_OPS = ("sin", "cos", "exp", "lgamma", "pow", "remainder", "fmod", "floor", "round", "atan2", "polar")
+
+
+def _mixed_jordan_nope(layout: str = "interleaved") -> lp.Encoding:
+    # RoPE planes, a rotating 2×2 Jordan block (4 dims), a decay, a 3×3 Jordan block, NoPE
+    g = direct_sum(lp.rope(8).generator, Generator([0.0], [0.3], [2]), Generator([-0.1, -0.05], [0.0, 0.0], [1, 3]),
+                   lp.nope(2).generator)
+    return lp.Encoding(g, layout=layout, name="mixed")
+
+
+GRAPH_ENCODINGS = {
+    "rope": lambda: lp.rope(16),
+    "rope_half": lambda: lp.rope(16, layout="half"),
+    "xpos": lambda: lp.xpos(16),
+    "retnet_half": lambda: lp.retnet(2, 16, layout="half"),
+    "alibi": lambda: lp.alibi(2, 8),
+    "mixed": lambda: _mixed_jordan_nope(),
+    "mixed_half": lambda: _mixed_jordan_nope("half"),
+    "mrope": lambda: lp.mrope(16, sections=(2, 3, 3)),
+}
+
+
+class Recorder:
+    """A dynamo backend that records every op of every captured graph, then runs it (or Inductor)."""
+
+    def __init__(self, inductor: bool = False) -> None:
+        self.ops: list[str] = []
+        self.inductor = inductor
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        for n in gm.graph.nodes:
+            if n.op in ("call_function", "call_method"):
+                self.ops.append(str(getattr(n.target, "__name__", n.target)))
+        if self.inductor:
+            from torch._inductor.compile_fx import compile_fx
+
+            return compile_fx(gm, example_inputs)
+        return gm.forward
+
+
+def _positions(enc, S, shift=0):
+    t = torch.arange(S) + shift
+    return t if enc.num_axes is None else torch.stack([t, t // 2, t % 3][: enc.num_axes], -1)  # (S, axes)
+
+
+@pytest.mark.parametrize("name", list(GRAPH_ENCODINGS))
+@pytest.mark.parametrize("given", [False, True])
+def test_one_graph_no_tables_in_it_across_lengths(name, given):
+    enc = GRAPH_ENCODINGS[name]()
+    torch._dynamo.reset()
+    counters.clear()
+    rec = Recorder()
+    if given:
+        def f(q, k, pos):
+            return enc.query(q, pos), enc.key(k, pos)
+    else:
+        def f(q, k, pos):
+            return enc.query(q), enc.key(k)
+    cf = torch.compile(f, fullgraph=True, backend=rec)
+    H = enc.num_heads or 2
+    for S in (8, 13, 32, 100):
+        torch.manual_seed(S)
+        q = torch.randn(1, H, S, enc.content_dim, dtype=torch.float64)
+        k = torch.randn(1, H, S, enc.content_dim, dtype=torch.float64)
+        pos = _positions(enc, S, shift=3 if given else 0)
+        for t in (q, k):
+            torch._dynamo.mark_dynamic(t, 2)
+        torch._dynamo.mark_dynamic(pos, 0)
+        yq, yk = cf(q, k, pos)
+        p = pos if given else None
+        assert torch.allclose(yq, enc.query_reference(q, p), atol=1e-10, rtol=1e-10)
+        assert torch.allclose(yk, enc.key_reference(k, p), atol=1e-10, rtol=1e-10)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert rec.graphs == 1  # one compilation for 4 lengths: 0 recompiles
+    assert sum("tables" in o for o in rec.ops) == 2, rec.ops  # one table op per side
+    built = [o for o in rec.ops if any(o == t or o.endswith("." + t) for t in TABLE_OPS)]
+    assert not built, built
+
+
+def test_graph_tables_with_inductor_origin_scale_gqa_batched_positions():
+    enc = lp.xpos(16, layout="half").replace(query_scale=torch.linspace(0.5, 2.0, 16))
+    torch._dynamo.reset()
+    counters.clear()
+    rec = Recorder(inductor=True)
+
+    def f(q, k, pos, origin):
+        return enc.query(q, pos, origin=origin), enc.key(k, pos, origin=origin)
+
+    cf = torch.compile(f, fullgraph=True, backend=rec)
+    for S in (9, 21, 40):
+        q = torch.randn(2, 4, S, 16, dtype=torch.float64)
+        k = torch.randn(2, 2, S, 16, dtype=torch.float64)  # grouped queries: fewer key heads
+        pos = torch.stack([torch.arange(S), torch.arange(S) * 2 + 1])  # per batch element (2, S)
+        origin = torch.tensor([float(S), 1.0], dtype=torch.float64)
+        for t in (q, k):
+            torch._dynamo.mark_dynamic(t, 2)
+        torch._dynamo.mark_dynamic(pos, 1)
+        yq, yk = cf(q, k, pos, origin)
+        assert torch.allclose(yq, enc.query_reference(q, pos, origin=origin), atol=1e-10)
+        assert torch.allclose(yk, enc.key_reference(k, pos, origin=origin), atol=1e-10)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert not [o for o in rec.ops if o in TABLE_OPS]
+
+
+@pytest.mark.parametrize("name", ["rope_half", "alibi", "mixed"])
+def test_graph_bfloat16_equals_eager(name):
+    enc = GRAPH_ENCODINGS[name]()
+    torch._dynamo.reset()
+    cf = torch.compile(lambda q: enc.query(q), fullgraph=True, backend="inductor")
+    for S in (7, 30):
+        q = torch.randn(1, enc.num_heads or 2, S, enc.content_dim).to(torch.bfloat16)
+        torch._dynamo.mark_dynamic(q, 2)
+        y, ref = cf(q), enc.query(q)
+        assert y.dtype == ref.dtype and y.shape == ref.shape
+        # both compute in float32 from the same float32 tables and round once: one ulp at most
+        assert ((y.double() - ref.double()).abs() <= 2**-7 * ref.double().abs() + 1e-6).all()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", ["rope_half", "mixed", "alibi"])
+def test_backward_through_the_graph_equals_eager(backend, name):
+    enc = GRAPH_ENCODINGS[name]()
+    torch._dynamo.reset()
+    counters.clear()
+    w = torch.randn(enc.dim, dtype=torch.float64)
+
+    def loss(q, k):
+        return ((enc.query(q) * w).sum(-1) * enc.key(k).sum(-1)).square().sum()
+
+    cf = torch.compile(loss, fullgraph=True, backend=backend)
+    for S in (6, 11):
+        q = torch.randn(1, enc.num_heads or 2, S, enc.content_dim, dtype=torch.float64, requires_grad=True)
+        k = torch.randn(1, enc.num_heads or 2, S, enc.content_dim, dtype=torch.float64, requires_grad=True)
+        torch._dynamo.mark_dynamic(q, 2)
+        torch._dynamo.mark_dynamic(k, 2)
+        gq, gk = torch.autograd.grad(cf(q, k), (q, k))
+        rq, rk = torch.autograd.grad(loss(q, k), (q, k))
+        assert torch.allclose(gq, rq, atol=1e-9) and torch.allclose(gk, rk, atol=1e-9)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_learnable_generator_keeps_the_differentiable_traced_path():
+    from liepos.nn import LearnableEncoding
+
+    mod = LearnableEncoding(8)
+    torch._dynamo.reset()
+    rec = Recorder()
+    enc = mod()  # the encoding of the current parameters (its generator's tables require grad)
+    cf = torch.compile(lambda q: enc.query(q).square().sum(), fullgraph=True, backend=rec)
+    q = torch.randn(1, 1, 5, 8, dtype=torch.float32)
+    params = [p for p in mod.parameters() if p.requires_grad]
+    got = torch.autograd.grad(cf(q), params)
+    want = torch.autograd.grad(mod().query(q).square().sum(), params)
+    for g, r in zip(got, want):
+        assert torch.allclose(g, r, atol=1e-5)
+    assert not any("tables" in o for o in rec.ops)  # the tables are traced: they carry the gradient
+
+
+def test_inplace_under_compile():
+    enc = lp.rope(16, layout="half")
+    torch._dynamo.reset()
+    cf = torch.compile(lambda q: enc.query(q, inplace=True), fullgraph=True, backend="aot_eager")
+    q = torch.randn(1, 2, 9, 16, dtype=torch.float64)
+    ref = enc.query_reference(q)
+    out = cf(q)
+    assert torch.allclose(q, ref, atol=1e-12) and torch.allclose(out, ref, atol=1e-12)
+
+
+def test_table_op_meets_its_fake_and_the_constant_marker_is_dynamos():
+    enc = lp.alibi(2, 8)
+    i = _graph.graph_id(enc)
+    assert _graph.graph_id(enc) == i
+    for pos in (torch.arange(5, dtype=torch.float64), torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5):
+        torch.library.opcheck(torch.ops.liepos.tables.default, (pos, i, "key", torch.float32, True))
+    # liepos marks its constant functions without importing dynamo: the public decorator's marker
+    marked = torch.compiler.assume_constant_result(lambda: 0)
+    assert getattr(marked, "_dynamo_marked_constant", False) is True
+    assert getattr(_graph.structure, "_dynamo_marked_constant", False) is True
