@@ -85,6 +85,7 @@ class Structure(NamedTuple):
     planes: int
     has_a: bool
     has_b: bool
+    narrow: bool  # the planes fill storage [0, 2P): tables c, s (…, P) and the rest's scale, not a, b (…, d)
     dst: tuple[int, ...]  # coupling y[dst] += c · z[src] (already transposed for the key)
     src: tuple[int, ...]
     slots: int  # slot values appended (0: none)
@@ -110,8 +111,11 @@ def structure(i: int, side: str, with_slots: bool) -> Structure | None:
         dst, src = probe.dst.tolist(), probe.src.tolist()
         keep = [p for p, d in enumerate(dst) if d < content]
         heads = enc.generator.num_heads or 1
+        P = plan.planes
+        pidx = plan.partner_index.tolist()
+        narrow = probe.b is not None and 2 * P <= content and all(pidx[j] != j for j in range(2 * P))
         _structures[key] = Structure(
-            content, plan.partner, plan.planes, probe.a is not None, probe.b is not None,
+            content, plan.partner, P, probe.a is not None, probe.b is not None, narrow,
             tuple(dst[p] for p in keep), tuple(src[p] for p in keep),
             enc.num_slots if with_slots else 0, heads, enc.num_heads or 1,
         )
@@ -137,7 +141,14 @@ def _build(enc: Any, st: Structure, pos: torch.Tensor, side: str, work: torch.dt
     if st.has_a:  # a is None when nothing scales or rotates (built anyway while tracing: e^0 = 1)
         a = t.a[..., :c] if t.a is not None else torch.ones(pos.shape[-1 if enc.num_axes is None else -2], c)
         out.append(_as4(a).to(device=pos.device, dtype=work))
-    if st.has_b:
+    if st.narrow:  # a = (c, c) on each plane, b = (−s, s): keep c, s and the real dims' a
+        P, a = st.planes, out.pop()
+        if st.partner == "pairs":
+            cs, sn = a[..., 0 : 2 * P : 2], _as4(t.b)[..., 1 : 2 * P : 2].to(work)
+        else:
+            cs, sn = a[..., :P], _as4(t.b)[..., P : 2 * P].to(work)
+        out += [cs, sn] + ([a[..., 2 * P :]] if c > 2 * P else [])
+    elif st.has_b:
         out.append(_as4(t.b[..., :c]).to(work))
     if st.dst:
         keep = [p for p, d in enumerate(t.dst.tolist()) if d < c]
@@ -174,9 +185,12 @@ def _shapes(st: Structure, pos: torch.Tensor, axes: int | None) -> list[tuple]:
     B = pos.shape[0] if batched else 1
     S = pos.shape[-1] if axes is None else pos.shape[-2]
     out = []
-    if st.has_a:
-        out.append((B, st.heads, S, st.content))
-    if st.has_b:
+    if st.narrow:
+        out += [(B, st.heads, S, st.planes)] * 2 + ([(B, st.heads, S, st.content - 2 * st.planes)]
+                                                    if st.content > 2 * st.planes else [])
+    elif st.has_b:
+        out += [(B, st.heads, S, st.content)] * 2
+    elif st.has_a:
         out.append((B, st.heads, S, st.content))
     if st.dst:
         out.append((B, st.heads, S, len(st.dst)))
@@ -195,11 +209,35 @@ def _tables_fake(pos, enc_id, side, work, with_slots):
 
 
 # ---------------------------------------------------------------------- the graph (traced)
-def _partner(x: torch.Tensor, st: Structure) -> torch.Tensor:
-    if st.partner == "pairs":
-        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (…, d) -> (…, d/2, 2) swapped -> (…, d)
+def _rotate_narrow(x: torch.Tensor, ts: list[torch.Tensor], st: Structure) -> torch.Tensor:
+    """Planes in storage [0, 2P): ``y₀ = c x₀ − s x₁``, ``y₁ = s x₀ + c x₁``, then the real dims scaled."""
     P = st.planes
-    return torch.cat((x[..., P : 2 * P], x[..., :P], x[..., 2 * P :]), dim=-1)
+    cs, sn = ts.pop(0), ts.pop(0)
+    if st.partner == "pairs":
+        xv = x[..., : 2 * P].unflatten(-1, (P, 2))  # (…, 2P) -> (…, P, 2)
+        x0, x1 = xv[..., 0], xv[..., 1]
+        y = torch.stack((x0 * cs - x1 * sn, x1 * cs + x0 * sn), -1).flatten(-2)  # (…, P, 2) -> (…, 2P)
+    else:
+        x0, x1 = x[..., :P], x[..., P : 2 * P]
+        y = torch.cat((x0 * cs - x1 * sn, x1 * cs + x0 * sn), -1)
+    return y if st.content == 2 * P else torch.cat((y, x[..., 2 * P :] * ts.pop(0)), -1)
+
+
+def _scale_rotate(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, st: Structure) -> torch.Tensor:
+    """``a ⊙ x + b ⊙ partner(x)`` written plane by plane, so Inductor emits one loop over the planes
+    with plain loads and one store per component (a ``cat``/``flip`` of x would index every column)."""
+    if st.partner == "pairs":
+        n = 2 * (x.shape[-1] // 2)
+        xv, av, bv = (t[..., :n].unflatten(-1, (-1, 2)) for t in (x, a, b))  # (…, d) -> (…, d/2, 2)
+        y0 = xv[..., 0] * av[..., 0] + xv[..., 1] * bv[..., 0]
+        y1 = xv[..., 1] * av[..., 1] + xv[..., 0] * bv[..., 1]
+        y = torch.stack((y0, y1), -1).flatten(-2)  # (…, d/2, 2) -> (…, d)
+        return y if n == x.shape[-1] else torch.cat((y, x[..., n:] * a[..., n:]), -1)
+    P = st.planes
+    x0, x1, rest = x[..., :P], x[..., P : 2 * P], x[..., 2 * P :]
+    y0 = x0 * a[..., :P] + x1 * b[..., :P]
+    y1 = x1 * a[..., P : 2 * P] + x0 * b[..., P : 2 * P]
+    return torch.cat((y0, y1, rest * a[..., 2 * P :]), -1)
 
 
 def apply(enc: Any, x: torch.Tensor, pos: torch.Tensor, side: str, with_slots: bool, work: torch.dtype,
@@ -207,9 +245,13 @@ def apply(enc: Any, x: torch.Tensor, pos: torch.Tensor, side: str, with_slots: b
     """F or G of ``x`` (content columns; slot values appended when ``with_slots``) from the op's tables."""
     ts = list(torch.ops.liepos.tables(pos, graph_id(enc), side, work, with_slots))
     xw = x.to(work)
-    z = xw * ts.pop(0) if st.has_a else xw
-    if st.has_b:
-        z = z + _partner(xw, st) * ts.pop(0)
+    if st.narrow:
+        z = _rotate_narrow(xw, ts, st)
+    elif st.has_b:  # planes rotate (has_b implies has_a)
+        a, b = ts.pop(0), ts.pop(0)
+        z = _scale_rotate(xw, a, b, st)
+    else:
+        z = xw * ts.pop(0) if st.has_a else xw
     if st.dst:
         coef = ts.pop(0)
         dst = torch.tensor(st.dst, device=x.device)
