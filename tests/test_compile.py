@@ -256,11 +256,17 @@ def test_inplace_under_compile():
 
 
 def test_table_op_meets_its_fake_and_the_constant_marker_is_dynamos():
-    enc = lp.alibi(2, 8)
-    i = _graph.graph_id(enc)
-    assert _graph.graph_id(enc) == i
-    for pos in (torch.arange(5, dtype=torch.float64), torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5):
-        torch.library.opcheck(torch.ops.liepos.tables.default, (pos, i, "key", torch.float32, True))
+    for enc in (lp.alibi(2, 8), lp.rope(8), lp.xpos(8, layout="half"), _mixed_jordan_nope()):
+        i = _graph.graph_id(enc)
+        assert _graph.graph_id(enc) == i
+        for pos in (torch.arange(5, dtype=torch.float64), torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5):
+            for side in ("query", "key"):
+                torch.library.opcheck(torch.ops.liepos.tables.default, (pos, i, side, torch.float32, True))
+    import copy
+
+    enc = lp.rope(8)
+    twin = copy.deepcopy(enc)  # carries the id attribute along: it must get its own id
+    assert _graph.graph_id(enc) != _graph.graph_id(twin) and _graph._encoding(_graph.graph_id(twin)) is twin
     # liepos marks its constant functions without importing dynamo: the public decorator's marker
     marked = torch.compiler.assume_constant_result(lambda: 0)
     assert getattr(marked, "_dynamo_marked_constant", False) is True

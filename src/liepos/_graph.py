@@ -62,7 +62,8 @@ def graph_id(enc: Any) -> int:
     """The encoding's id in the registry (assigned once; a graph constant, so one graph per encoding)."""
     with _lock:
         i = enc.__dict__.get("_graph_id")
-        if i is None:
+        ref = _registry.get(i)
+        if ref is None or ref() is not enc:  # new, or a copy (copy/pickle carry the attribute along)
             i = next(_ids)
             enc.__dict__["_graph_id"] = i
             _registry[i] = weakref.ref(enc, lambda _, i=i: _registry.pop(i, None))
@@ -155,7 +156,7 @@ def _build(enc: Any, st: Structure, pos: torch.Tensor, side: str, work: torch.dt
         out.append(_as4(t.coef[..., keep]).to(work))
     if st.slots:
         out.append(_as4(enc._slot_values(pos, side, work)))
-    return out
+    return [t.contiguous() for t in out]  # a window keeps only what the graph reads
 
 
 def _tables_impl(pos: torch.Tensor, enc_id: int, side: str, work: torch.dtype, with_slots: bool) -> list[torch.Tensor]:
@@ -171,7 +172,8 @@ def _tables_impl(pos: torch.Tensor, enc_id: int, side: str, work: torch.dtype, w
         if estimate * _WINDOW_SHARE > CACHE.max_bytes:
             got = _build(enc, st, pos, side, work)
         else:
-            key = (pos.device, work, enc.version, side, with_slots, base, end, "graph")
+            # the structure is part of the key: built while tracing, `a` exists even without rates (e^0 = 1)
+            key = (pos.device, work, enc.version, side, with_slots, base, end, st)
             arange = lambda: torch.arange(base, end, dtype=torch.float64, device=pos.device)  # noqa: E731
             window = CACHE.get(key, lambda: _Window(_build(enc, st, arange(), side, work)))
             got = [w[..., p0 - base : p0 - base + S, :] for w in window.tensors]

@@ -52,8 +52,9 @@ ENV = "LIEPOS_KERNELS"
 # below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers
 # (measured: 31 µs compiled vs 16 µs eager for one (1, 1, 1, 128) row on the 2-core CPU)
 MIN_ELEMS = 1 << 16
-# slab of the in-place rotation (bytes of x): measured on the 2-core EPYC (2 MiB L2 per core, 32 MiB L3)
-# at (1, 32, 4096, 128) float32 in place: 1 / 2 / 4 / 8 MiB slabs gave 2.9 / 2.1 / 1.3 / 2.0× a warm copy
+# slab of the in-place rotation (bytes of x), L3-resident: on the 2-core EPYC (2 MiB L2 per core, 32 MiB
+# L3) at (1, 32, 4096, 128) float32 in place, one exploratory run gave 2.9 / 2.1 / 1.3 / 2.0× a warm copy
+# for 1 / 2 / 4 / 8 MiB slabs, another (heavier load) 2.3 / 1.9 / 2.3 / 2.4×: the best is not sharp
 SLAB_BYTES = 4 << 20
 _DEVICES = ("cpu", "cuda")
 _OFF = ("0", "false", "off", "no")
