@@ -107,16 +107,18 @@ def structure(i: int, side: str, with_slots: bool) -> Structure | None:
         if plan.partner == "gather":
             _structures[key] = None
             return None
-        probe = enc.tables(torch.zeros(1, dtype=torch.float64), side)  # None-ness depends on the encoding only
+        probe = enc.tables(torch.zeros(1, dtype=torch.float64), side)  # for the coupling pairs of this side
         content = enc.content_dim if with_slots else enc.dim
         dst, src = probe.dst.tolist(), probe.src.tolist()
         keep = [p for p, d in enumerate(dst) if d < content]
         heads = enc.generator.num_heads or 1
         P = plan.planes
         pidx = plan.partner_index.tolist()
-        narrow = probe.b is not None and 2 * P <= content and all(pidx[j] != j for j in range(2 * P))
+        narrow = P > 0 and 2 * P <= content and all(pidx[j] != j for j in range(2 * P))
         _structures[key] = Structure(
-            content, plan.partner, P, probe.a is not None, probe.b is not None, narrow,
+            # always a scale table (ones without rates): the structure follows the plan, never the values,
+            # so rates changed in place later cannot leave a graph without its scale
+            content, plan.partner, P, True, P > 0, narrow,
             tuple(dst[p] for p in keep), tuple(src[p] for p in keep),
             enc.num_slots if with_slots else 0, heads, enc.num_heads or 1,
         )
@@ -139,7 +141,7 @@ def _build(enc: Any, st: Structure, pos: torch.Tensor, side: str, work: torch.dt
     t = enc.tables(pos, side)
     c = st.content
     out = []
-    if st.has_a:  # a is None when nothing scales or rotates (built anyway while tracing: e^0 = 1)
+    if st.has_a:  # a is None when nothing scales or rotates: ones
         a = t.a[..., :c] if t.a is not None else torch.ones(pos.shape[-1 if enc.num_axes is None else -2], c)
         out.append(_as4(a).to(device=pos.device, dtype=work))
     if st.narrow:  # a = (c, c) on each plane, b = (−s, s): keep c, s and the real dims' a
@@ -172,7 +174,6 @@ def _tables_impl(pos: torch.Tensor, enc_id: int, side: str, work: torch.dtype, w
         if estimate * _WINDOW_SHARE > CACHE.max_bytes:
             got = _build(enc, st, pos, side, work)
         else:
-            # the structure is part of the key: built while tracing, `a` exists even without rates (e^0 = 1)
             key = (pos.device, work, enc.version, side, with_slots, base, end, st)
             arange = lambda: torch.arange(base, end, dtype=torch.float64, device=pos.device)  # noqa: E731
             window = CACHE.get(key, lambda: _Window(_build(enc, st, arange(), side, work)))
