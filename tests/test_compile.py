@@ -79,7 +79,7 @@ def test_compiled_backward():
     assert counters["stats"]["unique_graphs"] == 1
 
 
-# ---------------------------------------------------------------------- tables outside the graph
+# ---------------------------------------------------------------------- the fast path as one opaque op
 from liepos import _graph  # noqa: E402
 from liepos.generator import Generator, direct_sum  # noqa: E402
 
@@ -161,7 +161,7 @@ def test_one_graph_no_tables_in_it_across_lengths(name, given):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert rec.graphs == 1  # one compilation for 4 lengths: 0 recompiles
-    assert sum("tables" in o for o in rec.ops) == 2, rec.ops  # one table op per side
+    assert rec.ops.count("encode") == 2, rec.ops  # one opaque op per side: the eager fast path
     built = [o for o in rec.ops if any(o == t or o.endswith("." + t) for t in TABLE_OPS)]
     assert not built, built
 
@@ -242,26 +242,66 @@ def test_learnable_generator_keeps_the_differentiable_traced_path():
     want = torch.autograd.grad(mod().query(q).square().sum(), params)
     for g, r in zip(got, want):
         assert torch.allclose(g, r, atol=1e-5)
-    assert not any("tables" in o for o in rec.ops)  # the tables are traced: they carry the gradient
+    assert not any("encode" in o for o in rec.ops)  # the tables are traced: they carry the gradient
 
 
-def test_inplace_under_compile():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_inplace_under_compile(backend):
     enc = lp.rope(16, layout="half")
     torch._dynamo.reset()
-    cf = torch.compile(lambda q: enc.query(q, inplace=True), fullgraph=True, backend="aot_eager")
-    q = torch.randn(1, 2, 9, 16, dtype=torch.float64)
-    ref = enc.query_reference(q)
-    out = cf(q)
-    assert torch.allclose(q, ref, atol=1e-12) and torch.allclose(out, ref, atol=1e-12)
+    rec = Recorder(inductor=backend == "inductor")
+    cf = torch.compile(lambda q: enc.query(q, inplace=True), fullgraph=True, backend=rec)
+    for S in (9, 300):  # 300: big enough for the compiled one-pass kernel inside the op
+        q = torch.randn(1, 2, S, 16, dtype=torch.float64)
+        torch._dynamo.mark_dynamic(q, 2)
+        ref = enc.query_reference(q)
+        out = cf(q)
+        assert torch.allclose(q, ref, atol=1e-12) and torch.allclose(out, ref, atol=1e-12)
+    assert rec.ops.count("encode_") == 1, rec.ops  # the mutating op, no copy
+    # a gradient into q: the out-of-place op (its transpose as backward) and a copy back
+    q = torch.randn(1, 2, 9, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64)
+    g = torch.autograd.grad((cf(q.clone()) * w).sum(), q)[0]
+    assert torch.allclose(g, torch.autograd.grad((enc.query_reference(q) * w).sum(), q)[0], atol=1e-12)
+    alibi = lp.alibi(2, 8)
+    # fullgraph: dynamo reports the ValueError raised while tracing (with its message)
+    with pytest.raises(Exception, match=r"ValueError.*slots make it 10"):
+        torch.compile(lambda q: alibi.query(q, inplace=True), fullgraph=True, backend="aot_eager")(
+            torch.randn(1, 2, 5, 8))
 
 
-def test_table_op_meets_its_fake_and_the_constant_marker_is_dynamos():
-    for enc in (lp.alibi(2, 8), lp.rope(8), lp.xpos(8, layout="half"), _mixed_jordan_nope()):
+def test_compiled_equals_eager_with_the_one_pass_kernel_inside():
+    from liepos import _kernels
+
+    for enc in (lp.rope(128, layout="half"), lp.rope(128)):
+        torch._dynamo.reset()
+        cf = torch.compile(lambda q, k, enc=enc: (enc.query(q), enc.key(k)), fullgraph=True, backend="inductor")
+        q = torch.randn(1, 4, 200, 128)  # over MIN_ELEMS: the compiled half-layout kernel runs in the op
+        k = torch.randn(1, 4, 200, 128).transpose(1, 2).contiguous().transpose(1, 2)  # BSHD
+        yq, yk = cf(q, k)
+        assert torch.equal(yq, enc.query(q)) and torch.equal(yk, enc.key(k))  # the same routine, bit for bit
+        assert yk.stride() == enc.key(k).stride()
+    assert not _kernels.status()["failed"]
+
+
+def test_ops_meet_their_fakes_and_autograd_and_the_constant_marker_is_dynamos():
+    encs = (lp.alibi(2, 8), lp.rope(8), lp.xpos(8, layout="half"), _mixed_jordan_nope(), lp.nope(8))
+    for enc in encs:
         i = _graph.graph_id(enc)
         assert _graph.graph_id(enc) == i
         for pos in (torch.arange(5, dtype=torch.float64), torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5):
+            S, B = pos.shape[-1], 1 if pos.dim() == 1 else pos.shape[0]
             for side in ("query", "key"):
-                torch.library.opcheck(torch.ops.liepos.tables.default, (pos, i, side, torch.float32, True))
+                for dtype in (torch.float64, torch.bfloat16):
+                    x = torch.randn(B, 2, S, enc.content_dim, dtype=torch.float64).to(dtype).requires_grad_()
+                    torch.library.opcheck(torch.ops.liepos.encode.default, (x, pos, i, side, True))
+                    y = torch.ops.liepos.encode(x.detach(), pos, i, side, True)
+                    g = torch.randn_like(y)
+                    torch.library.opcheck(torch.ops.liepos.encode_transposed.default,
+                                          (g[..., : enc.content_dim], pos, i, side, True, dtype))
+                xf = torch.randn(B, 2, S, enc.dim, dtype=torch.float64)
+                torch.library.opcheck(torch.ops.liepos.encode_.default, (xf, pos, i, side))
+                torch.library.opcheck(torch.ops.liepos.encode.default, (xf.requires_grad_(), pos, i, side, False))
     import copy
 
     enc = lp.rope(8)
@@ -270,4 +310,4 @@ def test_table_op_meets_its_fake_and_the_constant_marker_is_dynamos():
     # liepos marks its constant functions without importing dynamo: the public decorator's marker
     marked = torch.compiler.assume_constant_result(lambda: 0)
     assert getattr(marked, "_dynamo_marked_constant", False) is True
-    assert getattr(_graph.structure, "_dynamo_marked_constant", False) is True
+    assert getattr(_graph.usable, "_dynamo_marked_constant", False) is True

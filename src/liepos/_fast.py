@@ -231,7 +231,7 @@ def _runs(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool, inplac
         elif r.kind == "complex":
             c = pick(r.tab)
             if conj:
-                c = c.conj()
+                c = torch.conj_physical(c)  # not the lazy conj view: its bit can be lost under AOT dispatch
             if _complex_ok(xs, r.lo) and _complex_ok(os, r.lo):
                 torch.mul(_cview(xs), c, out=_cview(os))
             else:  # odd strides: the same product on the two components

@@ -379,19 +379,14 @@ class Encoding:
 
         The fast path (:mod:`liepos._fast`: one pass per block kind, cached tables, a backward that
         saves only the tables) runs whenever the tables need no gradient and nothing is being traced;
-        under ``torch.compile`` the tables come from the opaque op of :mod:`liepos._graph` (the same
-        cache, built outside the graph) and only the elementwise apply is traced; otherwise (tables
+        under ``torch.compile`` that same fast path is one opaque custom op of :mod:`liepos._graph`
+        (with its transpose as the backward), so the graph traces none of it; otherwise (tables
         that need a gradient) the readable path :func:`liepos.apply.apply_tables` gives the same values.
         """
         check_range(self.generator, pos, side, x.dtype)
-        if torch.compiler.is_compiling():
-            with_slots = bool(slots and self.num_slots)
-            st = self._graph_structure(x, pos, side, with_slots)
-            if st is not None:  # tables from outside the graph (liepos._graph), only the apply traced
-                y = _graph.apply(self, x, pos, side, with_slots, work_dtype(x.dtype), st)
-                if inplace and y.shape[-1] != x.shape[-1]:
-                    raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {y.shape[-1]}")
-                return x.copy_(y) if inplace else y
+        if torch.compiler.is_compiling() and self._graph_structure(x, pos):
+            # the whole fast path as one opaque op (liepos._graph): nothing of it traced
+            return _graph.apply(self, x, pos, side, bool(slots), inplace)
         if self._fast_usable(x, pos):
             work = work_dtype(x.dtype)
             ft = self._fast_tables(pos, side, work, slots)
@@ -416,16 +411,16 @@ class Encoding:
             return False
         return not (pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad or x.is_complex())
 
-    def _graph_structure(self, x: torch.Tensor, pos: torch.Tensor, side: str, with_slots: bool):
-        """Under ``torch.compile``: the structure of the tables the graph takes from ``liepos::tables``,
-        or ``None`` for the traced readable path (learnable generator, positions needing grad, a basis,
-        a gather partner, complex x), which differentiates through the tables."""
+    def _graph_structure(self, x: torch.Tensor, pos: torch.Tensor) -> bool:
+        """Under ``torch.compile``: whether the application is the opaque op of :mod:`liepos._graph`
+        (the eager fast path), else the traced readable path (learnable generator, positions needing
+        grad, a basis, a gather partner, complex x), which differentiates through the tables."""
         g = self.generator
         if g.basis is not None or pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad:
-            return None
+            return False
         if x.is_complex() or (g.nus is not None and g.nus.requires_grad):
-            return None
-        return _graph.structure(_graph.graph_id(self), side, with_slots)
+            return False
+        return _graph.usable(_graph.graph_id(self))
 
     def _fast_tables(self, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables:
         """Fast tables at ``pos``: rows of a cached window for an integer range, else built for ``pos``."""
