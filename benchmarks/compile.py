@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     shape = (1, 32, 4096, 128)
     rounds = a.rounds or (3 if a.quick else 9)
+    load = [os.getloadavg()[0]]  # the machine is shared: the 1-minute load average before and after
     res, cold = measure(shape, rounds)
+    load.append(os.getloadavg()[0])
     lines = [f"queries + keys {shape}, float32, median of {rounds} interleaved rounds\n",
              "| contender | time (ms) | vs clone | vs liepos eager (same layout) | cold compile (s) |",
              "|---|---|---|---|---|"]
@@ -110,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {n} | {r['median_ms']:.1f} | {r['vs_clone']:.2f} | {ve} | {c} |")
     text = "\n".join(lines)
     print(text)
+    print(f"1-minute load average: {load[0]:.1f} before, {load[1]:.1f} after")
     name = "compile_quick" if a.quick else "compile"
     cmd = " ".join(["python benchmarks/compile.py", *sys.argv[1:]])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
                                                       "threads": torch.get_num_threads(), "results": res,
-                                                      "cold_compile_s": cold}, indent=1))
-    head = f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+                                                      "cold_compile_s": cold, "load_average_1min": load}, indent=1))
+    head = (f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"1-minute load average {load[0]:.1f} before, {load[1]:.1f} after)")
     (RESULTS / f"{name}.md").write_text(f"{head}\n\n{text}\n")
     return 0
 

@@ -311,3 +311,16 @@ def test_ops_meet_their_fakes_and_autograd_and_the_constant_marker_is_dynamos():
     marked = torch.compiler.assume_constant_result(lambda: 0)
     assert getattr(marked, "_dynamo_marked_constant", False) is True
     assert getattr(_graph.usable, "_dynamo_marked_constant", False) is True
+
+
+def test_angles_past_2_80_two_pi_exact_in_the_op_nan_only_where_traced():
+    """docs/guide/precision.md: inside torch.compile the op's tables are the eager ones (Payne–Hanek past
+    2^80·2π); only the traced path (here: positions requiring grad) gives NaN there, never a wrong angle."""
+    enc = lp.rope(8)
+    torch._dynamo.reset()
+    cf = torch.compile(lambda q, p: enc.query(q, p), fullgraph=True, backend="aot_eager")
+    q = torch.randn(1, 1, 2, 8, dtype=torch.float64)
+    pos = torch.tensor([1e25, 3e26], dtype=torch.float64)  # ω = 1: past 2^80·2π
+    assert torch.equal(cf(q, pos), enc.query(q, pos))  # the eager tables (exact reduction), no NaN
+    traced = cf(q, pos.clone().requires_grad_())
+    assert torch.isnan(traced[..., :2]).all() and not torch.isnan(traced[..., -2:]).any()  # ω ≈ 1e-3: below
