@@ -33,6 +33,14 @@ def contenders(shape: tuple[int, ...]) -> dict:
     bq, bk = torch.empty_like(q), torch.empty_like(k)
     pos = torch.arange(shape[2])
     inter, half = lp.rope(shape[-1]), lp.rope(shape[-1], layout="half")
+    from liepos import _kernels
+
+    def ops(fn):  # the same call with the compiled kernels off: the torch-op fallback
+        def run():
+            with _kernels.off():
+                return fn()
+        return run
+
     out = {
         "clone": lambda: (q.clone(), k.clone()),
         "copy_ (warm)": lambda: (bq.copy_(q), bk.copy_(k)),
@@ -42,6 +50,8 @@ def contenders(shape: tuple[int, ...]) -> dict:
         "interleaved inplace": lambda: (inter.query(bq, pos, inplace=True), inter.key(bk, pos, inplace=True)),
         "half inplace": lambda: (half.query(bq, pos, inplace=True), half.key(bk, pos, inplace=True)),
     }
+    out["half (torch ops)"] = ops(out["half"])
+    out["half inplace (torch ops)"] = ops(out["half inplace"])
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     except ImportError:

@@ -162,6 +162,8 @@ def check_real_tensor(
             raise ValueError(f"`{name}` must have {want} dims, got shape {tuple(t.shape)}")
     if dtype is not None:
         t = t.to(dtype)
+    if torch.compiler.is_compiling():  # no data-dependent checks inside a graph (fullgraph=True), as as_positions
+        return t
     with torch.no_grad():
         tf = t if t.dtype.is_floating_point else t.double()
         if torch.isnan(tf).any() or (finite and torch.isinf(tf).any()):

@@ -8,8 +8,10 @@ is read and written. The readable form (:func:`liepos.encoding.apply_tables`) bu
 * ``complex`` — consecutive rotation planes (2k, 2k+1) (interleaved layout): the pair is a complex number
   and the whole run is one complex multiply ``y = c · x``, ``c = e^{λt}(cos ωt + i sin ωt)``, written
   straight into the output (``torch.mul(..., out=)``: one read of x, one write of y);
-* ``halves`` — planes (k, k + P) (half layout): ``y₀ = a x₀ − s x₁``, ``y₁ = s x₀ + a x₁`` as two ``mul(out=)``
-  and two ``addcmul_``, no temporaries;
+* ``halves`` — planes (k, k + P) (half layout): ``y₀ = a x₀ − s x₁``, ``y₁ = s x₀ + a x₁`` as one
+  Inductor-compiled loop (:mod:`liepos._kernels`: one read of x, one write of y, in x's dtype), or, where
+  that kernel does not run (small inputs, ``LIEPOS_KERNELS=0``, no compiler), two ``mul(out=)`` and two
+  ``addcmul_`` per cache-sized slab;
 * ``real`` — decays and the diagonal of real Jordan blocks: ``y = a ⊙ x``;
 * ``copy`` — NoPE dims (``a ≡ 1``): a copy (nothing at all in place);
 
@@ -26,8 +28,8 @@ Tables for integer position ranges are cached in a small LRU (:data:`CACHE`) key
 encoding version, side and a power-of-two *window* of positions, so a decode step reads one row of a
 cached window instead of rebuilding anything, and the cache never grows with each new length.
 
-Everything here is plain PyTorch on strided views: the same ``FastTables`` are what a GPU kernel
-(Triton/CUDA) would consume — a per-(position, run) complex or real table plus a coupling list.
+Everything else here is plain PyTorch on strided views: the same ``FastTables`` are what a GPU kernel
+(Triton/CUDA) consumes — a per-(position, run) complex or real table plus a coupling list.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 
 import torch
 
+import liepos._kernels as _kernels
 from liepos.tables import Tables
 
 __all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast"]
@@ -228,7 +231,7 @@ def _runs(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool, inplac
         elif r.kind == "complex":
             c = pick(r.tab)
             if conj:
-                c = c.conj()
+                c = torch.conj_physical(c)  # not the lazy conj view: its bit can be lost under AOT dispatch
             if _complex_ok(xs, r.lo) and _complex_ok(os, r.lo):
                 torch.mul(_cview(xs), c, out=_cview(os))
             else:  # odd strides: the same product on the two components
@@ -240,7 +243,8 @@ def _runs(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool, inplac
             if conj:
                 sn = -sn
             P = (r.hi - r.lo) // 2
-            _rot(xs[..., :P], xs[..., P:], os[..., :P], os[..., P:], cs, sn, inplace)
+            if _kernels.rotate_halves(xs, _as4(cs), _as4(sn), into=os) is None:  # one compiled pass, else ops
+                _rot(xs[..., :P], xs[..., P:], os[..., :P], os[..., P:], cs, sn, inplace)
 
 
 def _rot(x0, x1, o0, o1, cs, sn, inplace):
@@ -307,6 +311,9 @@ def _forward(
 ) -> torch.Tensor:
     """The transform (``conj``: its transpose) of ``x``'s first ``content`` columns, slots appended."""
     width = ft.width if not conj else ft.content
+    y = _one_pass(x, ft, inplace, conj, x.dtype if inplace else (out_dtype or x.dtype))
+    if y is not None:
+        return y
     out = x if inplace else _empty(x, width, out_dtype or x.dtype)
     if x.dtype == ft.dtype and out.dtype == ft.dtype:
         _runs(x, out, ft, conj, inplace)
@@ -329,6 +336,17 @@ def _forward(
                 ws[..., ft.content :].copy_(pick(ft.slot_vals).expand(1, h1 - h0, S, -1))
             out[b : b + 1, h0:h1].copy_(ws)
     return out
+
+
+def _one_pass(x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """The whole transform as one compiled kernel call when it is one half-layout rotation (RoPE in
+    Hugging Face's layout): a fresh output (or x itself in place), half precision upcast in registers."""
+    if len(ft.runs) != 1 or ft.runs[0].kind != "halves" or ft.coupling is not None or out_dtype != x.dtype:
+        return None
+    if (ft.slot_vals is not None and not conj) or ft.runs[0].hi != x.shape[-1]:
+        return None
+    cs, sn = (_as4(t) for t in ft.runs[0].tab)
+    return _kernels.rotate_halves(x, cs, -sn if conj else sn, into=x if inplace else None)
 
 
 class _Apply(torch.autograd.Function):

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+import liepos._graph as _graph
 from liepos._checks import check_choice, check_int, check_real, check_real_tensor, check_tensor, describe
 from liepos._fast import CACHE, FastTables, _arange_start, _window, apply_fast, fast_tables
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
@@ -398,10 +399,14 @@ class Encoding:
 
         The fast path (:mod:`liepos._fast`: one pass per block kind, cached tables, a backward that
         saves only the tables) runs whenever the tables need no gradient and nothing is being traced;
-        otherwise the readable path :func:`liepos.apply.apply_tables` (autograd through the tables, or a
-        graph that ``torch.compile`` fuses) gives the same values.
+        under ``torch.compile`` that same fast path is one opaque custom op of :mod:`liepos._graph`
+        (with its transpose as the backward), so the graph traces none of it; otherwise (tables
+        that need a gradient) the readable path :func:`liepos.apply.apply_tables` gives the same values.
         """
         check_range(self.generator, pos, side, x.dtype)
+        if torch.compiler.is_compiling() and self._graph_structure(x, pos):
+            # the whole fast path as one opaque op (liepos._graph): nothing of it traced
+            return _graph.apply(self, x, pos, side, bool(slots), inplace)
         if self._fast_usable(x, pos):
             work = work_dtype(x.dtype)
             ft = self._fast_tables(pos, side, work, slots)
@@ -425,6 +430,17 @@ class Encoding:
         if g.basis is not None or torch.compiler.is_compiling() or self.plan.partner == "gather":
             return False
         return not (pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad or x.is_complex())
+
+    def _graph_structure(self, x: torch.Tensor, pos: torch.Tensor) -> bool:
+        """Under ``torch.compile``: whether the application is the opaque op of :mod:`liepos._graph`
+        (the eager fast path), else the traced readable path (learnable generator, positions needing
+        grad, a basis, a gather partner, complex x), which differentiates through the tables."""
+        g = self.generator
+        if g.basis is not None or pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad:
+            return False
+        if x.is_complex() or (g.nus is not None and g.nus.requires_grad):
+            return False
+        return _graph.usable(_graph.graph_id(self))
 
     def _fast_tables(self, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables:
         """Fast tables at ``pos``: rows of a cached window for an integer range, else built for ``pos``."""

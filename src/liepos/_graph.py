@@ -1,0 +1,170 @@
+"""Encodings inside ``torch.compile``: the whole application is one opaque custom op backed by the eager fast path.
+
+Under ``torch.compile`` an :class:`liepos.Encoding` traces neither its float64 table building (exact
+angle reduction, ``exp``, ``cos``/``sin``, ``lgamma``) nor its apply: the graph holds one opaque custom
+op per side,
+
+* ``torch.ops.liepos.encode(x, positions, encoding id, side, with_slots) -> y`` — exactly the eager fast
+  path (:func:`liepos._fast.apply_fast` with the cached tables of :data:`liepos._fast.CACHE`, windows of
+  integer positions shared by a prefill and every decode step, the one-pass compiled half-layout kernel
+  of :mod:`liepos._kernels` included); its fake implementation gives y's shape, dtype and strides (x's
+  memory order, last dim the content width plus the slots), so the graph needs no table and no copy;
+* ``torch.ops.liepos.encode_transposed(g, positions, id, side, with_slots, dtype)`` — its backward,
+  ``Mᵀ g``: the same routine with the rotation conjugated and the coupling transposed, as
+  :class:`liepos._fast._Apply` does eagerly (registered with ``torch.library.register_autograd``; only
+  the positions are saved, never x);
+* ``torch.ops.liepos.encode_(x, positions, id, side)`` — ``inplace=True`` (mutates x), used when no
+  gradient flows into x (otherwise the out-of-place op and a ``copy_``).
+
+Why not tables from an op and the elementwise apply traced: an op may not hand the graph its cached
+tables (Inductor may reuse an op's output buffers), and fresh copies of them cost more than the whole
+apply saves (measured 1.41-1.44x eager at (1, 32, 4096, 128) on the 2-core CPU).
+
+The encoding id is a Python int (:func:`graph_id`, an entry in a registry of live encodings held by
+weak reference), a constant of the graph: one graph per encoding, none per length (positions and x
+stay dynamic).
+
+Not taken (the traced readable path instead, differentiable in everything): learnable rates or
+frequencies (``requires_grad``), positions that require grad, a change of basis, a plane partner that
+is a gather, complex inputs (:func:`usable`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from liepos._fast import _empty, _forward, apply_fast
+from liepos.apply import LOW_PRECISION, work_dtype
+
+__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "apply", "graph_id", "usable"]
+
+OP, OP_TRANSPOSED, OP_INPLACE = "liepos::encode", "liepos::encode_transposed", "liepos::encode_"
+
+
+def _constant(fn: Callable) -> Callable:
+    """``torch.compiler.assume_constant_result(fn)`` without importing dynamo when liepos is imported
+    (it costs a second): the decorator only sets this marker, which dynamo reads when it traces a
+    call (``tests/test_compile.py`` checks that the public decorator still sets the same marker)."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+_lock = threading.Lock()
+_ids = itertools.count(1)
+_registry: dict[int, weakref.ref] = {}
+
+
+@_constant
+def graph_id(enc: Any) -> int:
+    """The encoding's id in the registry (assigned once; a graph constant, so one graph per encoding)."""
+    with _lock:
+        i = enc.__dict__.get("_graph_id")
+        ref = _registry.get(i)
+        if ref is None or ref() is not enc:  # new, or a copy (copy/pickle carry the attribute along)
+            i = next(_ids)
+            enc.__dict__["_graph_id"] = i
+            _registry[i] = weakref.ref(enc, lambda _, i=i: _registry.pop(i, None))
+        return i
+
+
+def _encoding(i: int) -> Any:
+    ref = _registry.get(i)
+    enc = None if ref is None else ref()
+    if enc is None:
+        raise RuntimeError(f"liepos: the encoding with graph id {i} no longer exists (a compiled graph outlived it)")
+    return enc
+
+
+@_constant
+def usable(i: int) -> bool:
+    """Whether the encoding's plan has a fast form (not a gather partner); the rest (grads, basis,
+    complex x) the caller checks on the tensors it traces."""
+    return _encoding(i).plan.partner != "gather"
+
+
+def _out_dtype(enc: Any, x: torch.Tensor, with_slots: bool) -> torch.dtype:
+    # slots stay float32 for half-precision inputs (ALiBi's slot values need more than 8 bits)
+    return work_dtype(x.dtype) if with_slots and enc.num_slots and x.dtype in LOW_PRECISION else x.dtype
+
+
+def _width(enc: Any, x: torch.Tensor, with_slots: bool) -> int:
+    return x.shape[-1] + (enc.num_slots if with_slots else 0)
+
+
+# ---------------------------------------------------------------------- the ops (run outside the graph)
+def _encode_impl(x: torch.Tensor, pos: torch.Tensor, enc_id: int, side: str, with_slots: bool) -> torch.Tensor:
+    enc = _encoding(enc_id)
+    ft = enc._fast_tables(pos, side, work_dtype(x.dtype), with_slots)
+    y = apply_fast(x, ft, out_dtype=_out_dtype(enc, x, with_slots))
+    return y.clone() if y is x else y  # never an alias of the input
+
+
+def _encode_fake(x, pos, enc_id, side, with_slots):
+    enc = _encoding(enc_id)
+    return _empty(x, _width(enc, x, with_slots), _out_dtype(enc, x, with_slots))
+
+
+def _transposed_impl(g: torch.Tensor, pos: torch.Tensor, enc_id: int, side: str, with_slots: bool,
+                     dtype: torch.dtype) -> torch.Tensor:
+    ft = _encoding(enc_id)._fast_tables(pos, side, work_dtype(dtype), with_slots)
+    if g.dtype != dtype and g.dtype != ft.dtype:
+        g = g.to(ft.dtype)
+    y = _forward(g, ft, False, conj=True, out_dtype=dtype)
+    return y.clone() if y is g else y
+
+
+def _transposed_fake(g, pos, enc_id, side, with_slots, dtype):
+    return _empty(g, g.shape[-1], dtype)
+
+
+def _inplace_impl(x: torch.Tensor, pos: torch.Tensor, enc_id: int, side: str) -> None:
+    ft = _encoding(enc_id)._fast_tables(pos, side, work_dtype(x.dtype), False)
+    apply_fast(x, ft, inplace=True)
+
+
+_encode = torch.library.custom_op(OP, _encode_impl, mutates_args=())
+_encode.register_fake(_encode_fake)
+_transposed = torch.library.custom_op(OP_TRANSPOSED, _transposed_impl, mutates_args=())
+_transposed.register_fake(_transposed_fake)
+_inplace = torch.library.custom_op(OP_INPLACE, _inplace_impl, mutates_args=("x",))
+_inplace.register_fake(lambda x, pos, enc_id, side: None)
+
+
+def _setup(ctx, inputs, output) -> None:
+    x, pos, enc_id, side, with_slots = inputs
+    ctx.save_for_backward(pos)
+    ctx.args = (enc_id, side, with_slots, x.dtype, x.shape[-1])
+
+
+def _backward(ctx, g):
+    (pos,) = ctx.saved_tensors
+    enc_id, side, with_slots, dtype, content = ctx.args
+    gx = torch.ops.liepos.encode_transposed(g[..., :content], pos, enc_id, side, with_slots, dtype)
+    return gx, None, None, None, None
+
+
+_encode.register_autograd(_backward, setup_context=_setup)
+
+
+# ---------------------------------------------------------------------- the graph (traced)
+def apply(enc: Any, x: torch.Tensor, pos: torch.Tensor, side: str, with_slots: bool, inplace: bool) -> torch.Tensor:
+    """F or G of ``x`` (content columns; slot values appended when ``with_slots``) as one op in the graph."""
+    i = graph_id(enc)
+    if inplace:
+        width = _width(enc, x, with_slots)
+        if width != x.shape[-1]:
+            raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {width}")
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            torch.ops.liepos.encode_(x, pos, i, side)
+            return x
+        return x.copy_(torch.ops.liepos.encode(x, pos, i, side, with_slots))
+    return torch.ops.liepos.encode(x, pos, i, side, with_slots)
