@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils import benchmark
 
 import liepos as lp
+from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -65,22 +65,11 @@ def contenders(shape: tuple[int, ...]) -> dict:
 
 
 def measure(shape: tuple[int, ...], rounds: int) -> dict[str, dict]:
-    fns = contenders(shape)
-    names = list(fns)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    with torch.no_grad():
-        for fn in fns.values():
-            fn()  # warm: tables cached, buffers touched
-        for r in range(rounds):
-            for n in names[r % len(names):] + names[: r % len(names)]:
-                # Timer runs on one thread unless told (and a thread change recompiles FlexAttention)
-                timer = benchmark.Timer("fn()", globals={"fn": fns[n]}, num_threads=torch.get_num_threads())
-                times[n].append(timer.timeit(3).median)
+    times = interleaved(contenders(shape), rounds)
     ratios = {}
     for n, ts in times.items():
         yard = times["copy_ (warm)" if "inplace" in n else "clone"]
-        ratios[n] = {"median_ms": statistics.median(ts) * 1e3,
-                     "ratio": statistics.median([t / y for t, y in zip(ts, yard)]),
+        ratios[n] = {"median_ms": statistics.median(ts) * 1e3, "ratio": ratio(ts, yard),
                      "vs": "copy_ (warm)" if "inplace" in n else "clone"}
     return ratios
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as Fn
-from torch.utils import benchmark
 
 import liepos as lp
+from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
 
 HEADS, DIM = 8, 64
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -77,21 +77,9 @@ def contenders(T: int, dtype: torch.dtype, flex: bool) -> dict:
 
 
 def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool) -> dict[str, dict]:
-    fns = contenders(T, dtype, flex)
-    with torch.no_grad():
-        for fn in fns.values():  # warm: tables cached, kernels compiled
-            fn()
-        times: dict[str, list[float]] = {n: [] for n in fns}
-        names = list(fns)
-        for r in range(rounds):
-            order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
-            for n in order:
-                # Timer runs on one thread unless told (and a thread change recompiles FlexAttention)
-                t = benchmark.Timer("fn()", globals={"fn": fns[n]}, num_threads=torch.get_num_threads()).timeit(1)
-                times[n].append(t.median)
+    times = interleaved(contenders(T, dtype, flex), rounds, number=1)
     base = times["sdpa (causal)"]
-    return {n: {"median_s": statistics.median(ts),
-                "ratio": statistics.median([t / b for t, b in zip(ts, base)])} for n, ts in times.items()}
+    return {n: {"median_s": statistics.median(ts), "ratio": ratio(ts, base)} for n, ts in times.items()}
 
 
 # profiler op names counted as encoding q, k (and v): the one-pass kernels' elementwise work

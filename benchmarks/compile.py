@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils import benchmark
 
 import liepos as lp
+from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -73,23 +73,15 @@ def contenders(shape: tuple[int, ...]) -> tuple[dict, dict]:
 
 def measure(shape: tuple[int, ...], rounds: int) -> tuple[dict[str, dict], dict]:
     fns, cold = contenders(shape)
-    names = list(fns)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    with torch.no_grad():
-        for fn in fns.values():
-            fn()  # warm: tables cached, graphs compiled, buffers touched
-        for r in range(rounds):
-            for n in names[r % len(names):] + names[: r % len(names)]:
-                timer = benchmark.Timer("fn()", globals={"fn": fns[n]}, num_threads=torch.get_num_threads())
-                times[n].append(timer.timeit(3).median)
+    times = interleaved(fns, rounds)
     res = {}
     for n, ts in times.items():
         eager = next((e for e in (f"liepos {lay} eager" for lay in ("interleaved", "half")) if n.startswith(e[:-6])), None)
         if n.startswith("hf"):
             eager = "liepos half eager"
         res[n] = {"median_ms": statistics.median(ts) * 1e3,
-                  "vs_clone": statistics.median([t / y for t, y in zip(ts, times["clone"])]),
-                  "vs_eager": None if eager is None else statistics.median([t / y for t, y in zip(ts, times[eager])]),
+                  "vs_clone": ratio(ts, times["clone"]),
+                  "vs_eager": None if eager is None else ratio(ts, times[eager]),
                   "eager": eager}
     return res, cold
 
