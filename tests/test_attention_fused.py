@@ -148,3 +148,108 @@ def test_every_time_of_a_block_is_within_the_span_of_its_origin(T, allowed, real
         assert float((t[:, lo:hi] - o).abs().max()) <= allowed or hi == lo + 1
         if not real:
             assert bool((o == o.round()).all())  # integer times keep an integer origin (cached tables)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.integers(1, 600), st.integers(1, 80))
+def test_tiles_cover_the_causal_triangle_once(T, size):
+    """Diagonal blocks (causal) and off-diagonal tiles (keys all before queries) hold every pair
+    ``s ≤ t`` exactly once and no other, and only about log2(T / size) tile families are needed."""
+    diag, off = recentre.tile_plan(T, size)
+    idx = torch.arange(T, dtype=F64).view(1, 1, T, 1)  # each row's own index, to read back what a tile holds
+    cov = torch.zeros(T, T, dtype=torch.int64)
+    for rows, o in diag:
+        r = rows.gather(idx)[:, 0, :, 0].long()  # (count, w)
+        assert 0 <= o < rows.width and rows.width <= size
+        i, j = torch.tril_indices(rows.width, rows.width)
+        cov.index_put_((r[:, i].flatten(), r[:, j].flatten()), torch.ones(r.shape[0] * i.numel(), dtype=torch.int64),
+                       accumulate=True)
+    for rq, rk in off:
+        a, b = rq.gather(idx)[:, 0, :, 0].long(), rk.gather(idx)[:, 0, :, 0].long()  # (count, w), (count, S)
+        assert bool((b.amax(-1) < a.amin(-1)).all())  # an origin fits between the keys and the queries
+        assert int(b.amax(-1).add(1).sub(a.amin(-1)).abs().max()) == 0  # ... at the first query, next to the last key
+        rr = a.unsqueeze(-1).expand(-1, -1, b.shape[1])  # (count, w, S)
+        cc = b.unsqueeze(1).expand(-1, a.shape[1], -1)  # (count, w, S)
+        cov.index_put_((rr.flatten(), cc.flatten()), torch.ones(rr.numel(), dtype=torch.int64), accumulate=True)
+    assert torch.equal(cov, torch.ones(T, T, dtype=torch.int64).tril())
+    assert len(off) <= 2 * max(1, math.ceil(math.log2(max(T / size, 1))))
+
+
+def _spy_tiles(monkeypatch) -> list:
+    seen = []
+    real = recentre.tiles
+    monkeypatch.setattr(recentre, "tiles", lambda shape, parts, *a, **kw: seen.append(len(parts)) or real(shape, parts, *a, **kw))
+    return seen
+
+
+TILED = {
+    # (encoding, degree, T, heads, kv heads): blocks of 119 (decay at 1/2) or 45 (3x3 Jordan), and
+    # binary levels up to half the triangle, last nodes cut short
+    "decay": (lambda: lp.decay(torch.tensor([[0.5, 0.1, 0.01, 0.0], [0.3, 0.05, 0.0, 0.0]]).repeat(2, 1)), 0, 1000),
+    # 3x3 and rotating 2x2 Jordan blocks at rates 1/2 … 1/20 (the catalogue's slowest, 1/2048, makes
+    # scores of 10⁵ at lag 700: conditioning no float32 path meets, fused or general)
+    "jordan": (lambda: lp.Encoding(lp.Generator([-0.5, -0.2, -0.05, -0.1], [0, 0, 0, 0.3], [3, 3, 3, 2])), 2, 700),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TILED))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_tiled_path_over_many_levels_with_batch_groups_and_sinks(name, dtype, monkeypatch):
+    """Two batch rows at different times (near 0 and past 10⁶), grouped keys, learned sinks: the tiled
+    path (taken: counted) == the general path == the float64 reference."""
+    seen = _spy_tiles(monkeypatch)
+    make, degree, T = TILED[name]
+    enc = make()
+    H = enc.num_heads or 4
+    g = torch.Generator().manual_seed(T)
+    q = torch.randn(2, H, T, enc.content_dim, dtype=F64, generator=g).to(dtype)
+    k, v = (torch.randn(2, H // 2, T, enc.content_dim, dtype=F64, generator=g).to(dtype) for _ in range(2))
+    p = torch.stack((torch.arange(T, dtype=F64), torch.arange(T, dtype=F64) + 10**6 + 3))  # (2, T)
+    sinks = torch.linspace(-1.0, 2.0, H, dtype=dtype)
+    fused, general, ref = three_ways(enc, q, k, v, p, sinks=sinks)
+    assert seen and seen[0] >= 6  # diagonal families and several binary levels
+    b = bound(dtype, degree, v, T)
+    assert float((fused.double() - ref).abs().max()) <= b
+    assert float((general.double() - ref).abs().max()) <= b
+
+
+def test_tiled_gradients_equal_the_general_path(monkeypatch):
+    seen = _spy_tiles(monkeypatch)
+    make, _, T = TILED["decay"]
+    enc = make()
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, T, 4, dtype=F64, generator=g).requires_grad_()
+    k, v = (torch.randn(2, 2, T, 4, dtype=F64, generator=g).requires_grad_() for _ in range(2))
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=F64, requires_grad=True)
+    p = torch.stack((torch.arange(T, dtype=F64) + 7, torch.arange(T, dtype=F64) + 10**6))
+    grads = []
+    for mask in (None, torch.ones(T, T, dtype=torch.bool).tril()):
+        out = lp.attention(q, k, v, enc, p, p, attn_mask=mask, sinks=sinks)
+        grads.append(torch.autograd.grad((out * torch.cos(out)).sum(), (q, k, v, sinks)))
+    assert seen  # the first (unmasked) call was tiled
+    for a, b in zip(*grads):
+        assert float((a - b).abs().max()) <= 1e-9 * max(1.0, float(b.abs().max()))
+
+
+def test_tiles_keep_a_query_whose_factor_underflows():
+    """A late query of a wide tile meets its keys through a decay e^{-λ(t−p)} below float32's smallest
+    normal: refused by ``enc.query`` (it cannot know where the keys are), kept by the tile (every key is
+    before the origin, so those scores are smaller still) — and the output is the reference's."""
+    enc = lp.decay([2.0, 0.0])
+    with pytest.raises(OverflowError, match="underflows"):
+        enc.query(torch.ones(1, 1, 1, 2), [100.0])
+    T = 400  # blocks of 2·floor(29.6 / 2) + 1 = 29 rows: tiles up to 256 rows, e^{-2·255} underflows
+    q, k, v = inputs(T, 1, 2, torch.float32, seed=9)
+    p = torch.arange(T)
+    fused, general, ref = three_ways(enc, q, k, v, p)
+    assert float((fused.double() - ref).abs().max()) <= bound(torch.float32, 0, v, T)
+
+
+def test_times_that_are_not_a_unit_range_keep_the_blocks(monkeypatch):
+    seen = _spy_tiles(monkeypatch)
+    enc = lp.build("decay", 4)
+    q, k, v = inputs(300, 1, 4, F64, seed=2)
+    p = torch.arange(300, dtype=F64) * 2  # strictly increasing, step 2
+    fused, _, ref = three_ways(enc, q, k, v, p)
+    assert not seen
+    assert float((fused - ref).abs().max()) <= bound(F64, 0, v, 300)

@@ -11,6 +11,11 @@ piece with the *merged* ``O`` and ``L`` (the softmax probabilities and ``rowsum(
 row), summed over pieces; the sink's gradient is ``−Σ_t e^{s_h − L_t} rowsum(dO ∘ O)_t``. No mask is
 ever materialised.
 
+Pieces need not cover the same rows: a :class:`Tile` is a piece of attention for the rows
+:class:`Rows` picks out of the output (a strided family of equal row ranges, one flash call for all of
+them), and each output row merges the tiles that hold it (:func:`tiles`). :func:`pieces` is the case
+where every tile holds every row.
+
 >>> import torch
 >>> q, k, v = (torch.randn(1, 2, 6, 8, dtype=torch.float64) for _ in range(3))
 >>> seen = torch.ones(3, 6).tril(3).bool()          # queries at times 3, 4, 5 see keys up to theirs
@@ -22,10 +27,12 @@ True
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as Fn
 
-__all__ = ["pieces", "available"]
+__all__ = ["pieces", "available", "Rows", "Tile", "tiles"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -36,40 +43,122 @@ def available(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
-class _Pieces(torch.autograd.Function):
+@dataclass(frozen=True)
+class Rows:
+    """Rows ``start + j·period + [a, b)`` for ``j < count`` of a ``(B, H, T, ·)`` tensor.
+
+    A tile holding them has ``B·count`` batch rows of ``b − a`` rows each (``j`` inside the batch).
+    """
+
+    start: int
+    count: int
+    period: int
+    a: int
+    b: int
+
+    @property
+    def width(self) -> int:
+        return self.b - self.a
+
+    def view(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of ``x (B, H, T, *r)`` in place: ``(B, H, count, width, *r)``, a view."""
+        end = self.start + self.count * self.period
+        y = x[:, :, self.start : end]  # (B, H, count·period, *r)
+        y = y.unflatten(2, (self.count, self.period))  # (B, H, count, period, *r)
+        return y[:, :, :, self.a : self.b]  # (B, H, count, width, *r)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of ``x (B, H, T, *r)`` as a tile's batch ``(B·count, H, width, *r)`` (a view when B = 1)."""
+        y = self.view(x).movedim(2, 1)  # (B, count, H, width, *r)
+        return y.flatten(0, 1)  # (B·count, H, width, *r)
+
+    def scatter(self, t: torch.Tensor) -> torch.Tensor:
+        """A tile's ``(B·count, H, width, *r)`` as ``(B, H, count, width, *r)`` (a view), to meet :meth:`view`."""
+        return t.unflatten(0, (-1, self.count)).movedim(2, 1)  # (B, count, H, …) -> (B, H, count, …)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Attention of ``q (B·count, H, w, D)`` over ``k (B·count, H, S, D)``, ``v (B·count, H, S, Dv)`` for
+    the output rows ``rows``; ``causal``: the square diagonal tile (``S = w``, key i visible from query ≥ i)."""
+
+    rows: Rows
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+
+
+class _Tiles(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, sinks, c, causal, *kv):  # type: ignore[override]
+    def forward(ctx, shape, rows, causal, c, sinks, *qkv):  # type: ignore[override]
+        B, H, T, Dv = shape
         outs, lses = [], []
         for i, is_causal in enumerate(causal):
-            o, L = _flash(q, kv[2 * i], kv[2 * i + 1], 0.0, is_causal, scale=c)
+            o, L = _flash(qkv[3 * i], qkv[3 * i + 1], qkv[3 * i + 2], 0.0, is_causal, scale=c)
             outs.append(o)
-            lses.append(L)  # (B, H, Sq) float32 (bfloat16 inputs) or q's dtype
-        L = torch.stack(lses).logsumexp(0)  # (B, H, Sq)
+            lses.append(L)  # (B·count, H, w) float32 (bfloat16 inputs) or q's dtype
+        work = lses[0].dtype
+        L = torch.full((B, H, T), -torch.inf, dtype=work, device=lses[0].device)
+        for r, Li in zip(rows, lses):
+            lv = r.view(L)  # (B, H, count, w)
+            lv.copy_(torch.logaddexp(lv, r.scatter(Li)))
         if sinks is not None:
-            L = torch.logaddexp(L, sinks.to(L.dtype).view(1, -1, 1))
-        O = sum((torch.exp(Li - L).unsqueeze(-1) * oi.to(L.dtype) for Li, oi in zip(lses, outs)))
-        O = O.to(q.dtype)
-        ctx.c, ctx.causal, ctx.has_sinks = c, causal, sinks is not None
-        ctx.save_for_backward(q, O, L, *(() if sinks is None else (sinks,)), *kv)
+            L = torch.logaddexp(L, sinks.to(work).view(1, -1, 1))
+        O = torch.zeros(B, H, T, Dv, dtype=work, device=L.device)
+        for r, Li, oi in zip(rows, lses, outs):
+            w = torch.exp(r.scatter(Li) - r.view(L))  # (B, H, count, w): the tile's share of each row
+            r.view(O).addcmul_(w.unsqueeze(-1), r.scatter(oi))
+        O = O.to(qkv[0].dtype)
+        ctx.rows, ctx.c, ctx.causal, ctx.has_sinks = rows, c, causal, sinks is not None
+        ctx.save_for_backward(O, L, *(() if sinks is None else (sinks,)), *qkv)
         return O
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dO):  # type: ignore[override]
-        q, O, L, *rest = ctx.saved_tensors
+        O, L, *rest = ctx.saved_tensors
         sinks = rest.pop(0) if ctx.has_sinks else None
         dO = dO.contiguous()
-        dq = torch.zeros_like(q)
         grads = []
-        for i, is_causal in enumerate(ctx.causal):
-            gq, gk, gv = _flash_backward(dO, q, rest[2 * i], rest[2 * i + 1], O, L, 0.0, is_causal, scale=ctx.c)
-            dq = dq + gq
-            grads += [gk, gv]
+        for i, (r, is_causal) in enumerate(zip(ctx.rows, ctx.causal)):
+            q, k, v = rest[3 * i : 3 * i + 3]
+            g = _flash_backward(r.gather(dO), q, k, v, r.gather(O), r.gather(L), 0.0, is_causal, scale=ctx.c)
+            grads += list(g)
         ds = None
         if sinks is not None:
-            rowsum = (dO.to(L.dtype) * O.to(L.dtype)).sum(-1)  # (B, H, Sq)
+            rowsum = (dO.to(L.dtype) * O.to(L.dtype)).sum(-1)  # (B, H, T)
             ds = -(torch.exp(sinks.to(L.dtype).view(1, -1, 1) - L) * rowsum).sum((0, 2)).to(sinks.dtype)
-        return (dq, ds, None, None, *grads)
+        return (None, None, None, None, ds, *grads)
+
+
+def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int):
+    """One head count and one head size for the flash kernel: grouped keys repeated, the narrower of
+    q/k and v padded with zero columns (zeros change no score and no output column)."""
+    g = q.shape[1] // k.shape[1]
+    if g > 1:  # grouped queries: (G, Hk, S, ·) -> (G, H, S, ·)
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    if Dv < D:
+        v = Fn.pad(v, (0, D - Dv))  # (G, H, S, D)
+    elif D < Dv:
+        q, k = Fn.pad(q, (0, Dv - D)), Fn.pad(k, (0, Dv - D))  # (G, H, ·, Dv)
+    return q, k.to(q.dtype), v.to(q.dtype)
+
+
+def tiles(shape: tuple[int, int, int], parts: list[Tile], c: float, sinks: torch.Tensor | None = None,
+          dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``(B, H, T, Dv)`` output of the tiles ``parts`` merged per row by their log-sum-exps.
+
+    ``shape = (B, H, T)``; every output row must be held by at least one tile, and row ``t`` gets
+    ``softmax`` over the union of the keys of the tiles holding it (sinks in its denominator) — each
+    key of a row in exactly one tile, the caller's contract. In ``dtype`` (default: the first query's).
+    """
+    D, Dv = parts[0].q.shape[-1], parts[0].v.shape[-1]
+    parts = [p for p in parts if p.k.shape[2] and p.q.shape[2] and p.q.shape[0]]
+    flat = [t for p in parts for t in _fit(p.q.to(dtype or p.q.dtype), p.k, p.v, D, Dv)]
+    out = _Tiles.apply((*shape, max(D, Dv)), tuple(p.rows for p in parts), tuple(p.causal for p in parts),
+                       c, sinks, *flat)
+    return out[..., :Dv] if Dv < D else out
 
 
 def pieces(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, bool]], c: float,
@@ -78,19 +167,7 @@ def pieces(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, bool]]
 
     ``q (B, H, Sq, D)``; ``k_i (B, Hk, S_i, D)``, ``v_i (B, Hk, S_i, Dv)``, ``Hk`` dividing ``H``;
     an ``is_causal`` piece is the square diagonal block (``S_i = Sq``). Empty pieces are skipped.
-    The flash kernel wants one head size: the narrower of q/k and v is padded with zero columns
-    (zeros change no score and no output column).
     """
-    D, Dv = q.shape[-1], parts[0][1].shape[-1]
-    parts = [(k, v, cz) for k, v, cz in parts if k.shape[2]]
-    g = q.shape[1] // parts[0][0].shape[1]
-    if g > 1:  # grouped queries: (B, Hk, S_i, ·) -> (B, H, S_i, ·)
-        parts = [(k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), cz) for k, v, cz in parts]
-    if Dv < D:
-        parts = [(k, Fn.pad(v, (0, D - Dv)), cz) for k, v, cz in parts]  # (B, H, S_i, D)
-    elif D < Dv:
-        q = Fn.pad(q, (0, Dv - D))  # (B, H, Sq, Dv)
-        parts = [(Fn.pad(k, (0, Dv - D)), v, cz) for k, v, cz in parts]
-    kv = [t.to(q.dtype) for k, v, _ in parts for t in (k, v)]
-    out = _Pieces.apply(q, sinks, c, tuple(cz for *_, cz in parts), *kv)
-    return out[..., :Dv] if Dv < D else out
+    B, H, Sq, _ = q.shape
+    every = Rows(0, 1, Sq, 0, Sq)
+    return tiles((B, H, Sq), [Tile(every, q, k, v, cz) for k, v, cz in parts], c, sinks)

@@ -393,7 +393,8 @@ class Encoding:
         return torch.cat((x.to(s.dtype), s), dim=-1).to(x.dtype if x.dtype not in LOW_PRECISION else s.dtype)
 
     def _apply(
-        self, x: torch.Tensor, pos: torch.Tensor, side: str, slots: bool = False, inplace: bool = False
+        self, x: torch.Tensor, pos: torch.Tensor, side: str, slots: bool = False, inplace: bool = False,
+        fade: bool = False,
     ) -> torch.Tensor:
         """F or G of ``x``; with ``slots`` ``x`` holds the content dims and the side's slots are appended.
 
@@ -403,7 +404,7 @@ class Encoding:
         (with its transpose as the backward), so the graph traces none of it; otherwise (tables
         that need a gradient) the readable path :func:`liepos.apply.apply_tables` gives the same values.
         """
-        check_range(self.generator, pos, side, x.dtype)
+        check_range(self.generator, pos, side, x.dtype, fade=fade)
         if torch.compiler.is_compiling() and self._graph_structure(x, pos):
             # the whole fast path as one opaque op (liepos._graph): nothing of it traced
             return _graph.apply(self, x, pos, side, bool(slots), inplace)
@@ -494,6 +495,17 @@ class Encoding:
         self._check(q, "q")
         pos = self._relative(positions, q, origin, "positions")
         return self._apply(self._scaled(q, inplace), pos, "query", slots=True, inplace=inplace)
+
+    def _query_after(self, q: torch.Tensor, positions: Any) -> torch.Tensor:
+        """``F(t) [q; query_slots]`` at times ``t ≥ 0`` of queries whose keys all lie at or before 0.
+
+        For an off-diagonal tile of :mod:`liepos.recentre` (its origin between its keys and its
+        queries): a query factor that underflows is kept (``check_range(..., fade=True)``), since every
+        score it takes part in, ``F(t)ᵀ G(s) = A(t − s)`` with ``s ≤ 0 ≤ t``, is at most that factor.
+        """
+        self._check(q, "q")
+        pos = self._relative(positions, q, None, "positions")
+        return self._apply(self._scaled(q), pos, "query", slots=True, fade=True)
 
     def key(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False) -> torch.Tensor:
         """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim); ``inplace`` as in :meth:`query`."""

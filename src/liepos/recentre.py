@@ -22,7 +22,7 @@ import math
 import torch
 
 from liepos.attention_call import LOW, Call
-from liepos.attention_pieces import available, pieces
+from liepos.attention_pieces import Rows, Tile, available, pieces, tiles
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
@@ -94,10 +94,12 @@ def recentred(call: Call) -> torch.Tensor:
             return out
     if call.simple and not ax and available(call.q):
         slopes = _linear_bias_slopes(call)
-        outs = [_diagonal(call, lo, hi, o, slopes) for lo, hi, o in _blocks(call, b)]
+        out = _tiled(call, b) if slopes is None and call.venc is None else None
+        if out is None:
+            out = torch.cat([_diagonal(call, lo, hi, o, slopes) for lo, hi, o in _blocks(call, b)], dim=2)
         if call.cache is not None:
             _reset_cache_origin(call, b)
-        return torch.cat(outs, dim=2)
+        return out
     sorted_keys = call.kord.shape[1] < 2 or bool((call.kord[:, 1:] >= call.kord[:, :-1]).all())
     outs = []
     Sq = call.q.shape[2]
@@ -149,8 +151,7 @@ def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
     ``o``, where the binomial terms of ``(t − o)`` and ``(o − s)`` share their sign). Integer times
     keep an integer origin, so the positions ``s − o`` stay integer ranges (cached tables).
     """
-    rate, limit, poly_span = b
-    allowed = min(limit / rate if rate > 0 else math.inf, poly_span)
+    allowed = _allowed(b)
     t = call.qpos.contiguous()  # (B, Sq), strictly increasing
     integer = bool((t == t.round()).all())
     reach = 2 * math.floor(allowed) if integer and math.isfinite(allowed) else 2 * allowed
@@ -167,6 +168,72 @@ def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
         out.append((lo, hi, o))
         lo = hi
     return out
+
+
+def _allowed(b: tuple[float, float, float]) -> float:
+    """How far from its origin a time may lie: the exponent budget over the rate, and the polynomial span."""
+    rate, limit, poly_span = b
+    return min(limit / rate if rate > 0 else math.inf, poly_span)
+
+
+def tile_plan(T: int, size: int) -> tuple[list[tuple[Rows, int]], list[tuple[Rows, Rows]]]:
+    """The causal triangle of ``T`` rows cut into diagonal blocks of ``size`` rows and off-diagonal tiles.
+
+    Diagonal: ``(rows, origin offset)`` per family of equal blocks (the origin ``offset`` rows into each
+    block, in its middle). Off-diagonal, a binary tiling: at level ℓ (half-width ``S = size·2^ℓ``) every
+    node of ``2S`` rows pairs its second half's queries with its first half's keys, ``(query rows, key
+    rows)``, the origin at the first query. Every pair ``s < t`` outside a diagonal block lies in exactly
+    one tile; ``T log(T / size)`` rows are encoded in all, not ``T² / size``.
+    """
+    diag, off = [], []
+    full = T // size
+    if full:
+        diag.append((Rows(0, full, size, 0, size), (size - 1) // 2))
+    rest = T - full * size
+    if rest:
+        diag.append((Rows(full * size, 1, rest, 0, rest), rest // 2))
+    S = size
+    while S < T:
+        n = T // (2 * S)  # whole nodes of 2S rows
+        if n:
+            off.append((Rows(0, n, 2 * S, S, 2 * S), Rows(0, n, 2 * S, 0, S)))
+        start = n * 2 * S
+        if T - start > S:  # the last node, its second half cut short
+            w = T - start - S
+            off.append((Rows(start + S, 1, w, 0, w), Rows(start, 1, S, 0, S)))
+        S *= 2
+    return diag, off
+
+
+def _tiled(call: Call, b) -> torch.Tensor | None:
+    """Equal times ``t₀ + 0, 1, …, T − 1`` (per batch row): diagonal blocks with their origin in their
+    middle, and the rest of the causal triangle in tiles whose origin lies *between* their keys and their
+    queries (``s < p ≤ t``), one flash call per family of equal tiles, merged per row (:func:`tiles`).
+
+    With ``s ≤ p ≤ t`` every factor of ``F(t − p)ᵀ G(s − p) = A(t − s)`` is a decay ``≤ 1`` (an
+    underflow drops a term below the dtype's smallest normal), and a Jordan block's binomial terms of
+    ``(t − p)`` and ``(p − s)`` share their sign, so the product rounds like ``A(t − s)`` itself: a tile
+    may be as large as the triangle. Only the diagonal blocks are bounded by the span of one origin.
+    None when the times are not such a range or one block holds them all.
+    """
+    q, k, v, enc = call.q, call.k, call.v, call.enc
+    B, H, T, _ = q.shape
+    t = call.qpos
+    ramp = torch.arange(T, dtype=t.dtype, device=t.device)
+    allowed = _allowed(b)
+    size = 2 * math.floor(allowed) + 1 if math.isfinite(allowed) else T
+    if size >= T or not torch.equal(t - t[:, :1], ramp.expand(B, T)):
+        return None
+    diag, off = tile_plan(T, size)
+    parts = []
+    for rows, o in diag:
+        rel = ramp[: rows.width] - o  # the block's times from its origin
+        parts.append(Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True))
+    for rq, rk in off:
+        qe = enc._query_after(rq.gather(q), ramp[: rq.width])  # t − p ≥ 0
+        ke = enc.key(rk.gather(k), ramp[: rk.width] - rk.width)  # s − p < 0
+        parts.append(Tile(rq, qe, ke, rk.gather(v), False))
+    return tiles((B, H, T), parts, call.c, call.sinks)
 
 
 def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: torch.Tensor | None) -> torch.Tensor:

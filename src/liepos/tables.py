@@ -253,12 +253,15 @@ def build_tables(generator: Generator, plan: Plan, pos: torch.Tensor, side: str)
     return Tables(a, b, coef, dst, src, plan.partner, plan.partner_index.to(dev), plan.planes)
 
 
-def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch.dtype) -> None:
+def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch.dtype, fade: bool = False) -> None:
     """OverflowError when the tables of ``generator`` at ``pos`` leave the range of ``dtype`` (float32 for half).
 
     The only range check: the scale ``e^{±Σλt}`` must not overflow on either side, and must not underflow
     on the query side (a query scaled to 0 would score 0 against every key, silently); a key scaled to 0
     has faded and is kept. Jordan couplings ``τ^k/k!`` must not overflow. Computed per block in float64.
+    ``fade=True``: a query factor may underflow too — the caller's keys all lie at or before the origin
+    and its queries at or after it, so every score ``A(t − s)`` is at most the query factor (past the
+    peak of ``e^{−λu} u^k``, where an underflowing factor is), below the dtype's smallest normal.
 
     >>> import torch, liepos as lp
     >>> g = lp.xpos(8).generator
@@ -298,7 +301,7 @@ def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch
             sym = "λt" if side == "query" else "−λs"
             if float(E.max()) >= top:
                 raise fail(f"scale e^({sym}) overflows")
-            if side == "query" and float(E.min()) <= bottom:
+            if side == "query" and not fade and float(E.min()) <= bottom:
                 raise fail(f"scale e^({sym}) underflows")
         big = [i for i, n in enumerate(generator.sizes) if n > 1]
         if big:
