@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from liepos._checks import check_bool, check_int, check_real, check_real_tensor, check_tensor
+from liepos._checks import all_finite, check_bool, check_int, check_real, check_real_tensor, check_tensor
 from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.masks import strictly_increasing
@@ -259,7 +259,7 @@ def bind(x: Inputs) -> Call:
         k, v, kpos, keep, kdocs = cache.k, cache.v, cache.times, cache.keep, cache.docs
         finite = cache.finite
     else:
-        finite = bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())
+        finite = all_finite(k, v)
     B, H, Sq, _ = x.q.shape
     Sk = kpos.shape[1]
     qpos = kpos[:, Sk - Sq :] if x.qpos is None else x.qpos

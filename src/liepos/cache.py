@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from liepos._checks import all_finite
+
 __all__ = ["KVCache"]
 
 
@@ -95,7 +97,7 @@ class KVCache:
                docs: torch.Tensor | None) -> None:
         """Append keys ``(B, H, S, D)``, values and their times ``(B, S)``; times must not go back."""
         self.check(k, v, times, keep, docs)
-        finite = bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())
+        finite = all_finite(k, v)
         if self.k is None:
             self.k, self.v, self.times, self.keep, self.docs = k, v, times, keep, docs
             self.finite = finite
