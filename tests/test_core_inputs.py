@@ -5,10 +5,13 @@ silently run unscaled; scaled encodings pickle; the table cache holds no more th
 from __future__ import annotations
 
 import io
+import math
 import pickle
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import liepos as lp
 from liepos import _fast, scaling
@@ -290,3 +293,22 @@ def test_generator_memos_follow_a_new_storage():
     assert not g.is_orthogonal and g.bounds()[0] == 1.0 and g.key() != key
     with pytest.raises(OverflowError, match="query scale"):
         check_range(g, far, "query", torch.float32)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(0, 300), st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]),
+       st.sampled_from([None, "nan", "inf", "-inf", "huge"]), st.integers(0, 10**6))
+def test_all_finite_is_the_elementwise_check(n, dtype, bad, seed):
+    """The one-sum check decides like ``isfinite(x).all()``: a NaN or ±inf anywhere, or finite values whose
+    sum overflows (which must still count as finite)."""
+    from liepos._checks import all_finite
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g).to(dtype)
+    if n and bad is not None:
+        i = int(torch.randint(n, (1,), generator=g))
+        big = torch.finfo(dtype).max
+        x[i] = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "huge": big}[bad]
+        if bad == "huge":
+            x[:] = big  # every value finite, their sum overflows
+    assert all_finite(x, torch.zeros(2)) == bool(torch.isfinite(x).all())
