@@ -6,8 +6,12 @@ are applied as ``F(t − o)`` and ``G(s − o)`` with ``o`` an origin per query 
 (causally ``s − o ≤ 0`` for every visible key) and halves a block while ``|λ| · span`` would leave the
 exponent budget or the polynomial parts would span more than :data:`POLY_SPAN` time units. The fused
 path (equal, strictly increasing times) puts ``o`` in the block's middle, so a block covers twice that
-span at the same bounds, and under a linear bias (ALiBi) leaves out, per head, the keys whose weight is
-below the dtype's smallest normal times its rounding (:func:`_window_starts`). Values carried by a generator follow the same origin:
+span at the same bounds. Over a unit range of times (``t₀ + 0, 1, …``) it tiles the causal triangle
+(:func:`tile_plan`, :func:`_tiled`): only the diagonal blocks keep the middle origin; every other
+tile puts its origin between its keys and its queries (``s < p ≤ t``), where decays are ``≤ 1`` on
+both sides and a Jordan block's binomial terms share their sign, so a tile may be as wide as half the
+triangle. Under a linear bias (ALiBi) the blocks stay, and leave out, per head, the keys whose weight
+is below the dtype's smallest normal times its rounding (:func:`_window_starts`). Values carried by a generator follow the same origin:
 ``A_v(t − o) · Σ_s w_ts G_v(s − o) v_s = Σ_s w_ts A_v(t − s) v_s``.
 
 A cache keeps its keys (and values) encoded at one origin; a decode step encodes the new key only,
