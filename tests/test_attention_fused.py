@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import types
+import weakref
 
 import pytest
 import torch
@@ -177,8 +178,8 @@ def test_tiles_cover_the_causal_triangle_once(T, size):
 
 def _spy_tiles(monkeypatch) -> list:
     seen = []
-    real = recentre.tiles
-    monkeypatch.setattr(recentre, "tiles", lambda shape, parts, *a, **kw: seen.append(len(parts)) or real(shape, parts, *a, **kw))
+    real = recentre.made
+    monkeypatch.setattr(recentre, "made", lambda shape, makers, *a, **kw: seen.append(len(makers)) or real(shape, makers, *a, **kw))
     return seen
 
 
@@ -253,3 +254,26 @@ def test_times_that_are_not_a_unit_range_keep_the_blocks(monkeypatch):
     fused, _, ref = three_ways(enc, q, k, v, p)
     assert not seen
     assert float((fused - ref).abs().max()) <= bound(F64, 0, v, 300)
+
+
+def test_streamed_tiles_are_let_go_one_at_a_time_and_equal_the_saved_ones(monkeypatch):
+    """Without a gradient each tile is made, attended, merged and dropped before the next is made (the
+    encodings of one tile alive at a time); with one, all are kept for the backward. Same output."""
+    from liepos import attention_pieces
+
+    alive, peak = [], []
+    real = attention_pieces._merge_into
+
+    def spy(state, shape, p, *a):
+        alive.append(weakref.ref(p.q))
+        peak.append(sum(r() is not None for r in alive))
+        return real(state, shape, p, *a)
+
+    monkeypatch.setattr(attention_pieces, "_merge_into", spy)
+    enc = lp.build("decay", 8)
+    q, k, v = inputs(700, 2, 8, F64, seed=4)
+    p = torch.arange(700) + 10**6
+    streamed = lp.attention(q, k, v, enc, p, p)
+    assert len(peak) >= 6 and max(peak) == 1
+    saved = lp.attention(q.requires_grad_(), k, v, enc, p, p)
+    assert float((saved.detach() - streamed).abs().max()) <= 1e-13

@@ -27,12 +27,13 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as Fn
 
-__all__ = ["pieces", "available", "Rows", "Tile", "tiles"]
+__all__ = ["pieces", "available", "Rows", "Tile", "tiles", "made"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -159,6 +160,55 @@ def tiles(shape: tuple[int, int, int], parts: list[Tile], c: float, sinks: torch
     out = _Tiles.apply((*shape, max(D, Dv)), tuple(p.rows for p in parts), tuple(p.causal for p in parts),
                        c, sinks, *flat)
     return out[..., :Dv] if Dv < D else out
+
+
+def _grad(p: Tile, sinks: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and (p.q.requires_grad or p.k.requires_grad or p.v.requires_grad
+                                        or (sinks is not None and sinks.requires_grad))
+
+
+def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: float,
+         sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`tiles` over tiles made one at a time by ``makers``.
+
+    When nothing needs a gradient the tiles are streamed: each is made, attended and merged into a
+    running ``(O, L)`` (``L' = log(e^L + e^{L_i})``, ``O' = e^{L − L'} O + e^{L_i − L'} o_i``) before the
+    next is made, so one tile's encodings are alive at a time (memory ``O(T)``, not ``O(T log T)``);
+    otherwise every tile is made and merged by the autograd Function, which saves them for the backward.
+    """
+    makers = iter(makers)
+    p = next(makers)()
+    if _grad(p, sinks):
+        return tiles(shape, [p, *(m() for m in makers)], c, sinks)
+    D, Dv, dtype = p.q.shape[-1], p.v.shape[-1], p.q.dtype
+    state: list[torch.Tensor] = []  # [O (B, H, T, max(D, Dv)), L (B, H, T)] once the first tile ran
+    while p is not None:
+        _merge_into(state, shape, p, c, D, Dv)
+        p = None  # this tile is let go before the next is made
+        nxt = next(makers, None)
+        p = None if nxt is None else nxt()
+    O, L = state
+    if sinks is not None:
+        O.mul_(torch.exp(L - torch.logaddexp(L, sinks.to(L.dtype).view(1, -1, 1))).unsqueeze(-1))
+    O = O.to(dtype)
+    return O[..., :Dv] if Dv < D else O
+
+
+def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: int, Dv: int) -> None:
+    """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first)."""
+    if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
+        return
+    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv), 0.0, p.causal, scale=c)
+    if not state:
+        B, H, T = shape
+        state += [torch.zeros(B, H, T, o.shape[-1], dtype=Li.dtype, device=o.device),
+                  torch.full((B, H, T), -torch.inf, dtype=Li.dtype, device=o.device)]
+    O, L = state
+    r = p.rows
+    lv, Ls = r.view(L), r.scatter(Li)  # (B, H, count, w)
+    Ln = torch.logaddexp(lv, Ls)
+    r.view(O).mul_(torch.exp(lv - Ln).unsqueeze(-1)).addcmul_(torch.exp(Ls - Ln).unsqueeze(-1), r.scatter(o))
+    lv.copy_(Ln)
 
 
 def pieces(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, bool]], c: float,

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as Fn
 
 from liepos.attention_call import LOW, Call
-from liepos.attention_pieces import Rows, Tile, available, pieces, tiles
+from liepos.attention_pieces import Rows, Tile, available, made, pieces
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
@@ -229,7 +230,7 @@ def _tile_size(allowed: float, T: int) -> int:
 def _tiled(call: Call, b) -> torch.Tensor | None:
     """Equal times ``t₀ + 0, 1, …, T − 1`` (per batch row): diagonal blocks with their origin in their
     middle, and the rest of the causal triangle in tiles whose origin lies *between* their keys and their
-    queries (``s < p ≤ t``), one flash call per family of equal tiles, merged per row (:func:`tiles`).
+    queries (``s < p ≤ t``), one flash call per family of equal tiles, merged per row (:func:`made`).
 
     With ``s ≤ p ≤ t`` every factor of ``F(t − p)ᵀ G(s − p) = A(t − s)`` is a decay ``≤ 1`` (an
     underflow drops a term below the dtype's smallest normal), and a Jordan block's binomial terms of
@@ -245,15 +246,18 @@ def _tiled(call: Call, b) -> torch.Tensor | None:
     if size >= T or not torch.equal(t - t[:, :1], ramp.expand(B, T)):
         return None
     diag, off = tile_plan(T, size)
-    parts = []
-    for rows, o in diag:
+
+    def diagonal(rows: Rows, o: int) -> Tile:
         rel = ramp[: rows.width] - o  # the block's times from its origin
-        parts.append(Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True))
-    for rq, rk in off:
+        return Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True)
+
+    def between(rq: Rows, rk: Rows) -> Tile:
         qe = enc._query_after(rq.gather(q), ramp[: rq.width])  # t − p ≥ 0
         ke = enc.key(rk.gather(k), ramp[: rk.width] - rk.width)  # s − p < 0
-        parts.append(Tile(rq, qe, ke, rk.gather(v), False))
-    return tiles((B, H, T), parts, call.c, call.sinks)
+        return Tile(rq, qe, ke, rk.gather(v), False)
+
+    makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]
+    return made((B, H, T), makers, call.c, call.sinks)
 
 
 def _blockwise(call: Call, b, slopes: torch.Tensor | None) -> torch.Tensor:
