@@ -179,7 +179,8 @@ def test_tiles_cover_the_causal_triangle_once(T, size):
 def _spy_tiles(monkeypatch) -> list:
     seen = []
     real = recentre.made
-    monkeypatch.setattr(recentre, "made", lambda shape, makers, *a, **kw: seen.append(len(makers)) or real(shape, makers, *a, **kw))
+    monkeypatch.setattr(recentre, "made",
+                        lambda shape, makers, *a, **kw: seen.append(len(makers)) or real(shape, makers, *a, **kw))
     return seen
 
 

@@ -11,8 +11,8 @@ span at the same bounds. Over a unit range of times (``t₀ + 0, 1, …``) it ti
 tile puts its origin between its keys and its queries (``s < p ≤ t``), where decays are ``≤ 1`` on
 both sides and a Jordan block's binomial terms share their sign, so a tile may be as wide as half the
 triangle. Under a linear bias (ALiBi) the blocks stay, and leave out, per head, the keys whose weight
-is below the dtype's smallest normal times its rounding (:func:`_window_starts`). Values carried by a generator follow the same origin:
-``A_v(t − o) · Σ_s w_ts G_v(s − o) v_s = Σ_s w_ts A_v(t − s) v_s``.
+is below the dtype's smallest normal times its rounding (:func:`_window_starts`). Values carried by a
+generator follow the same origin: ``A_v(t − o) · Σ_s w_ts G_v(s − o) v_s = Σ_s w_ts A_v(t − s) v_s``.
 
 A cache keeps its keys (and values) encoded at one origin; a decode step encodes the new key only,
 until a query moves too far from the origin (then every key is encoded afresh from the raw keys, at a
@@ -187,10 +187,11 @@ def tile_plan(T: int, size: int) -> tuple[list[tuple[Rows, int]], list[tuple[Row
     """The causal triangle of ``T`` rows cut into diagonal blocks of ``size`` rows and off-diagonal tiles.
 
     Diagonal: ``(rows, origin offset)`` per family of equal blocks (the origin ``offset = ⌊w / 2⌋`` rows
-    into each block of ``w`` rows, its middle: every row within ``⌊w / 2⌋`` of it). Off-diagonal, a binary tiling: at level ℓ (half-width ``S = size·2^ℓ``) every
-    node of ``2S`` rows pairs its second half's queries with its first half's keys, ``(query rows, key
-    rows)``, the origin at the first query. Every pair ``s < t`` outside a diagonal block lies in exactly
-    one tile; ``T log(T / size)`` rows are encoded in all, not ``T² / size``.
+    into each block of ``w`` rows, its middle: every row within ``⌊w / 2⌋`` of it). Off-diagonal, a
+    binary tiling: at level ℓ (half-width ``S = size·2^ℓ``) every node of ``2S`` rows pairs its second
+    half's queries with its first half's keys, ``(query rows, key rows)``, the origin at the first
+    query. Every pair ``s < t`` outside a diagonal block lies in exactly one tile; ``T log(T / size)``
+    rows are encoded in all, not ``T² / size``.
     """
     diag, off = [], []
     full = T // size
