@@ -88,6 +88,7 @@ class Tile:
     k: torch.Tensor
     v: torch.Tensor
     causal: bool
+    first: bool = False  # streamed (:func:`made`): no earlier tile holds these rows; written, not merged
 
 
 class _Tiles(torch.autograd.Function):
@@ -175,6 +176,8 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
     running ``(O, L)`` (``L' = log(e^L + e^{L_i})``, ``O' = e^{L − L'} O + e^{L_i − L'} o_i``) before the
     next is made, so one tile's encodings are alive at a time (memory ``O(T)``, not ``O(T log T)``);
     otherwise every tile is made and merged by the autograd Function, which saves them for the backward.
+    Every row must first be written by a tile marked ``first`` (the diagonal blocks: a partition of
+    the rows) before another tile holding it is merged.
     """
     makers = iter(makers)
     p = next(makers)()
@@ -201,11 +204,15 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv), 0.0, p.causal, scale=c)
     if not state:
         B, H, T = shape
-        state += [torch.zeros(B, H, T, o.shape[-1], dtype=Li.dtype, device=o.device),
-                  torch.full((B, H, T), -torch.inf, dtype=Li.dtype, device=o.device)]
+        state += [torch.empty(B, H, T, o.shape[-1], dtype=Li.dtype, device=o.device),
+                  torch.empty((B, H, T), dtype=Li.dtype, device=o.device)]
     O, L = state
     r = p.rows
     lv, Ls = r.view(L), r.scatter(Li)  # (B, H, count, w)
+    if p.first:
+        r.view(O).copy_(r.scatter(o))
+        lv.copy_(Ls)
+        return
     Ln = torch.logaddexp(lv, Ls)
     r.view(O).mul_(torch.exp(lv - Ln).unsqueeze(-1)).addcmul_(torch.exp(Ls - Ln).unsqueeze(-1), r.scatter(o))
     lv.copy_(Ln)

@@ -250,7 +250,8 @@ def _tiled(call: Call, b) -> torch.Tensor | None:
 
     def diagonal(rows: Rows, o: int) -> Tile:
         rel = ramp[: rows.width] - o  # the block's times from its origin
-        return Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True)
+        return Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True,
+                    first=True)
 
     def between(rq: Rows, rk: Rows) -> Tile:
         qe = enc._query_after(rq.gather(q), ramp[: rq.width])  # t − p ≥ 0

@@ -293,6 +293,9 @@ def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch
             safe = (n_max - 1) * math.log(max(nu_max * reach, 1.0)) < top
         if safe:
             return
+        if generator.num_axes is None:
+            # one axis: every λt and |νt| is extreme at the least or the greatest time, so those two decide
+            pos = torch.stack(torch.aminmax(pos.detach().reshape(-1)))  # (…, seq) -> (2,)
         pp, (rates, _, nus) = _per_block(generator, pos.detach())
         rates = _heads(generator, rates.detach().to(torch.float64))
         if bool((rates != 0).any()):
