@@ -312,3 +312,24 @@ def test_all_finite_is_the_elementwise_check(n, dtype, bad, seed):
         if bad == "huge":
             x[:] = big  # every value finite, their sum overflows
     assert all_finite(x, torch.zeros(2)) == bool(torch.isfinite(x).all())
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.floats(-300.0, 300.0), min_size=1, max_size=12), st.sampled_from(["query", "key"]),
+       st.booleans(), st.floats(0.05, 3.0))
+def test_check_range_over_one_axis_decides_like_every_position_alone(times, side, fade, rate):
+    """The range check reads the least and the greatest time only: it refuses a set of positions
+    exactly when it refuses one of them on its own."""
+    from liepos.tables import check_range
+
+    g = lp.Generator([-rate, -rate / 7, 0.0], [0.0, 0.3, 0.0], [1, 3, 2], complex=[False, True, False])
+
+    def refused(pos: torch.Tensor) -> bool:
+        try:
+            check_range(g, pos, side, torch.float32, fade=fade)
+        except OverflowError:
+            return True
+        return False
+
+    pos = torch.tensor(times, dtype=F64)
+    assert refused(pos) == any(refused(pos[i : i + 1]) for i in range(len(times)))
