@@ -314,22 +314,29 @@ def test_all_finite_is_the_elementwise_check(n, dtype, bad, seed):
     assert all_finite(x, torch.zeros(2)) == bool(torch.isfinite(x).all())
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.lists(st.floats(-300.0, 300.0), min_size=1, max_size=12), st.sampled_from(["query", "key"]),
-       st.booleans(), st.floats(0.05, 3.0))
-def test_check_range_over_one_axis_decides_like_every_position_alone(times, side, fade, rate):
-    """The range check reads the least and the greatest time only: it refuses a set of positions
-    exactly when it refuses one of them on its own."""
+       st.booleans(), st.floats(0.05, 3.0), st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
+def test_check_range_refuses_exactly_the_tables_that_leave_the_dtype(times, side, fade, rate, dtype):
+    """The range check (which reads the least and the greatest time only) against every position and
+    block computed directly: the scale e^{±λt} overflows, the query scale underflows (unless
+    ``fade``), or a coupling t^k/k! overflows."""
     from liepos.tables import check_range
 
-    g = lp.Generator([-rate, -rate / 7, 0.0], [0.0, 0.3, 0.0], [1, 3, 2], complex=[False, True, False])
-
-    def refused(pos: torch.Tensor) -> bool:
-        try:
-            check_range(g, pos, side, torch.float32, fade=fade)
-        except OverflowError:
-            return True
-        return False
-
-    pos = torch.tensor(times, dtype=F64)
-    assert refused(pos) == any(refused(pos[i : i + 1]) for i in range(len(times)))
+    rates = [-rate, -rate / 7, 0.0, 20.0 * rate]
+    g = lp.Generator(rates, [0.0, 0.3, 0.0, 0.0], [1, 3, 2, 1], complex=[False, True, False, False],
+                     allow_growth=True)
+    work = torch.float32 if dtype == torch.bfloat16 else dtype
+    top, bottom = math.log(torch.finfo(work).max), math.log(torch.finfo(work).tiny)
+    expected = False
+    for t in times:
+        for lam in rates:
+            E = lam * t if side == "query" else -lam * t
+            expected |= E >= top or (side == "query" and not fade and E <= bottom)
+        expected |= abs(t) > 0 and 2 * math.log(abs(t)) - math.lgamma(3.0) >= top
+    try:
+        check_range(g, torch.tensor(times, dtype=F64), side, dtype, fade=fade)
+        refused = False
+    except OverflowError:
+        refused = True
+    assert refused == expected

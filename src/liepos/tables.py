@@ -253,6 +253,31 @@ def build_tables(generator: Generator, plan: Plan, pos: torch.Tensor, side: str)
     return Tables(a, b, coef, dst, src, plan.partner, plan.partner_index.to(dev), plan.planes)
 
 
+def _range_terms(generator: Generator) -> tuple[float, float, list[int]]:
+    """Least and greatest rate over every block and head, and the degree ``n − 1`` of every Jordan block."""
+    with torch.no_grad():
+        r = generator.rates.detach()
+        return float(r.min()), float(r.max()), [n - 1 for n in generator.sizes if n > 1]
+
+
+def _check_one_axis(generator: Generator, lo: float, hi: float, side: str, fade: bool, top: float,
+                    bottom: float, fail) -> None:
+    """:func:`check_range` over one axis from the least and the greatest time ``lo ≤ hi``: ``λt`` is
+    bilinear, so its extremes over blocks, heads and times are at the corners; ``τ^k/k!`` (one axis: ν = 1)
+    is largest at the largest ``|t|``."""
+    rmin, rmax, degrees = generator._memo("range_terms", lambda: _range_terms(generator))
+    sign = 1.0 if side == "query" else -1.0
+    E = [sign * r * t for r in (rmin, rmax) for t in (lo, hi)]
+    sym = "λt" if side == "query" else "−λs"
+    if max(E) >= top:
+        raise fail(f"scale e^({sym}) overflows")
+    if side == "query" and not fade and min(E) <= bottom:
+        raise fail(f"scale e^({sym}) underflows")
+    reach = max(abs(lo), abs(hi))
+    if reach > 0 and any(k * math.log(reach) - math.lgamma(k + 1.0) >= top for k in degrees):
+        raise fail("coupling table τ^k/k! overflows")
+
+
 def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch.dtype, fade: bool = False) -> None:
     """OverflowError when the tables of ``generator`` at ``pos`` leave the range of ``dtype`` (float32 for half).
 
@@ -283,6 +308,11 @@ def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch
         )
 
     with torch.no_grad():
+        if generator.num_axes is None:
+            # one axis: every λt and |t| is extreme at the least or the greatest time, so those two decide
+            lo, hi = (float(x) for x in torch.aminmax(pos.detach().reshape(-1)))
+            _check_one_axis(generator, lo, hi, side, fade, top, bottom, fail)
+            return
         # a cheap bound first: |Σ_a λ_a t_a| ≤ max|λ| · Σ_a max|t_a| (and the same for ν): most calls stop here
         axes = 1 if generator.num_axes is None else generator.num_axes
         reach = float(pos.detach().abs().reshape(-1, axes).amax(0).sum())  # (…, seq[, axes]) -> (rows, axes)
@@ -293,9 +323,6 @@ def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch
             safe = (n_max - 1) * math.log(max(nu_max * reach, 1.0)) < top
         if safe:
             return
-        if generator.num_axes is None:
-            # one axis: every λt and |νt| is extreme at the least or the greatest time, so those two decide
-            pos = torch.stack(torch.aminmax(pos.detach().reshape(-1)))  # (…, seq) -> (2,)
         pp, (rates, _, nus) = _per_block(generator, pos.detach())
         rates = _heads(generator, rates.detach().to(torch.float64))
         if bool((rates != 0).any()):
