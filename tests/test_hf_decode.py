@@ -226,3 +226,66 @@ def test_non_finite_padding_keys_reach_no_query(name):
         cached = model.generate(x, **gen)
         uncached = model.generate(x, use_cache=False, **gen)
     assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "jordan", "retnet"])
+def test_a_step_matrix_equals_the_apply_at_its_position(name):
+    """Mᵀ of a decode step, read from a cached window of them (built for 64 positions in one apply), is
+    bit for bit the transform of the identity at that one position, on both sides, at far positions."""
+    enc = lp.rope(16, layout="half") if name == "rope" else ENCODINGS[name]()
+    c = enc.content_dim
+    for p in (0.0, 63.0, 64.0, 1000.0, -7.0, 12345.0):
+        pos = torch.tensor([[p]], dtype=torch.float64)
+        for side in ("query", "key"):
+            ft = enc._fast_tables(pos, side, torch.float32, False)
+            want = lp._fast.apply_fast(torch.eye(c).expand(1, enc.num_heads or 1, c, c), ft)
+            got = hf_decode.step_matrix(enc, pos, side, torch.float32, lambda: ft)
+            assert got.shape == (1, enc.num_heads or 1, c, c)
+            # equal bit for bit (NaN where the scale overflows at a far position: in both alike)
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=f"{p} {side}")
+    x = torch.randn(2, enc.num_heads or 3, 1, c)
+    pos = torch.tensor([[77.0]], dtype=torch.float64)
+    m = hf_decode.step_matrix(enc, pos, "key", torch.float32, lambda: enc._fast_tables(pos, "key", torch.float32, False))
+    assert torch.allclose(x @ m, enc.key(x, pos), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["in place", "new storage"])
+def test_a_cached_step_matrix_follows_the_parameters(how):
+    """The window of Mᵀ is keyed by the encoding's version: a parameter changed in place (an optimizer
+    step) or given a new storage (``p.data = …``) is never read from the stale window."""
+    enc = lp.xpos(16, layout="half")
+    pos = torch.tensor([[130.0]], dtype=torch.float64)
+
+    def matrix():
+        return hf_decode.step_matrix(enc, pos, "query", torch.float32,
+                                     lambda: enc._fast_tables(pos, "query", torch.float32, False))
+
+    before = matrix().clone()
+    assert torch.equal(matrix(), before)  # read from the window
+    with torch.no_grad():
+        if how == "in place":
+            enc.generator.freqs.mul_(1.5)
+        else:
+            enc.generator.freqs.data = enc.generator.freqs.data * 1.5
+    after = matrix()
+    ft = enc._fast_tables(pos, "query", torch.float32, False)
+    assert torch.equal(after, lp._fast.apply_fast(torch.eye(16).expand(1, 1, 16, 16), ft))
+    assert not torch.equal(after, before)
+
+
+def test_rope_decode_steps_read_their_matrices_from_a_window(monkeypatch):
+    """The encoded-key path (RoPE): a decode step builds no Mᵀ of its own (one window per 64 steps), and
+    the greedy tokens equal upstream's."""
+    model = tiny()
+    x = ids(20)
+    with torch.no_grad():
+        upstream = model.generate(x, max_new_tokens=70, do_sample=False)
+    patch_model(model, None)
+    hf_decode.MATRICES.clear()
+    windows = []
+    real = hf_decode._window_matrices
+    monkeypatch.setattr(hf_decode, "_window_matrices", lambda enc, base, *a: windows.append(base) or real(enc, base, *a))
+    with torch.no_grad():
+        patched = model.generate(x, max_new_tokens=70, do_sample=False)
+    assert torch.equal(patched, upstream)
+    assert windows == [0, 64]  # steps at 20 … 88: two windows, every step's Mᵀ from one of them

@@ -32,13 +32,13 @@ from typing import Any
 import torch
 import torch.nn.functional as Fn
 
-from liepos._fast import apply_fast
+from liepos._fast import TableCache, _window, apply_fast
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.recentre import MAX_EXPONENT, _poly_span
 from liepos.tables import check_range
 
-__all__ = ["attend", "remember", "budget", "hf_visible", "identity", "STORES"]
+__all__ = ["attend", "remember", "budget", "hf_visible", "identity", "step_matrix", "MATRICES", "STORES"]
 
 STORES = "_liepos_encoded"  # the cache attribute holding every layer's encoded keys
 _LOW = (torch.float16, torch.bfloat16)
@@ -156,8 +156,8 @@ def _matrix(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side:
     Row i is the transform of e_i, so ``x @ Mᵀ`` encodes every row of ``x`` in one matmul instead of
     a pass per block kind — the same sums (every output dim is the tables' one or two products, the
     rest exact zeros; a non-finite entry spreads over its token's row instead of its plane, a token
-    whose scores are not finite either way). Built once per forward for every layer; float32/64
-    without slots (slots are not linear in x, half inputs are encoded in float32 and rounded once).
+    whose scores are not finite either way). Read once per forward for every layer (:func:`step_matrix`);
+    float32/64 without slots (slots are not linear in x, half inputs are encoded in float32 and rounded once).
     """
     if x.dtype in _LOW or rel.numel() != 1 or enc.num_slots:
         return None
@@ -165,15 +165,58 @@ def _matrix(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side:
     memo = layer.positions.tables
     m = memo.get(("matrix",) + key)
     if m is None:
-        ft = _tables(layer, enc, rel, side, x, key)
-        if ft is None:
+        if not enc._fast_usable(x, rel):
             return None
-        c = enc.content_dim
-        eye = identity(c, x.dtype, x.device).expand(1, enc.num_heads or 1, c, c)  # (1, H|1, c, c)
-        m = apply_fast(eye, ft)  # a position axis of size 1 broadcasts over the c rows
+        if enc.plan.has_coupling:  # as _tables: the couplings τᵏ/k! at this position must fit the dtype
+            check_range(enc.generator, rel, side, x.dtype)
+        m = step_matrix(enc, rel, side, x.dtype, lambda: _tables(layer, enc, rel, side, x, key))
         if layer.positions.ids is not None:
             memo[("matrix",) + key] = m
     return m
+
+
+class _Rows:
+    """``Mᵀ`` at every position of a window ``(W, 1, c, c)``: an entry of :data:`MATRICES`."""
+
+    def __init__(self, m: torch.Tensor) -> None:
+        self.m = m
+
+    def nbytes(self) -> int:
+        return self.m.numel() * self.m.element_size()
+
+
+# windows of a decode step's Mᵀ, keyed like liepos._fast.CACHE (device, dtype, encoding version, side,
+# window): one apply over the identity for 64 consecutive positions instead of one per forward
+MATRICES = TableCache(max_entries=16, max_bytes=64 << 20)
+
+
+def step_matrix(enc: Encoding, pos: torch.Tensor, side: str, dtype: torch.dtype, tables: Any) -> torch.Tensor:
+    """``Mᵀ`` ``(1, H|1, c, c)`` of ``side`` at the one position ``pos`` (fast-usable, range checked).
+
+    For an encoding shared by every head at an integer position: rows of a cached window, the transform
+    of the identity at 64 consecutive positions in one apply (the tables' rows of the window of
+    :data:`liepos._fast.CACHE`, so the same values bit for bit as an apply at the one position: every entry
+    is a table product with 1 or an exact 0). Otherwise (per-head parameters: a window would cost more
+    than it saves) the transform of the identity at ``tables()``, the fast tables at ``pos``.
+    """
+    c, device = enc.content_dim, pos.device
+    p = float(pos.reshape(()))
+    if enc.num_heads is None and p == math.floor(p) and abs(p) <= 2**52:
+        base, end = _window(int(p), 1)
+        key = (device, dtype, enc.version, side, base, end)
+        rows = MATRICES.get(key, lambda: _Rows(_window_matrices(enc, base, end, side, dtype, device)))
+        return rows.m[int(p) - base: int(p) - base + 1]  # (1, 1, c, c)
+    eye = identity(c, dtype, device).expand(1, enc.num_heads or 1, c, c)  # (1, H|1, c, c)
+    return apply_fast(eye, tables())  # a position axis of size 1 broadcasts over the c rows
+
+
+def _window_matrices(enc: Encoding, base: int, end: int, side: str, dtype: torch.dtype,
+                     device: torch.device) -> torch.Tensor:
+    """``Mᵀ`` ``(W, 1, c, c)`` at positions ``base … end − 1``: the identity's rows encoded at each."""
+    c, W = enc.content_dim, end - base
+    ft = enc._fast_tables(torch.arange(base, end, dtype=torch.float64, device=device), side, dtype, False)
+    eye = identity(c, dtype, device).reshape(c, 1, 1, c).expand(c, 1, W, c).contiguous()  # (c rows, 1, W, c)
+    return apply_fast(eye, ft).permute(2, 1, 0, 3).contiguous()  # (c, 1, W, c) -> (W, 1, c, c)
 
 
 def _finite(k: torch.Tensor, v: torch.Tensor) -> bool:
