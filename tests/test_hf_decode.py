@@ -289,3 +289,25 @@ def test_rope_decode_steps_read_their_matrices_from_a_window(monkeypatch):
         patched = model.generate(x, max_new_tokens=70, do_sample=False)
     assert torch.equal(patched, upstream)
     assert windows == [0, 64]  # steps at 20 … 88: two windows, every step's Mᵀ from one of them
+
+
+def test_per_head_keys_over_grouped_values_read_hf_values():
+    """RetNet's per-head decays on 4 query heads over 2 key/value heads: the store holds per-head keys
+    but no values of its own (HF's grouped values serve), and the grouped attention equals SDPA over
+    the values repeated to every query head."""
+    model = patch_model(tiny(), ENCODINGS["retnet"]())
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(ids(30)[:, :29], cache=cache)
+        model(ids(30)[:, 29:], cache=cache)
+    st = cache.__dict__[hf_decode.STORES][0]
+    assert st.k.shape[1] == 4 and st.v is None and not st.own_v
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 1, 16, generator=g), torch.randn(2, 4, 9, 16, generator=g)
+    v = torch.randn(2, 2, 9, 8, generator=g)
+    bias = torch.zeros(2, 1, 1, 9).masked_fill(torch.rand(2, 1, 1, 9, generator=g) < 0.3, -math.inf)
+    bias[..., -1] = 0.0  # the query's own key is visible
+    for b in (None, bias):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v.repeat_interleave(2, dim=1), attn_mask=b,
+                                                                scale=0.3)
+        assert torch.allclose(hf_decode._grouped(q, k, v, b, 0.3), want, atol=1e-6)
