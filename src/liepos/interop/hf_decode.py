@@ -262,7 +262,7 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return None
     stores = cache.__dict__.setdefault(STORES, {})
     work = _work(enc, q.dtype)
-    version = (enc.version, work, q.device, B, k.shape[1])
+    version = (_version(layer, enc), work, q.device, B, k.shape[1])
     st = stores.get(idx)
     if st is not None and (st.version != version or st.raw is not raw_before or st.n != seen):
         st = None  # another encoding, or the cache was reordered, cropped or reset: encode afresh
@@ -331,6 +331,17 @@ def _origin(lo: float, hi: float, span: float) -> float:
     (every key so far lies behind it: causally they fade). A whole number of positions, so that integer
     times stay integers relative to it and a step reads its tables from a cached window."""
     return lo + math.floor(span) if math.isfinite(span) else hi
+
+
+def _version(layer: Any, enc: Encoding) -> tuple:
+    """``enc.version``, read once per forward for every layer (it stamps every parameter tensor)."""
+    memo = layer.positions.tables
+    v = memo.get(("version", id(enc)))
+    if v is None:
+        v = enc.version
+        if layer.positions.ids is not None:
+            memo[("version", id(enc))] = v
+    return v
 
 
 def _bounds(layer: Any, pos: torch.Tensor) -> tuple[float, float]:

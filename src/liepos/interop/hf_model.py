@@ -248,7 +248,9 @@ def _key_times(cache: Any, layer: int, pos: torch.Tensor, n_keys: int, seen: int
     buf[:, total:total + S] = pos  # (1|B, S)
     times = buf[:, : total + S]  # (B, seen + S)
     store[layer] = (buf, total + S)
-    if n_keys >= seen + S:  # everything so far (dynamic), or a static buffer with unfilled slots
+    if n_keys == seen + S:  # everything so far (dynamic): a view of the buffer, nothing copied
+        return times, 0
+    if n_keys > seen + S:  # a static buffer with unfilled slots
         pad = times.new_zeros(B, n_keys - seen - S)
         return torch.cat((times, pad), dim=-1), 0
     return times[:, times.shape[-1] - n_keys:], seen + S - n_keys  # a sliding window's latest keys
