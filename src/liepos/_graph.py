@@ -4,16 +4,19 @@ Under ``torch.compile`` an :class:`liepos.Encoding` traces neither its float64 t
 angle reduction, ``exp``, ``cos``/``sin``, ``lgamma``) nor its apply: the graph holds one opaque custom
 op per side,
 
-* ``torch.ops.liepos.encode(x, positions, encoding id, side, with_slots) -> y`` — exactly the eager fast
-  path (:func:`liepos._fast.apply_fast` with the cached tables of :data:`liepos._fast.CACHE`, windows of
+* ``torch.ops.liepos.encode(x, positions, origin, encoding id, side, with_slots) -> y`` — exactly the eager
+  fast path (the positions and origin as the caller gave them, ``None`` or tensors of any real dtype,
+  converted and checked on real data as ``Encoding._relative`` and :func:`liepos.tables.check_range` do
+  eagerly, so the graph holds no conversion kernel and a compiled call refuses what an eager one refuses;
+  :func:`liepos._fast.apply_fast` with the cached tables of :data:`liepos._fast.CACHE`, windows of
   integer positions shared by a prefill and every decode step, the one-pass compiled half-layout kernel
   of :mod:`liepos._kernels` included); its fake implementation gives y's shape, dtype and strides (x's
   memory order, last dim the content width plus the slots), so the graph needs no table and no copy;
-* ``torch.ops.liepos.encode_transposed(g, positions, id, side, with_slots, dtype)`` — its backward,
+* ``torch.ops.liepos.encode_transposed(g, positions, origin, id, side, with_slots, dtype)`` — its backward,
   ``Mᵀ g``: the same routine with the rotation conjugated and the coupling transposed, as
   :class:`liepos._fast._Apply` does eagerly (registered with ``torch.library.register_autograd``; only
-  the positions are saved, never x);
-* ``torch.ops.liepos.encode_(x, positions, id, side)`` — ``inplace=True`` (mutates x), used when no
+  the positions and origin are saved, never x);
+* ``torch.ops.liepos.encode_(x, positions, origin, id, side)`` — ``inplace=True`` (mutates x), used when no
   gradient flows into x (otherwise the out-of-place op and a ``copy_``).
 
 Why not tables from an op and the elementwise apply traced: an op may not hand the graph its cached
