@@ -291,23 +291,59 @@ def test_rope_decode_steps_read_their_matrices_from_a_window(monkeypatch):
     assert windows == [0, 64]  # steps at 20 … 88: two windows, every step's Mᵀ from one of them
 
 
-def test_per_head_keys_over_grouped_values_read_hf_values():
-    """RetNet's per-head decays on 4 query heads over 2 key/value heads: the store holds per-head keys
-    but no values of its own (HF's grouped values serve), and the grouped attention equals SDPA over
-    the values repeated to every query head."""
-    model = patch_model(tiny(), ENCODINGS["retnet"]())
-    cache = DynamicCache()
+def per_head_rates():
+    """Per-head rates that differ from block to block (not one decay per head): per-head keys."""
+    rates = -torch.linspace(0.01, 0.08, 4)[:, None] * torch.linspace(0.5, 1.5, 8)[None]  # (heads, blocks)
+    freqs = (1.0 / 10000 ** (torch.arange(8) / 8)).expand(4, 8)
+    return Encoding(lp.Generator(rates, freqs, [1] * 8, complex=[True] * 8), name="per-head")
+
+
+@pytest.mark.parametrize("name", ["retnet", "per-head"])
+def test_per_head_keys_over_grouped_heads(name):
+    """4 query heads over 2 key/value heads. RetNet (one decay per head): the store keeps the keys
+    rotated at HF's 2 heads and one decay factor per head and key; other per-head parameters: a key per
+    query head. Neither keeps values of its own (HF's grouped values serve); every decoded step equals
+    the full forward."""
+    enc = ENCODINGS["retnet"]() if name == "retnet" else per_head_rates()
+    model = patch_model(tiny(), enc)
+    x = ids(60)
+    steps, cache = decode(model, x, 40)
     with torch.no_grad():
-        model(ids(30)[:, :29], cache=cache)
-        model(ids(30)[:, 29:], cache=cache)
+        full = model(x[:, :-1], use_cache=False).logits[:, 39:]
+    assert (steps - full).abs().max() < 5e-5
     st = cache.__dict__[hf_decode.STORES][0]
-    assert st.k.shape[1] == 4 and st.v is None and not st.own_v
+    assert st.v is None and not st.own_v
+    if name == "retnet":
+        assert st.k.shape[1] == 2 and st.factor is not None and st.scale.shape[1] == 4
+    else:
+        assert st.k.shape[1] == 4 and st.factor is None
+
+
+def test_grouped_and_factored_attention_equal_sdpa():
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 4, 1, 16, generator=g), torch.randn(2, 4, 9, 16, generator=g)
     v = torch.randn(2, 2, 9, 8, generator=g)
     bias = torch.zeros(2, 1, 1, 9).masked_fill(torch.rand(2, 1, 1, 9, generator=g) < 0.3, -math.inf)
     bias[..., -1] = 0.0  # the query's own key is visible
+    kr = torch.randn(2, 2, 9, 16, generator=g)  # keys at the 2 key heads, and per-head factors
+    kf, qf = torch.rand(1, 4, 9, generator=g) + 0.5, torch.rand(1, 4, 1, generator=g) + 0.5
+    per_head = kr.repeat_interleave(2, dim=1) * kf[..., None]  # the keys a per-head store would hold
     for b in (None, bias):
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v.repeat_interleave(2, dim=1), attn_mask=b,
                                                                 scale=0.3)
         assert torch.allclose(hf_decode._grouped(q, k, v, b, 0.3), want, atol=1e-6)
+        want = torch.nn.functional.scaled_dot_product_attention(q * qf[..., None], per_head,
+                                                                v.repeat_interleave(2, dim=1), attn_mask=b, scale=0.3)
+        assert torch.allclose(hf_decode._factored_attention(q, kr, kf, qf, v, b, 0.3), want, atol=1e-6)
+
+
+def test_factored_only_for_one_decay_per_head():
+    assert hf_decode._factored(lp.retnet(4, 16), lp.retnet(4, 16).version) is not None
+    for enc in (per_head_rates(), lp.xpos(16), lp.alibi(4, 16), custom_jordan()):
+        assert hf_decode._factored(enc, enc.version) is None
+    rot, rates = hf_decode._factored(lp.retnet(4, 16), lp.retnet(4, 16).version)
+    enc, kx = lp.retnet(4, 16), torch.randn(1, 4, 5, 16, dtype=torch.float64)
+    s = torch.arange(5, dtype=torch.float64) * 7 - 3
+    want = enc.key(kx, s)  # G_h(s) k
+    got = rot.key(kx, s) * torch.exp(-rates[None, :, None, None] * s[None, None, :, None])
+    assert torch.allclose(got, want, atol=1e-12)
