@@ -59,7 +59,15 @@ ENCODINGS = {
     "retnet": lambda: lp.retnet(4, 16),
     "decay": lambda: lp.catalogue.build("decay", 16, 4),
     "jordan": custom_jordan,
+    "head decays": lambda: head_decays(),
 }
+
+
+def head_decays():
+    """One decay per head, fast (budget ~110 positions: the factored store's origin moves while decoding)."""
+    rates = -torch.tensor([0.2, 0.1, 0.05, 0.02])[:, None].expand(4, 8)  # (heads, blocks), one rate per head
+    freqs = (1.0 / 10000 ** (torch.arange(8) / 8)).expand(4, 8)
+    return Encoding(lp.Generator(rates, freqs, [1] * 8, complex=[True] * 8), name="head decays")
 
 
 def decode(model, x, prefill, pos0=0):
