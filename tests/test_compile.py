@@ -289,19 +289,23 @@ def test_ops_meet_their_fakes_and_autograd_and_the_constant_marker_is_dynamos():
     for enc in encs:
         i = _graph.graph_id(enc)
         assert _graph.graph_id(enc) == i
-        for pos in (torch.arange(5, dtype=torch.float64), torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5):
-            S, B = pos.shape[-1], 1 if pos.dim() == 1 else pos.shape[0]
+        # the positions as the caller gives them (None, int64, float64 per batch element) and an origin
+        cases = ((torch.arange(5, dtype=torch.float64), None), (torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5,
+                 None), (None, torch.tensor(2.0, dtype=torch.float64)), (torch.arange(4) + 7, torch.tensor([3.0])))
+        for pos, origin in cases:
+            S = 4 if pos is None else pos.shape[-1]
+            B = 1 if pos is None or pos.dim() == 1 else pos.shape[0]
             for side in ("query", "key"):
                 for dtype in (torch.float64, torch.bfloat16):
                     x = torch.randn(B, 2, S, enc.content_dim, dtype=torch.float64).to(dtype).requires_grad_()
-                    torch.library.opcheck(torch.ops.liepos.encode.default, (x, pos, i, side, True))
-                    y = torch.ops.liepos.encode(x.detach(), pos, i, side, True)
+                    torch.library.opcheck(torch.ops.liepos.encode.default, (x, pos, origin, i, side, True))
+                    y = torch.ops.liepos.encode(x.detach(), pos, origin, i, side, True)
                     g = torch.randn_like(y)
                     torch.library.opcheck(torch.ops.liepos.encode_transposed.default,
-                                          (g[..., : enc.content_dim], pos, i, side, True, dtype))
+                                          (g[..., : enc.content_dim], pos, origin, i, side, True, dtype))
                 xf = torch.randn(B, 2, S, enc.dim, dtype=torch.float64)
-                torch.library.opcheck(torch.ops.liepos.encode_.default, (xf, pos, i, side))
-                torch.library.opcheck(torch.ops.liepos.encode.default, (xf.requires_grad_(), pos, i, side, False))
+                torch.library.opcheck(torch.ops.liepos.encode_.default, (xf, pos, origin, i, side))
+                torch.library.opcheck(torch.ops.liepos.encode.default, (xf.requires_grad_(), pos, origin, i, side, False))
     import copy
 
     enc = lp.rope(8)
@@ -324,3 +328,86 @@ def test_angles_past_2_80_two_pi_exact_in_the_op_nan_only_where_traced():
     assert torch.equal(cf(q, pos), enc.query(q, pos))  # the eager tables (exact reduction), no NaN
     traced = cf(q, pos.clone().requires_grad_())
     assert torch.isnan(traced[..., :2]).all() and not torch.isnan(traced[..., -2:]).any()  # ω ≈ 1e-3: below
+
+
+# ---------------------------------------------------------------------- nothing around the op
+def _code(f, *args):
+    """The Python and C++ code Inductor wrote for ``f(*args)`` (one graph), and ``f``'s output."""
+    from torch._inductor.utils import run_and_get_code
+
+    out, codes = run_and_get_code(f, *args)
+    return out, "\n".join(codes)
+
+
+@pytest.mark.parametrize("case", ["int64", "float32", "none", "origin", "batched"])
+def test_the_compiled_graph_is_the_op_and_nothing_else(case):
+    """The positions reach the op as the caller gave them: no int64 → float64 conversion, no arange,
+    no subtraction of the origin in the graph — each a tiny Inductor kernel (``cpp_fused_…``) whose
+    OpenMP region waits on a descheduled thread of a loaded machine. The op converts them itself."""
+    pytest.importorskip("torch._inductor")
+    enc = lp.xpos(16, layout="half")
+    torch._dynamo.reset()
+    counters.clear()
+    rec = Recorder(inductor=True)
+
+    def f(q, pos, origin):
+        if case == "none":
+            return enc.query(q)
+        return enc.query(q, pos, origin=origin if case == "origin" else None)
+
+    cf = torch.compile(f, fullgraph=True, backend=rec)
+    for S in (8, 13, 100):
+        q = torch.randn(2, 2, S, 16)
+        pos = torch.arange(S) + 5
+        if case == "float32":
+            pos = pos.float() * 0.5
+        elif case in ("batched", "origin"):
+            pos = torch.stack([pos, 2 * pos])  # (B, S)
+        origin = torch.tensor([3, 40])  # int64, one per batch element: converted inside the op too
+        torch._dynamo.mark_dynamic(q, 2)
+        torch._dynamo.mark_dynamic(pos, pos.dim() - 1)
+        if S == 8:  # compiled once: the code of the first call
+            out, code = _code(cf, q, pos, origin)
+            assert "torch.ops.liepos.encode.default" in code
+            assert "cpp_fused" not in code, code  # no Inductor kernel of its own: the op, nothing else
+        else:
+            out = cf(q, pos, origin)
+        p = None if case == "none" else pos
+        o = origin if case == "origin" else None
+        assert torch.equal(out, enc.query(q, p, origin=o))  # the eager fast path, bit for bit
+        assert torch.allclose(out.double(), enc.query_reference(q.double(), p, origin=o), atol=1e-5)
+    assert rec.graphs == 1 and counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    # in the FX graph as dynamo captured it: the op, and no conversion, arange or subtraction
+    assert [o for o in rec.ops if o not in ("size", "sym_size", "getitem")] == ["encode"], rec.ops
+
+
+def test_the_reference_path_still_reads_the_positions_under_compile():
+    enc = lp.xpos(8)
+    torch._dynamo.reset()
+    cf = torch.compile(lambda q, p: (enc.query(q, p), enc.query_reference(q, p)), fullgraph=True, backend="aot_eager")
+    q = torch.randn(1, 2, 6, 8, dtype=torch.float64)
+    y, ref = cf(q, torch.arange(6) + 2)
+    assert torch.allclose(y, ref, atol=1e-12) and torch.allclose(ref, enc.query_reference(q, torch.arange(6) + 2))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_calls_refuse_what_eager_refuses(backend):
+    """The op checks the positions on real data, as the eager path does, with the eager message:
+    NaN or inf positions, a NaN origin, scales that overflow (nothing silently NaN or inf)."""
+    enc = lp.xpos(16, layout="half")
+    torch._dynamo.reset()
+    cf = torch.compile(lambda q, p, o: enc.query(q, p, origin=o), fullgraph=True, backend=backend)
+    q = torch.randn(1, 2, 4, 16)
+    good = torch.arange(4.0)
+    zero = torch.tensor(0.0, dtype=torch.float64)
+    assert torch.equal(cf(q, good, zero), enc.query(q, good, origin=zero))
+    cases = [(torch.tensor([0.0, float("nan"), 2.0, 3.0]), zero, ValueError),
+             (torch.tensor([0.0, 1.0, float("inf"), 3.0]), zero, ValueError),
+             (good, torch.tensor(float("nan"), dtype=torch.float64), ValueError),
+             (good + 1e18, zero, OverflowError)]
+    for pos, origin, err in cases:
+        with pytest.raises(err) as eager:
+            enc.query(q, pos, origin=origin)
+        with pytest.raises(err) as compiled:
+            cf(q, pos, origin)
+        assert str(compiled.value) == str(eager.value)

@@ -59,7 +59,15 @@ ENCODINGS = {
     "retnet": lambda: lp.retnet(4, 16),
     "decay": lambda: lp.catalogue.build("decay", 16, 4),
     "jordan": custom_jordan,
+    "head decays": lambda: head_decays(),
 }
+
+
+def head_decays():
+    """One decay per head, fast (budget ~110 positions: the factored store's origin moves while decoding)."""
+    rates = -torch.tensor([0.2, 0.1, 0.05, 0.02])[:, None].expand(4, 8)  # (heads, blocks), one rate per head
+    freqs = (1.0 / 10000 ** (torch.arange(8) / 8)).expand(4, 8)
+    return Encoding(lp.Generator(rates, freqs, [1] * 8, complex=[True] * 8), name="head decays")
 
 
 def decode(model, x, prefill, pos0=0):
@@ -226,3 +234,124 @@ def test_non_finite_padding_keys_reach_no_query(name):
         cached = model.generate(x, **gen)
         uncached = model.generate(x, use_cache=False, **gen)
     assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "jordan", "retnet"])
+def test_a_step_matrix_equals_the_apply_at_its_position(name):
+    """Mᵀ of a decode step, read from a cached window of them (built for 64 positions in one apply), is
+    bit for bit the transform of the identity at that one position, on both sides, at far positions."""
+    enc = lp.rope(16, layout="half") if name == "rope" else ENCODINGS[name]()
+    c = enc.content_dim
+    for p in (0.0, 63.0, 64.0, 1000.0, -7.0, 12345.0):
+        pos = torch.tensor([[p]], dtype=torch.float64)
+        for side in ("query", "key"):
+            ft = enc._fast_tables(pos, side, torch.float32, False)
+            want = lp._fast.apply_fast(torch.eye(c).expand(1, enc.num_heads or 1, c, c), ft)
+            got = hf_decode.step_matrix(enc, pos, side, torch.float32, lambda: ft)
+            assert got.shape == (1, enc.num_heads or 1, c, c)
+            # equal bit for bit (NaN where the scale overflows at a far position: in both alike)
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=f"{p} {side}")
+    x = torch.randn(2, enc.num_heads or 3, 1, c)
+    pos = torch.tensor([[77.0]], dtype=torch.float64)
+    m = hf_decode.step_matrix(enc, pos, "key", torch.float32, lambda: enc._fast_tables(pos, "key", torch.float32, False))
+    assert torch.allclose(x @ m, enc.key(x, pos), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("how", ["in place", "new storage"])
+def test_a_cached_step_matrix_follows_the_parameters(how):
+    """The window of Mᵀ is keyed by the encoding's version: a parameter changed in place (an optimizer
+    step) or given a new storage (``p.data = …``) is never read from the stale window."""
+    enc = lp.xpos(16, layout="half")
+    pos = torch.tensor([[130.0]], dtype=torch.float64)
+
+    def matrix():
+        return hf_decode.step_matrix(enc, pos, "query", torch.float32,
+                                     lambda: enc._fast_tables(pos, "query", torch.float32, False))
+
+    before = matrix().clone()
+    assert torch.equal(matrix(), before)  # read from the window
+    with torch.no_grad():
+        if how == "in place":
+            enc.generator.freqs.mul_(1.5)
+        else:
+            enc.generator.freqs.data = enc.generator.freqs.data * 1.5
+    after = matrix()
+    ft = enc._fast_tables(pos, "query", torch.float32, False)
+    assert torch.equal(after, lp._fast.apply_fast(torch.eye(16).expand(1, 1, 16, 16), ft))
+    assert not torch.equal(after, before)
+
+
+def test_rope_decode_steps_read_their_matrices_from_a_window(monkeypatch):
+    """The encoded-key path (RoPE): a decode step builds no Mᵀ of its own (one window per 64 steps), and
+    the greedy tokens equal upstream's."""
+    model = tiny()
+    x = ids(20)
+    with torch.no_grad():
+        upstream = model.generate(x, max_new_tokens=70, do_sample=False)
+    patch_model(model, None)
+    hf_decode.MATRICES.clear()
+    windows = []
+    real = hf_decode._window_matrices
+    monkeypatch.setattr(hf_decode, "_window_matrices", lambda enc, base, *a: windows.append(base) or real(enc, base, *a))
+    with torch.no_grad():
+        patched = model.generate(x, max_new_tokens=70, do_sample=False)
+    assert torch.equal(patched, upstream)
+    assert windows == [0, 64]  # steps at 20 … 88: two windows, every step's Mᵀ from one of them
+
+
+def per_head_rates():
+    """Per-head rates that differ from block to block (not one decay per head): per-head keys."""
+    rates = -torch.linspace(0.01, 0.08, 4)[:, None] * torch.linspace(0.5, 1.5, 8)[None]  # (heads, blocks)
+    freqs = (1.0 / 10000 ** (torch.arange(8) / 8)).expand(4, 8)
+    return Encoding(lp.Generator(rates, freqs, [1] * 8, complex=[True] * 8), name="per-head")
+
+
+@pytest.mark.parametrize("name", ["retnet", "per-head"])
+def test_per_head_keys_over_grouped_heads(name):
+    """4 query heads over 2 key/value heads. RetNet (one decay per head): the store keeps the keys
+    rotated at HF's 2 heads and one decay factor per head and key; other per-head parameters: a key per
+    query head. Neither keeps values of its own (HF's grouped values serve); every decoded step equals
+    the full forward."""
+    enc = ENCODINGS["retnet"]() if name == "retnet" else per_head_rates()
+    model = patch_model(tiny(), enc)
+    x = ids(60)
+    steps, cache = decode(model, x, 40)
+    with torch.no_grad():
+        full = model(x[:, :-1], use_cache=False).logits[:, 39:]
+    assert (steps - full).abs().max() < 5e-5
+    st = cache.__dict__[hf_decode.STORES][0]
+    assert st.v is None and not st.own_v
+    if name == "retnet":
+        assert st.k.shape[1] == 2 and st.factor is not None and st.scale.shape[1] == 4
+    else:
+        assert st.k.shape[1] == 4 and st.factor is None
+
+
+def test_grouped_and_factored_attention_equal_sdpa():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 1, 16, generator=g), torch.randn(2, 4, 9, 16, generator=g)
+    v = torch.randn(2, 2, 9, 8, generator=g)
+    bias = torch.zeros(2, 1, 1, 9).masked_fill(torch.rand(2, 1, 1, 9, generator=g) < 0.3, -math.inf)
+    bias[..., -1] = 0.0  # the query's own key is visible
+    kr = torch.randn(2, 2, 9, 16, generator=g)  # keys at the 2 key heads, and per-head factors
+    kf, qf = torch.rand(1, 4, 9, generator=g) + 0.5, torch.rand(1, 4, 1, generator=g) + 0.5
+    per_head = kr.repeat_interleave(2, dim=1) * kf[..., None]  # the keys a per-head store would hold
+    for b in (None, bias):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v.repeat_interleave(2, dim=1), attn_mask=b,
+                                                                scale=0.3)
+        assert torch.allclose(hf_decode._grouped(q, k, v, b, 0.3), want, atol=1e-6)
+        want = torch.nn.functional.scaled_dot_product_attention(q * qf[..., None], per_head,
+                                                                v.repeat_interleave(2, dim=1), attn_mask=b, scale=0.3)
+        assert torch.allclose(hf_decode._factored_attention(q, kr, kf, qf, v, b, 0.3), want, atol=1e-6)
+
+
+def test_factored_only_for_one_decay_per_head():
+    assert hf_decode._factored(lp.retnet(4, 16), lp.retnet(4, 16).version) is not None
+    for enc in (per_head_rates(), lp.xpos(16), lp.alibi(4, 16), custom_jordan()):
+        assert hf_decode._factored(enc, enc.version) is None
+    rot, rates = hf_decode._factored(lp.retnet(4, 16), lp.retnet(4, 16).version)
+    enc, kx = lp.retnet(4, 16), torch.randn(1, 4, 5, 16, dtype=torch.float64)
+    s = torch.arange(5, dtype=torch.float64) * 7 - 3
+    want = enc.key(kx, s)  # G_h(s) k
+    got = rot.key(kx, s) * torch.exp(-rates[None, :, None, None] * s[None, None, :, None])
+    assert torch.allclose(got, want, atol=1e-12)

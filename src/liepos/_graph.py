@@ -4,16 +4,19 @@ Under ``torch.compile`` an :class:`liepos.Encoding` traces neither its float64 t
 angle reduction, ``exp``, ``cos``/``sin``, ``lgamma``) nor its apply: the graph holds one opaque custom
 op per side,
 
-* ``torch.ops.liepos.encode(x, positions, encoding id, side, with_slots) -> y`` — exactly the eager fast
-  path (:func:`liepos._fast.apply_fast` with the cached tables of :data:`liepos._fast.CACHE`, windows of
+* ``torch.ops.liepos.encode(x, positions, origin, encoding id, side, with_slots) -> y`` — exactly the eager
+  fast path (the positions and origin as the caller gave them, ``None`` or tensors of any real dtype,
+  converted and checked on real data as ``Encoding._relative`` and :func:`liepos.tables.check_range` do
+  eagerly, so the graph holds no conversion kernel and a compiled call refuses what an eager one refuses;
+  :func:`liepos._fast.apply_fast` with the cached tables of :data:`liepos._fast.CACHE`, windows of
   integer positions shared by a prefill and every decode step, the one-pass compiled half-layout kernel
   of :mod:`liepos._kernels` included); its fake implementation gives y's shape, dtype and strides (x's
   memory order, last dim the content width plus the slots), so the graph needs no table and no copy;
-* ``torch.ops.liepos.encode_transposed(g, positions, id, side, with_slots, dtype)`` — its backward,
+* ``torch.ops.liepos.encode_transposed(g, positions, origin, id, side, with_slots, dtype)`` — its backward,
   ``Mᵀ g``: the same routine with the rotation conjugated and the coupling transposed, as
   :class:`liepos._fast._Apply` does eagerly (registered with ``torch.library.register_autograd``; only
-  the positions are saved, never x);
-* ``torch.ops.liepos.encode_(x, positions, id, side)`` — ``inplace=True`` (mutates x), used when no
+  the positions and origin are saved, never x);
+* ``torch.ops.liepos.encode_(x, positions, origin, id, side)`` — ``inplace=True`` (mutates x), used when no
   gradient flows into x (otherwise the out-of-place op and a ``copy_``).
 
 Why not tables from an op and the elementwise apply traced: an op may not hand the graph its cached
@@ -42,8 +45,9 @@ import torch
 
 from liepos._fast import _empty, _forward, apply_fast
 from liepos.apply import LOW_PRECISION, work_dtype
+from liepos.tables import check_range
 
-__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "apply", "graph_id", "usable"]
+__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "Positions", "apply", "deferrable", "graph_id", "usable"]
 
 OP, OP_TRANSPOSED, OP_INPLACE = "liepos::encode", "liepos::encode_transposed", "liepos::encode_"
 
@@ -101,33 +105,73 @@ def _width(enc: Any, x: torch.Tensor, with_slots: bool) -> int:
 
 
 # ---------------------------------------------------------------------- the ops (run outside the graph)
-def _encode_impl(x: torch.Tensor, pos: torch.Tensor, enc_id: int, side: str, with_slots: bool) -> torch.Tensor:
+class Positions:
+    """Under ``torch.compile``: the positions as the caller gave them (``None``, or a tensor of any real
+    dtype) and the origin (``None`` or a tensor), handed to the op unconverted, so that the graph holds
+    no conversion (an int64 → float64 ``to``, an ``arange``, ``− origin``: each a tiny Inductor kernel
+    whose OpenMP region waits on a descheduled thread of a loaded machine). The op converts and checks
+    them eagerly, on real data, as ``Encoding._relative`` does outside a graph (NaN and inf refused with
+    the eager message). Anything else that reads them (the reference path's ``pos.to(device)``) gets
+    the traced float64 tensor: every other attribute is that of ``convert()``, built on first use."""
+
+    def __init__(self, positions: torch.Tensor | None, origin: torch.Tensor | None, convert: Callable) -> None:
+        self.positions, self.origin, self.convert = positions, origin, convert
+
+    def __getattr__(self, name: str) -> Any:
+        if "converted" not in self.__dict__:
+            self.converted = self.convert()
+        return getattr(self.converted, name)
+
+
+def deferrable(positions: Any, origin: Any) -> bool:
+    """Whether the op can take the positions and origin as given (tensors or None; numbers and lists are
+    converted in the graph, as constants)."""
+    return (positions is None or isinstance(positions, torch.Tensor)) and (
+        origin is None or isinstance(origin, torch.Tensor))
+
+
+def _relative(enc: Any, x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None,
+              side: str, checked: bool = True) -> torch.Tensor:
+    """The float64 positions relative to the origin, checked as eagerly (values, length rule, range)."""
+    pos = enc._relative(positions, x, origin, "positions")
+    if checked:
+        check_range(enc.generator, pos, side, x.dtype)
+    return pos
+
+
+def _encode_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: int,
+                 side: str, with_slots: bool) -> torch.Tensor:
     enc = _encoding(enc_id)
+    pos = _relative(enc, x, positions, origin, side)
     ft = enc._fast_tables(pos, side, work_dtype(x.dtype), with_slots)
     y = apply_fast(x, ft, out_dtype=_out_dtype(enc, x, with_slots))
     return y.clone() if y is x else y  # never an alias of the input
 
 
-def _encode_fake(x, pos, enc_id, side, with_slots):
+def _encode_fake(x, positions, origin, enc_id, side, with_slots):
     enc = _encoding(enc_id)
     return _empty(x, _width(enc, x, with_slots), _out_dtype(enc, x, with_slots))
 
 
-def _transposed_impl(g: torch.Tensor, pos: torch.Tensor, enc_id: int, side: str, with_slots: bool,
-                     dtype: torch.dtype) -> torch.Tensor:
-    ft = _encoding(enc_id)._fast_tables(pos, side, work_dtype(dtype), with_slots)
+def _transposed_impl(g: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: int,
+                     side: str, with_slots: bool, dtype: torch.dtype) -> torch.Tensor:
+    enc = _encoding(enc_id)
+    pos = _relative(enc, g, positions, origin, side, checked=False)  # the forward checked the same positions
+    ft = enc._fast_tables(pos, side, work_dtype(dtype), with_slots)
     if g.dtype != dtype and g.dtype != ft.dtype:
         g = g.to(ft.dtype)
     y = _forward(g, ft, False, conj=True, out_dtype=dtype)
     return y.clone() if y is g else y
 
 
-def _transposed_fake(g, pos, enc_id, side, with_slots, dtype):
+def _transposed_fake(g, positions, origin, enc_id, side, with_slots, dtype):
     return _empty(g, g.shape[-1], dtype)
 
 
-def _inplace_impl(x: torch.Tensor, pos: torch.Tensor, enc_id: int, side: str) -> None:
-    ft = _encoding(enc_id)._fast_tables(pos, side, work_dtype(x.dtype), False)
+def _inplace_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: int,
+                  side: str) -> None:
+    enc = _encoding(enc_id)
+    ft = enc._fast_tables(_relative(enc, x, positions, origin, side), side, work_dtype(x.dtype), False)
     apply_fast(x, ft, inplace=True)
 
 
@@ -136,35 +180,37 @@ _encode.register_fake(_encode_fake)
 _transposed = torch.library.custom_op(OP_TRANSPOSED, _transposed_impl, mutates_args=())
 _transposed.register_fake(_transposed_fake)
 _inplace = torch.library.custom_op(OP_INPLACE, _inplace_impl, mutates_args=("x",))
-_inplace.register_fake(lambda x, pos, enc_id, side: None)
+_inplace.register_fake(lambda x, positions, origin, enc_id, side: None)
 
 
 def _setup(ctx, inputs, output) -> None:
-    x, pos, enc_id, side, with_slots = inputs
-    ctx.save_for_backward(pos)
+    x, positions, origin, enc_id, side, with_slots = inputs
+    ctx.save_for_backward(positions, origin)
     ctx.args = (enc_id, side, with_slots, x.dtype, x.shape[-1])
 
 
 def _backward(ctx, g):
-    (pos,) = ctx.saved_tensors
+    positions, origin = ctx.saved_tensors
     enc_id, side, with_slots, dtype, content = ctx.args
-    gx = torch.ops.liepos.encode_transposed(g[..., :content], pos, enc_id, side, with_slots, dtype)
-    return gx, None, None, None, None
+    gx = torch.ops.liepos.encode_transposed(g[..., :content], positions, origin, enc_id, side, with_slots, dtype)
+    return gx, None, None, None, None, None
 
 
 _encode.register_autograd(_backward, setup_context=_setup)
 
 
 # ---------------------------------------------------------------------- the graph (traced)
-def apply(enc: Any, x: torch.Tensor, pos: torch.Tensor, side: str, with_slots: bool, inplace: bool) -> torch.Tensor:
-    """F or G of ``x`` (content columns; slot values appended when ``with_slots``) as one op in the graph."""
+def apply(enc: Any, x: torch.Tensor, pos: Any, side: str, with_slots: bool, inplace: bool) -> torch.Tensor:
+    """F or G of ``x`` (content columns; slot values appended when ``with_slots``) as one op in the graph;
+    ``pos``: the :class:`Positions` of ``Encoding._relative`` (else float64 positions, already relative)."""
     i = graph_id(enc)
+    raw, origin = (pos.positions, pos.origin) if isinstance(pos, Positions) else (pos, None)
     if inplace:
         width = _width(enc, x, with_slots)
         if width != x.shape[-1]:
             raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {width}")
         if not (torch.is_grad_enabled() and x.requires_grad):
-            torch.ops.liepos.encode_(x, pos, i, side)
+            torch.ops.liepos.encode_(x, raw, origin, i, side)
             return x
-        return x.copy_(torch.ops.liepos.encode(x, pos, i, side, with_slots))
-    return torch.ops.liepos.encode(x, pos, i, side, with_slots)
+        return x.copy_(torch.ops.liepos.encode(x, raw, origin, i, side, with_slots))
+    return torch.ops.liepos.encode(x, raw, origin, i, side, with_slots)

@@ -352,7 +352,11 @@ class Encoding:
                 f"which does)"
             )
 
-    def _relative(self, positions: Any, x: torch.Tensor, origin: Any, name: str) -> torch.Tensor:
+    def _relative(self, positions: Any, x: torch.Tensor, origin: Any, name: str, defer: bool = True) -> torch.Tensor:
+        if defer and torch.compiler.is_compiling() and _graph.deferrable(positions, origin) and self._graph_structure(
+            x, positions
+        ):  # the opaque op converts and checks them on real data: no conversion kernel in the graph
+            return _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
         pos = as_positions(positions, x.shape[-2], x.shape[0], name, self.num_axes)
         self._check_length(pos, name)
         if origin is not None:
@@ -437,7 +441,8 @@ class Encoding:
         (the eager fast path), else the traced readable path (learnable generator, positions needing
         grad, a basis, a gather partner, complex x), which differentiates through the tables."""
         g = self.generator
-        if g.basis is not None or pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad:
+        pos = pos.positions if isinstance(pos, _graph.Positions) else pos  # as given (None: 0 … seq − 1)
+        if g.basis is not None or (pos is not None and pos.requires_grad) or g.rates.requires_grad or g.freqs.requires_grad:
             return False
         if x.is_complex() or (g.nus is not None and g.nus.requires_grad):
             return False

@@ -41,7 +41,7 @@ from liepos._fast import FastTables, apply_fast
 from liepos.encoding import Encoding
 from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
-from liepos.interop.hf_decode import attend, hf_visible, identity, remember
+from liepos.interop.hf_decode import attend, hf_visible, remember, step_matrix
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -76,15 +76,18 @@ class _Positions:
         self.tables[key] = ft
         return ft
 
-    def matrix(self, key: Any, ft: FastTables, x: torch.Tensor, heads: int) -> torch.Tensor:
-        """``Mᵀ`` ``(1, H|1, d, d)`` of the tables at one position: row i is the transform of e_i, so
-        ``x @ Mᵀ`` is the transform of every row of ``x`` in one matmul — the same one or two products
-        per output dim as the pass per block kind, the rest exact zeros (a non-finite entry spreads over
-        its token's row, a token whose scores are not finite either way)."""
+    def matrix(self, key: Any, enc: Encoding, pos: torch.Tensor, side: str, x: torch.Tensor) -> torch.Tensor | None:
+        """``Mᵀ`` ``(1, H|1, d, d)`` at the one position ``pos``, once per forward (None: no fast form):
+        row i is the transform of e_i, so ``x @ Mᵀ`` is the transform of every row of ``x`` in one matmul —
+        the same one or two products per output dim as the pass per block kind, the rest exact zeros (a
+        non-finite entry spreads over its token's row, a token whose scores are not finite either way).
+        Rows of a cached window of them (:func:`liepos.interop.hf_decode.step_matrix`) where it can."""
         m = self.tables.get(("matrix",) + key)
         if m is None:
-            d = x.shape[-1]
-            m = apply_fast(identity(d, x.dtype, x.device).expand(1, heads, d, d), ft)
+            if not enc._fast_usable(x, pos):
+                return None
+            check_range(enc.generator, pos, side, x.dtype)
+            m = step_matrix(enc, pos, side, x.dtype, lambda: self.fast(enc, pos, side, key, x))
             self.tables[("matrix",) + key] = m
         return m
 
@@ -113,11 +116,20 @@ class _Layer:
         if pos is None:
             seen = self.call.get("seen", 0)
             pos = torch.arange(seen, seen + S, device=like.device)
+        else:  # the forward's positions: converted once for every layer
+            out = self.positions.tables.get(("times", like.device))
+            if out is None:
+                out = self.positions.tables[("times", like.device)] = self._converted(pos, like.device)
+            return out
+        return self._converted(pos, like.device)
+
+    @staticmethod
+    def _converted(pos: torch.Tensor, device: torch.device) -> torch.Tensor:
         if pos.dim() == 1:
             pos = pos.unsqueeze(0)
         if pos.dim() == 3:  # M-RoPE: (axes, B, S) -> (B, S, axes)
             pos = pos.permute(1, 2, 0)
-        return pos.to(like.device, torch.float64)
+        return pos.to(device, torch.float64)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.family.seq_first:
@@ -144,12 +156,15 @@ class _Layer:
             out = getattr(self.encoding, side)(x, pos)
         else:
             enc = self.encoding
-            key = (id(enc), side if self.sided else "both", x.dtype, x.device, tuple(pos.shape))
-            ft = self.positions.fast(enc, pos, side, key, x)
-            if ft is None:  # a basis, a gathered partner, learned parameters: the readable path
-                out = enc._apply(x, pos, side)
-            elif pos.numel() == 1 and x.dtype not in _LOW:  # a decode step: one matmul, Mᵀ built once per forward
-                out = x @ self.positions.matrix(key, ft, x, enc.num_heads or 1)
+            side = side if self.sided else "query"  # a rotation: F and G are the same tables
+            key = (id(enc), side, x.dtype, x.device, tuple(pos.shape))
+            m = None
+            if pos.numel() == 1 and x.dtype not in _LOW and x.shape[-1] == enc.dim:  # a decode step: one matmul
+                m = self.positions.matrix(key, enc, pos, side, x)
+            if m is not None:
+                out = x @ m
+            elif (ft := self.positions.fast(enc, pos, side, key, x)) is None:
+                out = enc._apply(x, pos, side)  # a basis, a gathered partner, learned parameters: the readable path
             else:
                 out = apply_fast(x, ft)
         if self.pad:
@@ -233,7 +248,9 @@ def _key_times(cache: Any, layer: int, pos: torch.Tensor, n_keys: int, seen: int
     buf[:, total:total + S] = pos  # (1|B, S)
     times = buf[:, : total + S]  # (B, seen + S)
     store[layer] = (buf, total + S)
-    if n_keys >= seen + S:  # everything so far (dynamic), or a static buffer with unfilled slots
+    if n_keys == seen + S:  # everything so far (dynamic): a view of the buffer, nothing copied
+        return times, 0
+    if n_keys > seen + S:  # a static buffer with unfilled slots
         pad = times.new_zeros(B, n_keys - seen - S)
         return torch.cat((times, pad), dim=-1), 0
     return times[:, times.shape[-1] - n_keys:], seen + S - n_keys  # a sliding window's latest keys
