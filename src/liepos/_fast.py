@@ -84,6 +84,9 @@ class FastTables:
     dtype: torch.dtype
     identity: bool = False
     extra: dict = field(default_factory=dict)
+    # the whole transform as shifted terms (coupled encodings only, see :func:`_terms`): offsets,
+    # structural masks and the tables (..., S, J, content)
+    terms: tuple[tuple[int, ...], tuple[tuple[int, ...], ...], torch.Tensor] | None = None
 
     def rows(self, lo: int, hi: int) -> FastTables:
         """The tables of rows ``lo:hi`` of the position axis (views, nothing copied)."""
@@ -97,9 +100,10 @@ class FastTables:
         cp = None
         if self.coupling is not None:
             cp = (self.coupling[0], self.coupling[1], sl(self.coupling[2]))
+        terms = None if self.terms is None else (*self.terms[:2], self.terms[2][..., lo:hi, :, :])
         return FastTables(
             self.width, self.content, runs, cp, sl(self.slot_vals),
-            None if self.rowmax is None else self.rowmax[..., lo:hi], self.dtype, self.identity,
+            None if self.rowmax is None else self.rowmax[..., lo:hi], self.dtype, self.identity, terms=terms,
         )
 
     def nbytes(self) -> int:
@@ -108,7 +112,8 @@ class FastTables:
             for t in (r.tab if isinstance(r.tab, tuple) else (r.tab,)):
                 if t is not None:
                     n += t.numel() * t.element_size()
-        for t in (self.slot_vals, self.rowmax, None if self.coupling is None else self.coupling[2]):
+        extra = (None if self.coupling is None else self.coupling[2], None if self.terms is None else self.terms[2])
+        for t in (self.slot_vals, self.rowmax, *extra):
             if t is not None:
                 n += t.numel() * t.element_size()
         return n
@@ -174,7 +179,58 @@ def fast_tables(t: Tables, content: int, work: torch.dtype, slot_vals: torch.Ten
         keep = [i for i, d in enumerate(dst) if d < content]
         if keep:
             cp = ([dst[i] for i in keep], [src[i] for i in keep], t.coef[..., keep].to(work))
-    return FastTables(content, content, runs, cp, slot_vals, rowmax, work)
+    terms = _terms(t, content, work) if cp is not None else None
+    return FastTables(content, content, runs, cp, slot_vals, rowmax, work, terms=terms)
+
+
+def _terms(t: Tables, D: int, work: torch.dtype):
+    """The transform of the first ``D`` storage columns as shifted terms, for the one-pass kernel.
+
+    ``y = couple(z)``, ``z = a ⊙ x + b ⊙ x[π]`` (π the plane partner), ``y[d] = z[d] + Σ_p c_p z[src_p]``
+    over the pairs with ``dst_p = d``, expanded into ``y[d] = Σ_j T_j[d] · x[d + o_j]``: one term per
+    distinct offset ``o = (source column) − d``, with ``T_0 = a``, ``T_{π(d)−d} = b`` and ``c_p a[s]``,
+    ``c_p b[s]`` at offsets ``s − d`` and ``π(s) − d``. ``masks[j][d]`` marks the terms that exist (a
+    structural zero), so the kernel reads no column a term does not have. Returns ``(offsets, masks,
+    T)`` with ``T`` ``(..., S, J, D)`` in ``work`` (products taken in float64, rounded once), or None
+    when a pair reaches past column ``D``.
+    """
+    pidx = t.partner_index.tolist()
+    dst, src = t.dst.tolist(), t.src.tolist()
+    if any(d < D <= s for d, s in zip(dst, src)):
+        return None
+    rot = t.b is not None and t.planes > 0
+    cols, offs, vsrc, csrc = [], [], [], []  # column, offset, value column (a: e, b: D + e), coefficient (-1: none)
+    for d in range(D):
+        cols.append(d), offs.append(0), vsrc.append(d), csrc.append(-1)
+        if rot and pidx[d] != d:
+            cols.append(d), offs.append(pidx[d] - d), vsrc.append(D + d), csrc.append(-1)
+    for p, (d, s) in enumerate(zip(dst, src)):
+        if d >= D:
+            continue
+        cols.append(d), offs.append(s - d), vsrc.append(s), csrc.append(p)
+        if rot and pidx[s] != s:
+            cols.append(d), offs.append(pidx[s] - d), vsrc.append(D + s), csrc.append(p)
+    offsets = tuple(sorted(set(offs), key=lambda o: (o != 0, abs(o), o)))
+    j_of = {o: j for j, o in enumerate(offsets)}
+    J = len(offsets)
+    masks = [[0] * D for _ in range(J)]
+    for d, o in zip(cols, offs):
+        masks[j_of[o]][d] = 1
+    a = t.a[..., :D] if t.a is not None else None
+    b = t.b[..., :D] if rot else None
+    ref = next(u for u in (a, b, t.coef) if u is not None)
+    lead = torch.broadcast_shapes(*(u.shape[:-1] for u in (a, b, t.coef) if u is not None))  # (..., S)
+    ones = torch.ones(*lead, D, dtype=torch.float64, device=ref.device)
+    vals = torch.cat([(ones if a is None else a).expand(*lead, D), (ones if b is None else b).expand(*lead, D)], -1)
+    v = vals.index_select(-1, torch.tensor(vsrc, device=ref.device))  # (..., S, entries)
+    cidx = [max(c, 0) for c in csrc]
+    if t.coef is not None:
+        c = t.coef.expand(*lead, t.coef.shape[-1]).index_select(-1, torch.tensor(cidx, device=ref.device))
+        v = v * torch.where(torch.tensor(csrc, device=ref.device) >= 0, c, 1.0)
+    T = torch.zeros(*lead, J * D, dtype=torch.float64, device=ref.device)
+    T.index_add_(-1, torch.tensor([j_of[o] * D + d for d, o in zip(cols, offs)], device=ref.device), v)
+    T = T.unflatten(-1, (J, D))  # (..., S, J*D) -> (..., S, J, D)
+    return offsets, tuple(tuple(m) for m in masks), T.to(work)
 
 
 def _real_runs(a: torch.Tensor | None, lo: int, hi: int, work: torch.dtype) -> list[Run]:
@@ -315,6 +371,8 @@ def _forward(
     if y is not None:
         return y
     out = x if inplace else _empty(x, width, out_dtype or x.dtype)
+    if _terms_pass(x, out, ft, conj):
+        return out
     if x.dtype == ft.dtype and out.dtype == ft.dtype:
         _runs(x, out, ft, conj, inplace)
         _couple(out, ft.coupling, conj, lambda t: t)
@@ -336,6 +394,38 @@ def _forward(
                 ws[..., ft.content :].copy_(pick(ft.slot_vals).expand(1, h1 - h0, S, -1))
             out[b : b + 1, h0:h1].copy_(ws)
     return out
+
+
+def _transposed_terms(ft: FastTables):
+    """The terms of ``Mᵀ``: ``(Mᵀ g)[e] = Σ_j T_j[e − o_j] g[e − o_j]``, i.e. offsets ``−o_j`` with the
+    tables and masks shifted by ``o_j`` along the columns (a pass over the tables only, not over g)."""
+    offsets, masks, T = ft.terms
+    D = T.shape[-1]
+    Tt = torch.zeros_like(T)
+    mt = []
+    for j, o in enumerate(offsets):
+        if o >= 0:
+            Tt[..., j, o:] = T[..., j, : D - o]
+        else:
+            Tt[..., j, : D + o] = T[..., j, -o:]
+        mt.append(tuple(masks[j][e - o] if 0 <= e - o < D else 0 for e in range(D)))
+    return tuple(-o for o in offsets), tuple(mt), Tt
+
+
+def _terms_pass(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool) -> bool:
+    """``out = M x`` (``Mᵀ x`` when ``conj``) as one native pass over the shifted terms of a coupled
+    encoding, slots appended; False when it does not run (the caller takes the run-by-run ops)."""
+    if ft.terms is None or out.dtype != x.dtype or x.shape[-1] != ft.content:
+        return False
+    offsets, masks, T = _transposed_terms(ft) if conj else ft.terms
+    while T.dim() < 5:
+        T = T.unsqueeze(0)  # (S, J, D), (H, S, J, D), (B, 1, S, J, D) -> (B|1, H|1, S, J, D)
+    into = out if out.shape[-1] == ft.content else out[..., : ft.content]
+    if _kernels.apply_terms(x, T, offsets, masks, into=into) is None:
+        return False
+    if ft.slot_vals is not None and not conj:
+        out[..., ft.content :].copy_(_as4(ft.slot_vals).expand(*x.shape[:-1], -1))
+    return True
 
 
 def _one_pass(x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool, out_dtype: torch.dtype) -> torch.Tensor | None:
