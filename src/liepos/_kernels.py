@@ -261,6 +261,13 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even, NaN -> 0x7fc0:
 #define ROWS \
     _Pragma("omp parallel for collapse(3) schedule(static) num_threads(nthreads)") \
     for (int64_t b = 0; b < B; b++) for (int64_t h = 0; h < H; h++) for (int64_t s = 0; s < S; s++)
+/* rows in tiles of TILE positions, every head of a tile before the next: a table row shared by the heads is
+   read from memory once and from L1/L2 by the others */
+#define TILE 32
+#define TILED_ROWS \
+    _Pragma("omp parallel for collapse(2) schedule(static) num_threads(nthreads)") \
+    for (int64_t b = 0; b < B; b++) for (int64_t s0 = 0; s0 < S; s0 += TILE) \
+    for (int64_t h = 0; h < H; h++) for (int64_t s = s0; s < (s0 + TILE < S ? s0 + TILE : S); s++)
 """
 # y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j] per row, accumulated in the tables' type; x is copied into a
 # zero-padded row first, so y may be x (in place) and no read leaves the row
@@ -272,7 +279,7 @@ static const int64_t OFF[J] = {{{OFF}}};
 static const unsigned char MASK[J][D] = {{{MASK}}};
 void run(const X* x, X* y, const W* t, int64_t B, int64_t H, int64_t S, int64_t xb, int64_t xh, int64_t xs,
          int64_t yb, int64_t yh, int64_t ys, int64_t tb, int64_t th, int64_t ts, int64_t tj, int64_t nthreads) {{
-    ROWS {{
+    TILED_ROWS {{
         const X* xr = x + b * xb + h * xh + s * xs;
         X* yr = y + b * yb + h * yh + s * ys;
         const W* tr = t + b * tb + h * th + s * ts;
