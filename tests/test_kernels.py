@@ -24,6 +24,8 @@ def kernels_on_small_inputs(monkeypatch):
     """Every input takes the compiled kernel (the tests' tensors are under MIN_ELEMS), in small slabs."""
     monkeypatch.setattr(_kernels, "MIN_ELEMS", 0)
     monkeypatch.setattr(_kernels, "SLAB_BYTES", 3 * 5 * 16 * 8)  # a few rows: several slabs of both kinds
+    monkeypatch.setattr(_kernels, "TILE", 4)  # the terms kernel in tiles of 4 positions (a ragged last one)
+    monkeypatch.setattr(_kernels, "TILE_ABOVE_BYTES", 0)
     yield
 
 
@@ -252,6 +254,18 @@ def test_terms_kernel_equals_torch_ops_equals_dense(name, dtype, bshd, kernels_o
         assert got.stride() == ops.stride()
         _close(got, ops, getattr(enc, f"{side}_reference")(x.double(), pos))
     assert _terms_ran() and not _kernels.status()["failed"]
+
+
+@pytest.mark.parametrize("name", ["jordan3_bank", "mixed_half", "slots"])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_terms_kernel_head_after_head(name, bshd, kernels_on_small_inputs, monkeypatch):
+    """Below TILE_ABOVE_BYTES the rows run head after head (one tile per sequence): the same values."""
+    enc = JORDAN[name]()
+    q, k, pos = _inputs(enc, torch.float32, bshd)
+    tiled = enc.key(k, pos)
+    monkeypatch.setattr(_kernels, "TILE_ABOVE_BYTES", 1 << 40)
+    assert torch.equal(enc.key(k, pos), tiled)
+    _close(enc.query(q, pos), enc.query(q, pos), enc.query_reference(q.double(), pos))
 
 
 @pytest.mark.parametrize("name", ["jordan3_bank", "complex_jordan", "mixed", "mixed_half"])
