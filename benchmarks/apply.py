@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -105,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(shape) != 4 or min(shape) < 1:
         p.error(f"--shape must be four positive integers batch,heads,seq,dim, got {a.shape!r}")
     rounds = a.rounds or (3 if a.quick else 9)
+    load = [os.getloadavg()[0]]
     res = measure(shape, rounds)
+    load.append(os.getloadavg()[0])
     lines = [f"queries + keys {shape}, float32, median of {rounds} interleaved rounds\n",
              "| contender | time (ms) | ratio | to |", "|---|---|---|---|"]
     for n, r in res.items():
@@ -116,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd = " ".join(["python benchmarks/apply.py", *sys.argv[1:]])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
-                                                      "threads": torch.get_num_threads(), "results": res}, indent=1))
-    head = f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+                                                      "threads": torch.get_num_threads(), "load_average": load,
+                                                      "results": res}, indent=1))
+    head = (f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"load average {load[0]:.2f} before, {load[1]:.2f} after)")
     (RESULTS / f"{name}.md").write_text(f"{head}\n\n{text}\n")
     return 0
 
