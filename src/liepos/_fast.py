@@ -16,8 +16,11 @@ is read and written. The readable form (:func:`liepos.encoding.apply_tables`) bu
 * ``copy`` — NoPE dims (``a ≡ 1``): a copy (nothing at all in place);
 
 then Jordan blocks of size ≥ 2 add their nilpotent coupling ``y[dst] += c · z[src]`` on their few
-columns only. Slots never go through ``torch.cat``: their encoded values depend on the position alone
-and are written into the output's last columns.
+columns only. That coupling is one ``addcmul_`` per pair on a strided column (63 for
+``build("jordan", 64)``), so a coupled encoding is also expanded into *shifted terms* (:func:`_terms`)
+and applied in one native pass (:func:`liepos._kernels.apply_terms`) where that kernel runs; the runs
+and the coupling are its fallback. Slots never go through ``torch.cat``: their encoded values depend
+on the position alone and are written into the output's last columns.
 
 Because every canonical block's transform is ``e^{λt} P(t)ᵀ ⊗ R(ωt)`` (commuting parts), the backward,
 ``Mᵀ g``, is the same routine with the rotation conjugated and the coupling transposed: only the tables
@@ -34,6 +37,7 @@ Everything else here is plain PyTorch on strided views: the same ``FastTables`` 
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import OrderedDict
@@ -194,12 +198,39 @@ def _terms(t: Tables, D: int, work: torch.dtype):
     T)`` with ``T`` ``(..., S, J, D)`` in ``work`` (products taken in float64, rounded once), or None
     when a pair reaches past column ``D``.
     """
-    pidx = t.partner_index.tolist()
-    dst, src = t.dst.tolist(), t.src.tolist()
+    rot = t.b is not None and t.planes > 0
+    st = _term_structure(tuple(t.partner_index.tolist()), tuple(t.dst.tolist()), tuple(t.src.tolist()), D, rot)
+    if st is None:
+        return None
+    offsets, masks, vsrc, csrc, flat = st
+    a = t.a[..., :D] if t.a is not None else None
+    b = t.b[..., :D] if rot else None
+    ref = next(u for u in (a, b, t.coef) if u is not None)
+    dev = ref.device
+    lead = torch.broadcast_shapes(*(u.shape[:-1] for u in (a, b, t.coef) if u is not None))  # (..., S)
+    ones = torch.ones(*lead, D, dtype=torch.float64, device=dev)
+    # (..., S, 2D): a's columns, then b's (ones where a table is absent: a is the identity's scale)
+    vals = torch.cat([(ones if a is None else a).expand(*lead, D), (ones if b is None else b).expand(*lead, D)], -1)
+    v = vals.index_select(-1, torch.tensor(vsrc, device=dev))  # (..., S, entries)
+    if t.coef is not None:
+        cidx = torch.tensor([max(c, 0) for c in csrc], device=dev)
+        c = t.coef.expand(*lead, t.coef.shape[-1]).index_select(-1, cidx)  # (..., S, entries)
+        v = v * torch.where(torch.tensor(csrc, device=dev) >= 0, c, 1.0)
+    T = torch.zeros(*lead, len(offsets) * D, dtype=torch.float64, device=dev)
+    T.index_add_(-1, torch.tensor(flat, device=dev), v)
+    T = T.unflatten(-1, (len(offsets), D))  # (..., S, J*D) -> (..., S, J, D)
+    return offsets, masks, T.to(work)
+
+
+@functools.lru_cache(maxsize=64)
+def _term_structure(pidx: tuple[int, ...], dst: tuple[int, ...], src: tuple[int, ...], D: int, rot: bool):
+    """The structural part of :func:`_terms` (it depends on the plan only, so real positions, whose tables
+    are built per call, do not redo it): ``(offsets, masks, vsrc, csrc, flat)`` — per entry the value
+    column (``e`` for ``a[e]``, ``D + e`` for ``b[e]``), the coupling pair (−1: none) and the flat index
+    ``j·D + d`` into the tables; None when a pair reaches past column ``D``."""
     if any(d < D <= s for d, s in zip(dst, src)):
         return None
-    rot = t.b is not None and t.planes > 0
-    cols, offs, vsrc, csrc = [], [], [], []  # column, offset, value column (a: e, b: D + e), coefficient (-1: none)
+    cols, offs, vsrc, csrc = [], [], [], []
     for d in range(D):
         cols.append(d), offs.append(0), vsrc.append(d), csrc.append(-1)
         if rot and pidx[d] != d:
@@ -212,25 +243,11 @@ def _terms(t: Tables, D: int, work: torch.dtype):
             cols.append(d), offs.append(pidx[s] - d), vsrc.append(D + s), csrc.append(p)
     offsets = tuple(sorted(set(offs), key=lambda o: (o != 0, abs(o), o)))
     j_of = {o: j for j, o in enumerate(offsets)}
-    J = len(offsets)
-    masks = [[0] * D for _ in range(J)]
+    masks = [[0] * D for _ in offsets]
     for d, o in zip(cols, offs):
         masks[j_of[o]][d] = 1
-    a = t.a[..., :D] if t.a is not None else None
-    b = t.b[..., :D] if rot else None
-    ref = next(u for u in (a, b, t.coef) if u is not None)
-    lead = torch.broadcast_shapes(*(u.shape[:-1] for u in (a, b, t.coef) if u is not None))  # (..., S)
-    ones = torch.ones(*lead, D, dtype=torch.float64, device=ref.device)
-    vals = torch.cat([(ones if a is None else a).expand(*lead, D), (ones if b is None else b).expand(*lead, D)], -1)
-    v = vals.index_select(-1, torch.tensor(vsrc, device=ref.device))  # (..., S, entries)
-    cidx = [max(c, 0) for c in csrc]
-    if t.coef is not None:
-        c = t.coef.expand(*lead, t.coef.shape[-1]).index_select(-1, torch.tensor(cidx, device=ref.device))
-        v = v * torch.where(torch.tensor(csrc, device=ref.device) >= 0, c, 1.0)
-    T = torch.zeros(*lead, J * D, dtype=torch.float64, device=ref.device)
-    T.index_add_(-1, torch.tensor([j_of[o] * D + d for d, o in zip(cols, offs)], device=ref.device), v)
-    T = T.unflatten(-1, (J, D))  # (..., S, J*D) -> (..., S, J, D)
-    return offsets, tuple(tuple(m) for m in masks), T.to(work)
+    flat = tuple(j_of[o] * D + d for d, o in zip(cols, offs))
+    return offsets, tuple(tuple(m) for m in masks), tuple(vsrc), tuple(csrc), flat
 
 
 def _real_runs(a: torch.Tensor | None, lo: int, hi: int, work: torch.dtype) -> list[Run]:
@@ -401,15 +418,20 @@ def _transposed_terms(ft: FastTables):
     tables and masks shifted by ``o_j`` along the columns (a pass over the tables only, not over g)."""
     offsets, masks, T = ft.terms
     D = T.shape[-1]
-    Tt = torch.zeros_like(T)
-    mt = []
+    Tt = torch.zeros_like(T)  # (..., S, J, D)
     for j, o in enumerate(offsets):
         if o >= 0:
             Tt[..., j, o:] = T[..., j, : D - o]
         else:
             Tt[..., j, : D + o] = T[..., j, -o:]
-        mt.append(tuple(masks[j][e - o] if 0 <= e - o < D else 0 for e in range(D)))
-    return tuple(-o for o in offsets), tuple(mt), Tt
+    return tuple(-o for o in offsets), _shifted_masks(offsets, masks), Tt
+
+
+@functools.lru_cache(maxsize=64)
+def _shifted_masks(offsets: tuple[int, ...], masks: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """``mask_j[e − o_j]`` (0 outside the row): the masks of the transposed terms."""
+    D = len(masks[0])
+    return tuple(tuple(m[e - o] if 0 <= e - o < D else 0 for e in range(D)) for o, m in zip(offsets, masks))
 
 
 def _terms_pass(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool) -> bool:

@@ -1,4 +1,4 @@
-"""One-pass elementwise kernels compiled by Inductor, with the plain torch ops as their fallback.
+"""One-pass elementwise kernels — compiled by Inductor, or native C — with the plain torch ops as their fallback.
 
 The half layout rotates planes (k, k + P)::
 
@@ -12,10 +12,19 @@ x is upcast in registers and the low-precision output written directly (no float
 tables are float32 (or float64 for float64 inputs), as in the torch-op path, so the values are those of
 the torch-op rotation (:func:`liepos._fast._rot`) up to the rounding of a fused multiply-add.
 
-In place (``into`` is ``x``, or a slice of a wider output) the rotation runs in slabs of the leading
-axes of about :data:`SLAB_BYTES` (L3-resident): the compiled kernel writes a fresh slab and a ``copy_``
-puts it where it belongs, so x is read once and written once from memory (Inductor cannot write into
-the input it reads at another index without a full-size temporary).
+In place (``into`` is ``x``) the rotation is the native kernel below: one pass, both halves of a plane
+loaded and both stored in one iteration. Inductor cannot write into the input it reads at another index
+without a full-size temporary, so where the native kernel does not run (or ``into`` is a slice of a
+wider output) the compiled kernel runs in slabs of the leading axes of about :data:`SLAB_BYTES`
+(L3-resident), writing a fresh slab that a ``copy_`` puts where it belongs.
+
+Native kernels (CPU): :func:`apply_terms`, the whole transform of a Jordan-coupled encoding as a sum of
+column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
+:func:`liepos._fast._terms`), and the in-place half-layout rotation. Each variant is a small C file
+generated with its constants (dtype, width, offsets, masks), compiled by the system C compiler at its
+first use (about 0.15 s; never at import), cached on disk (:data:`CACHE_ENV`) and called through
+``ctypes``; x of float32, float64, bfloat16 or float16 is read and written directly (half precision
+computed in float32 in registers and rounded as torch rounds).
 
 Compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a
 new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
@@ -25,8 +34,8 @@ The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
 
 * ``LIEPOS_KERNELS=0`` (also ``false``/``off``/``no``) is set — logged once at INFO;
 * the device is neither CPU nor CUDA, or ``torch._dynamo``/``torch._inductor`` cannot be imported;
-* compiling a variant fails (no C++ compiler, no Triton, …) — warned once with the reason, and that
-  variant is never tried again;
+* compiling a variant fails (no C/C++ compiler, no Triton, an unwritable cache, …) — warned once with
+  the reason, and that variant is never tried again;
 * the input is small (under :data:`MIN_ELEMS` elements: a compiled call costs ~30 µs of guards and
   wrappers, more than the torch ops on a decode step) or not contiguous in a layout the kernel takes.
 
