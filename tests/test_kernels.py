@@ -231,6 +231,8 @@ JORDAN = {
     "mixed": lambda: _jordan_mixed("interleaved"),
     "mixed_half": lambda: _jordan_mixed("half"),
     "slots": _jordan_with_slots,
+    # per-head rates: tables (H, S, J, D), one row per head
+    "per_head": lambda: lp.Encoding(Generator(-torch.linspace(0.01, 0.3, 8).reshape(4, 2), torch.zeros(4, 2), [3, 2])),
 }
 
 
@@ -322,17 +324,21 @@ def test_terms_kernel_keeps_non_finite_values_in_their_block(kernels_on_small_in
     freq=st.floats(0.0, 2.0),
     start=st.integers(-40, 40),
     real=st.booleans(),
+    per_batch=st.booleans(),
 )
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_terms_kernel_at_random_rates_and_positions(rates, freq, start, real, kernels_on_small_inputs):
-    """Any rates, a rotating block's frequency, integer ranges (cached windows) or real positions (tables
-    built per call): the kernel gives the dense reference's values."""
+def test_terms_kernel_at_random_rates_and_positions(rates, freq, start, real, per_batch, kernels_on_small_inputs):
+    """Any rates, a rotating block's frequency, integer ranges (cached windows), real positions (tables
+    built per call) or one row of positions per batch item (tables (B, 1, S, J, D)): the kernel gives the
+    dense reference's values."""
     g = direct_sum(Generator([rates[0]], [freq], [2]), Generator([rates[1]], [0.0], [3]), lp.nope(1).generator)
     enc = lp.Encoding(g)
     x = torch.randn(2, 3, 8, enc.dim, dtype=torch.float64)
     pos = torch.arange(start, start + 8, dtype=torch.float64)
     if real:
         pos = pos * 0.37 + 0.1
+    if per_batch:
+        pos = torch.stack((pos, pos.flip(0) - 3.0))  # (B, S)
     for side in ("query", "key"):
         got = getattr(enc, side)(x, pos)
         ref = getattr(enc, f"{side}_reference")(x, pos)
