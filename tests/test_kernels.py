@@ -309,6 +309,7 @@ def test_terms_kernel_keeps_non_finite_values_in_their_block(col, kernels_on_sma
     torch ops do (a multiply by a zero table entry would spread NaN to the neighbouring block). Column 3
     starts the second 3×3 block; 0 and 15 (NoPE) are what a row read in place reads of its neighbours."""
     enc = lp.build("jordan", 16)
+    torch.manual_seed(col)
     x = torch.randn(2, 3, 9, 16)
     x[..., col] = float("inf")
     pos = torch.arange(1, 10)
@@ -318,7 +319,7 @@ def test_terms_kernel_keeps_non_finite_values_in_their_block(col, kernels_on_sma
             ops = f(x, pos)
         assert torch.equal(got.isfinite(), ops.isfinite()) and got[..., 6:9].isfinite().all()
         fin = ops.isfinite()
-        assert torch.allclose(got[fin], ops[fin], rtol=1e-6, atol=1e-6)
+        _close(got[fin], ops[fin])  # one rounding apart, as for finite inputs
 
 
 @given(
