@@ -1,7 +1,9 @@
-"""The Inductor-compiled one-pass kernels (liepos._kernels) against the torch-op fallback and the
-float64 dense reference: both layouts' encodings, slots, coupling/Jordan columns, BSHD strides,
-grouped-query broadcast tables, in place, bfloat16, backward; compiled once per variant; the fallback
-is announced, never silent."""
+"""The one-pass kernels of liepos._kernels — Inductor's half-layout rotation, the native in-place rotation
+and the native terms kernel of Jordan-coupled encodings — against the torch-op fallback and the float64
+dense reference: both layouts' encodings, slots, coupling/Jordan columns (real and rotating blocks, per
+head), BSHD strides, grouped-query broadcast tables, in place, bfloat16/float16, backward (gradcheck);
+compiled once per variant; the fallback is announced, never silent; without a C compiler the values are
+checked all the same."""
 
 from __future__ import annotations
 
@@ -84,7 +86,7 @@ def test_kernel_equals_fallback_equals_dense(name, dtype, bshd, kernels_on_small
             assert float((got.double() - ops.double()).abs().max() / scale) <= tol
             assert float((got.double() - ref).abs().max() / scale) <= 10 * tol
     assert len(_kernels.status()["compiled"]) > before or before > 0  # the kernel did run
-    assert not _kernels.status()["failed"]
+    assert not [k for k in _kernels.status()["failed"] if k[0] != "native" or HAVE_CC]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor | None = None) -> None:
@@ -124,8 +126,7 @@ def test_kernel_in_place_is_in_place_and_equals_out_of_place(name, dtype, bshd, 
             z = x.clone()
             f(z, pos, inplace=True)
         _close(y, z)
-    assert any("halves" in v for v in _kernels.status()["native"])
-    assert not _kernels.status()["failed"]
+    assert any("halves" in v for v in _kernels.status()["native"]) or not HAVE_CC
 
 
 @pytest.mark.parametrize("name", ["rope_half", "mixed_half", "slots_half"])
@@ -236,8 +237,13 @@ JORDAN = {
 }
 
 
+# a machine without a C compiler runs the torch ops (warned once): the values are checked all the same,
+# only the assertions that the native kernel ran are conditional
+HAVE_CC = _kernels._compiler() is not None
+
+
 def _terms_ran() -> bool:
-    return any("terms" in v for v in _kernels.status()["native"])
+    return any("terms" in v for v in _kernels.status()["native"]) or not HAVE_CC
 
 
 @pytest.mark.parametrize("name", list(JORDAN))
@@ -255,7 +261,7 @@ def test_terms_kernel_equals_torch_ops_equals_dense(name, dtype, bshd, kernels_o
             ops = f(x, pos)
         assert got.stride() == ops.stride()
         _close(got, ops, getattr(enc, f"{side}_reference")(x.double(), pos))
-    assert _terms_ran() and not _kernels.status()["failed"]
+    assert _terms_ran() and (not _kernels.status()["failed"] or not HAVE_CC)
 
 
 @pytest.mark.parametrize("name", ["jordan3_bank", "mixed_half", "slots"])
@@ -382,6 +388,7 @@ def test_no_compiler_warns_once_and_falls_back(kernels_on_small_inputs, monkeypa
     assert _kernels.status()["failed"] and not _kernels.status()["native"]
 
 
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler: nothing is cached")
 def test_native_kernels_are_cached_on_disk_and_need_no_compiler_then(kernels_on_small_inputs, monkeypatch, tmp_path):
     monkeypatch.setenv(_kernels.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(_kernels, "_native", {})

@@ -37,7 +37,9 @@ The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
 * compiling a variant fails (no C/C++ compiler, no Triton, an unwritable cache, …) — warned once with
   the reason, and that variant is never tried again;
 * the input is small (under :data:`MIN_ELEMS` elements: a compiled call costs ~30 µs of guards and
-  wrappers, more than the torch ops on a decode step) or not contiguous in a layout the kernel takes.
+  wrappers, more than the torch ops on a decode step; the terms kernel, whose fallback is one
+  ``addcmul_`` per coupling pair, runs at any size, :data:`MIN_ELEMS_TERMS`) or not in a layout the
+  kernel takes.
 
 Either way the result is the same rotation up to float rounding (tests compare both against each other
 and the float64 dense reference).
@@ -62,7 +64,10 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CACHE_ENV", "ENV", "MIN_ELEMS", "SLAB_BYTES", "apply_terms", "enabled", "off", "rotate_halves", "status"]
+__all__ = [
+    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "apply_terms", "enabled", "off", "rotate_halves",
+    "status",
+]
 
 ENV = "LIEPOS_KERNELS"
 # where the native (C) kernels are cached on disk (default: $XDG_CACHE_HOME/liepos/kernels or ~/.cache/…)
@@ -70,6 +75,9 @@ CACHE_ENV = "LIEPOS_KERNEL_CACHE"
 # below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers
 # (measured: 31 µs compiled vs 16 µs eager for one (1, 1, 1, 128) row on the 2-core CPU)
 MIN_ELEMS = 1 << 16
+# the terms kernel runs at any size: its fallback is one addcmul_ per coupling pair (measured, one thread: a
+# decode step of build("jordan", 64) on (1, 8, 1, 64) takes 139 µs with the kernel, 524 µs with the ops)
+MIN_ELEMS_TERMS = 0
 # slab of the in-place rotation (bytes of x), L3-resident: on the 2-core EPYC (2 MiB L2 per core, 32 MiB
 # L3) at (1, 32, 4096, 128) float32 in place, one exploratory run gave 2.9 / 2.1 / 1.3 / 2.0× a warm copy
 # for 1 / 2 / 4 / 8 MiB slabs, another (heavier load) 2.3 / 1.9 / 2.3 / 2.4×: the best is not sharp
@@ -277,8 +285,9 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even, NaN -> 0x7fc0:
     for (int64_t b = 0; b < B; b++) for (int64_t s0 = 0; s0 < S; s0 += tile) for (int64_t h = 0; h < H; h++) \
     for (int64_t s = s0; s < (s0 + tile < S ? s0 + tile : S); s++)
 """
-# y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j] per row, accumulated in the tables' type; x is copied into a
-# zero-padded row first, so y may be x (in place) and no read leaves the row
+# y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j] per row, accumulated in the tables' type by fused multiply-adds
+# (one rounding per term; a masked lane keeps the sum); x is copied into a zero-padded row first, so y may
+# be x (in place) and no read leaves the row
 _TERMS = r"""
 #define D {D}
 #define J {J}
@@ -299,7 +308,7 @@ void run(const X* x, X* y, const W* t, int64_t B, int64_t H, int64_t S, int64_t 
         for (int d = 0; d < D; d++) {{
             W acc = 0;
             #pragma GCC unroll 16
-            for (int j = 0; j < J; j++) {{ W v = tr[j * tj + d] * xp[PL + d + OFF[j]]; acc += MASK[j][d] ? v : (W)0; }}
+            for (int j = 0; j < J; j++) {{ W v = acc + tr[j * tj + d] * xp[PL + d + OFF[j]]; acc = MASK[j][d] ? v : acc; }}
             yr[d] = ST(acc);
         }}
     }}
@@ -367,6 +376,15 @@ def _machine() -> str:
         return platform.machine() + platform.processor()
 
 
+def _compiler() -> str | None:
+    """The C compiler the native kernels are built with: ``$CC`` when set (None if it is not a program),
+    else the first of cc, gcc, clang on PATH."""
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
 def _build(name: str, source: str) -> Path:
     """``source`` compiled to a shared library in the cache (reused when it exists); raises with the
     compiler's message when no flag set compiles it."""
@@ -375,9 +393,9 @@ def _build(name: str, source: str) -> Path:
     lib = d / f"{name}_{key}.so"
     if lib.exists():
         return lib
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cc = _compiler()
     if cc is None:
-        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+        raise RuntimeError(f"no C compiler: CC={os.environ.get('CC')!r}, and no cc, gcc or clang on PATH")
     src = d / f"{name}_{key}_{os.getpid()}_{threading.get_ident()}.c"
     src.write_text(source)
     errors = []
@@ -424,9 +442,11 @@ def _strides(t: torch.Tensor, n: int) -> list[int]:
     return [t.stride(i) if t.shape[i] > 1 else 0 for i in range(n)]
 
 
-def _native_ok(x: torch.Tensor, into: torch.Tensor | None, *tables: torch.Tensor) -> bool:
-    """The native kernels take 4-D x (last stride 1) of a supported dtype, tables of the work dtype."""
-    if x.numel() < MIN_ELEMS or x.dim() != 4 or x.dtype not in _CTYPES or not enabled(x.device, native=True):
+def _native_ok(x: torch.Tensor, into: torch.Tensor | None, *tables: torch.Tensor, least: int | None = None) -> bool:
+    """The native kernels take 4-D x (last stride 1, at least ``least`` elements, default :data:`MIN_ELEMS`) of
+    a supported dtype, tables of the work dtype."""
+    least = MIN_ELEMS if least is None else least
+    if x.numel() < least or x.dim() != 4 or x.dtype not in _CTYPES or not enabled(x.device, native=True):
         return False
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     if any(t.dtype != work or t.stride(-1) != 1 or t.device != x.device for t in tables):
@@ -448,7 +468,7 @@ def apply_terms(
     None (a fresh output in x's memory order). Returns None when the kernel does not run (small input,
     kernels off, no compiler, another device) and the caller must use the torch ops.
     """
-    if T.dim() != 5 or not _native_ok(x, into, T):
+    if T.dim() != 5 or not _native_ok(x, into, T, least=MIN_ELEMS_TERMS):
         return None
     B, H, S, D = x.shape
     J = len(offsets)
