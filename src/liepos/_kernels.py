@@ -125,6 +125,9 @@ def enabled(device: torch.device, native: bool = False) -> bool:
         _say_once("env", f"liepos: {ENV}={os.environ[ENV]!r}: compiled kernels off, using the torch ops", False)
         return False
     if native:
+        if device.type != "cpu":
+            _say_once(f"native:{device.type}", f"liepos: the native kernels are CPU-only: the torch ops on {device.type}",
+                      False)
         return device.type == "cpu"
     if device.type not in _DEVICES:
         _say_once(f"device:{device.type}", f"liepos: no compiled kernels on {device.type}: using the torch ops", False)
