@@ -1,7 +1,12 @@
-"""Applying RoPE to queries and keys, both layouts, against the memory-bound yardsticks.
+"""Applying RoPE (both layouts) and Jordan-coupled encodings to queries and keys, against the memory-bound yardsticks.
 
     python benchmarks/apply.py            # (1, 32, 4096, 128), 9 rounds
     python benchmarks/apply.py --quick    # the same shape, 3 rounds (< 2 minutes)
+    python benchmarks/apply.py --shape 1,8,4096,64 --rounds 5   # another (batch, heads, seq, dim)
+
+The Jordan rows: ``build("jordan", dim, rate=-1/8192)`` (dim // 3 real 3×3 blocks, the rest NoPE: the
+catalogue's structure; one small rate so that 4096 positions stay in float32's range, which the kernel's
+speed does not depend on) and a mixed generator (RoPE planes on half the dims, 3×3 Jordan blocks, NoPE).
 
 Out of place, liepos allocates its outputs as ``clone()`` does, so ``clone()`` of q and k is the
 yardstick; in place, the floor is a warm ``copy_`` of q and k into existing buffers (no fresh pages).
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -27,12 +33,24 @@ from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing lo
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def _mixed(dim: int) -> lp.Encoding:
+    """RoPE planes on half the dims, then 3×3 Jordan blocks (small decays), the rest NoPE."""
+    from liepos.generator import Generator, direct_sum
+
+    nb = (dim - dim // 2) // 3
+    gens = [lp.rope(dim // 2).generator, Generator(torch.full((nb,), -1 / 8192), torch.zeros(nb), [3] * nb)]
+    if dim - dim // 2 - 3 * nb:
+        gens.append(lp.nope(dim - dim // 2 - 3 * nb).generator)
+    return lp.Encoding(direct_sum(*gens), name="mixed")
+
+
 def contenders(shape: tuple[int, ...]) -> dict:
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(*shape, generator=g), torch.randn(*shape, generator=g)
     bq, bk = torch.empty_like(q), torch.empty_like(k)
     pos = torch.arange(shape[2])
     inter, half = lp.rope(shape[-1]), lp.rope(shape[-1], layout="half")
+    jordan, mixed = lp.build("jordan", shape[-1], rate=-1 / 8192), _mixed(shape[-1])
     from liepos import _kernels
 
     def ops(fn):  # the same call with the compiled kernels off: the torch-op fallback
@@ -52,6 +70,10 @@ def contenders(shape: tuple[int, ...]) -> dict:
     }
     out["half (torch ops)"] = ops(out["half"])
     out["half inplace (torch ops)"] = ops(out["half inplace"])
+    out["jordan"] = lambda: (jordan.query(q, pos), jordan.key(k, pos))
+    out["jordan inplace"] = lambda: (jordan.query(bq, pos, inplace=True), jordan.key(bk, pos, inplace=True))
+    out["jordan (torch ops)"] = ops(out["jordan"])
+    out["mixed rope+jordan"] = lambda: (mixed.query(q, pos), mixed.key(k, pos))
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     except ImportError:
@@ -78,22 +100,29 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="3 rounds")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 9, quick 3)")
+    p.add_argument("--shape", default="1,32,4096,128", help="batch,heads,seq,dim of q and k (default 1,32,4096,128)")
     a = p.parse_args(argv)
-    shape = (1, 32, 4096, 128)
+    shape = tuple(int(v) for v in a.shape.split(","))
+    if len(shape) != 4 or min(shape) < 1:
+        p.error(f"--shape must be four positive integers batch,heads,seq,dim, got {a.shape!r}")
     rounds = a.rounds or (3 if a.quick else 9)
+    load = [os.getloadavg()[0]]
     res = measure(shape, rounds)
+    load.append(os.getloadavg()[0])
     lines = [f"queries + keys {shape}, float32, median of {rounds} interleaved rounds\n",
              "| contender | time (ms) | ratio | to |", "|---|---|---|---|"]
     for n, r in res.items():
         lines.append(f"| {n} | {r['median_ms']:.1f} | {r['ratio']:.2f} | {r['vs']} |")
     text = "\n".join(lines)
     print(text)
-    name = "apply_quick" if a.quick else "apply"
+    name = ("apply_quick" if a.quick else "apply") + ("" if shape == (1, 32, 4096, 128) else "_" + "x".join(map(str, shape)))
     cmd = " ".join(["python benchmarks/apply.py", *sys.argv[1:]])
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
-                                                      "threads": torch.get_num_threads(), "results": res}, indent=1))
-    head = f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads)"
+                                                      "threads": torch.get_num_threads(), "load_average": load,
+                                                      "results": res}, indent=1))
+    head = (f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"load average {load[0]:.2f} before, {load[1]:.2f} after)")
     (RESULTS / f"{name}.md").write_text(f"{head}\n\n{text}\n")
     return 0
 

@@ -201,3 +201,40 @@ def test_half_layout_in_cache_sized_slabs_equals_the_readable_path(name, inplace
         assert torch.allclose(got, want, atol=1e-12)
         if inplace:
             assert got.data_ptr() == y.data_ptr()
+
+
+def _eval_terms(x: torch.Tensor, offsets, masks, T: torch.Tensor) -> torch.Tensor:
+    """``y[…, d] = Σ_j [masks[j][d]] T[…, j, d] · x[…, d + o_j]`` in plain torch (the kernel's definition)."""
+    D = x.shape[-1]
+    y = torch.zeros_like(x)
+    for j, o in enumerate(offsets):
+        m = torch.tensor(masks[j], dtype=torch.bool)
+        cols = torch.arange(D) + o
+        ok = m & (cols >= 0) & (cols < D)
+        assert bool((ok == m).all())  # a term never reaches past the row
+        y[..., ok] += T[..., j, ok] * x[..., cols[ok]]
+    return y
+
+
+@pytest.mark.parametrize("name", ["jordan3", "complex_jordan", "mixed", "mixed_half"])
+@pytest.mark.parametrize("side", ["query", "key"])
+def test_shifted_terms_are_the_transform_and_their_transpose(name, side):
+    """The term tables of a coupled encoding (what the native kernel reads) reproduce the dense transform,
+    and the transposed terms (offsets negated, tables shifted) its transpose: checked in plain torch, so
+    it holds where no compiler is."""
+    enc = ENCODINGS[name]()
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 6, enc.content_dim, dtype=torch.float64)
+    pos = torch.arange(4, 10)
+    ft = enc._build_fast(pos.double(), side, torch.float64, True)
+    assert ft.terms is not None
+    offsets, masks, T = ft.terms
+    ref = (enc.query_reference if side == "query" else enc.key_reference)(x, pos)
+    assert torch.allclose(_eval_terms(x, offsets, masks, T), ref, atol=1e-12)
+    g = torch.randn_like(x)
+    to, tm, tT = _fast._transposed_terms(ft)
+    # <g, M x> = <Mᵀ g, x>
+    lhs = (g * _eval_terms(x, offsets, masks, T)).sum()
+    rhs = (_eval_terms(g, to, tm, tT) * x).sum()
+    assert torch.allclose(lhs, rhs, rtol=1e-12)
+    assert torch.equal(ft.rows(1, 4).terms[2], T[..., 1:4, :, :])  # rows slice the term tables too

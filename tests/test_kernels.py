@@ -1,7 +1,9 @@
-"""The Inductor-compiled one-pass kernels (liepos._kernels) against the torch-op fallback and the
-float64 dense reference: both layouts' encodings, slots, coupling/Jordan columns, BSHD strides,
-grouped-query broadcast tables, in place, bfloat16, backward; compiled once per variant; the fallback
-is announced, never silent."""
+"""The one-pass kernels of liepos._kernels — Inductor's half-layout rotation, the native in-place rotation
+and the native terms kernel of Jordan-coupled encodings — against the torch-op fallback and the float64
+dense reference: both layouts' encodings, slots, coupling/Jordan columns (real and rotating blocks, per
+head), BSHD strides, grouped-query broadcast tables, in place, bfloat16/float16, backward (gradcheck);
+compiled once per variant; the fallback is announced, never silent; without a C compiler the values are
+checked all the same."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import logging
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import liepos as lp
 from liepos import _kernels
@@ -22,6 +26,8 @@ def kernels_on_small_inputs(monkeypatch):
     """Every input takes the compiled kernel (the tests' tensors are under MIN_ELEMS), in small slabs."""
     monkeypatch.setattr(_kernels, "MIN_ELEMS", 0)
     monkeypatch.setattr(_kernels, "SLAB_BYTES", 3 * 5 * 16 * 8)  # a few rows: several slabs of both kinds
+    monkeypatch.setattr(_kernels, "TILE", 4)  # the terms kernel in tiles of 4 positions (a ragged last one)
+    monkeypatch.setattr(_kernels, "TILE_ABOVE_BYTES", 0)
     yield
 
 
@@ -80,22 +86,47 @@ def test_kernel_equals_fallback_equals_dense(name, dtype, bshd, kernels_on_small
             assert float((got.double() - ops.double()).abs().max() / scale) <= tol
             assert float((got.double() - ref).abs().max() / scale) <= 10 * tol
     assert len(_kernels.status()["compiled"]) > before or before > 0  # the kernel did run
-    assert not _kernels.status()["failed"]
+    assert not [k for k in _kernels.status()["failed"] if k[0] != "native" or HAVE_CC]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor | None = None) -> None:
+    """``got`` equals ``want`` up to one rounding of their dtype (fused multiply-adds round once less), and
+    the float64 dense reference ``ref`` up to the dtype's precision."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    fin = want.isfinite()  # float16 overflows at large scales, alike on both paths
+    assert torch.equal(got.isfinite(), fin)
+    got, want = got[fin], want[fin]
+    ref = None if ref is None else ref[fin]
+    ulp = {torch.float64: 2**-50, torch.float32: 2**-21, torch.bfloat16: 2**-7, torch.float16: 2**-10}[got.dtype]
+    work = 2**-49 if got.dtype == torch.float64 else 2**-20  # cancellation: the work dtype's error on the inputs
+    scale = want.double().abs().amax().clamp_min(1.0)
+    assert ((got.double() - want.double()).abs() <= ulp * want.double().abs() + work * scale).all()
+    if ref is not None:
+        tol = {torch.float64: 1e-11, torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}[got.dtype]
+        assert float((got.double() - ref).abs().max() / ref.abs().amax().clamp_min(1.0)) <= tol
 
 
 @pytest.mark.parametrize("name", ["rope_half", "mixed_half", "retnet_half"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bshd", [False, True])
 def test_kernel_in_place_is_in_place_and_equals_out_of_place(name, dtype, bshd, kernels_on_small_inputs):
+    """In place the half-layout rotation is the native one-pass kernel (both halves loaded, both stored);
+    out of place Inductor's loop: the same values up to one rounding, and the dense reference."""
     enc = ENCODINGS[name]()
     q, k, pos = _inputs(enc, dtype, bshd)
-    for f, x in ((enc.query, q), (enc.key, k)):
+    for side, x in (("query", q), ("key", k)):
+        f = getattr(enc, side)
         want = f(x, pos)
         y = x.clone()
         ptr = y.data_ptr()
         out = f(y, pos, inplace=True)
         assert out.data_ptr() == ptr and torch.equal(out, y)
-        assert torch.equal(y, want)  # the same kernel, in slabs: bit for bit
+        _close(y, want, getattr(enc, f"{side}_reference")(x.double(), pos))
+        with _kernels.off():
+            z = x.clone()
+            f(z, pos, inplace=True)
+        _close(y, z)
+    assert any("halves" in v for v in _kernels.status()["native"]) or not HAVE_CC
 
 
 @pytest.mark.parametrize("name", ["rope_half", "mixed_half", "slots_half"])
@@ -173,3 +204,198 @@ def test_no_kernel_on_devices_it_cannot_compile_for():
     with _kernels.off():
         assert not _kernels.enabled(torch.device("cpu"))
     assert _kernels.enabled(torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------- the native terms kernel (Jordan coupling)
+def _jordan_mixed(layout: str) -> lp.Encoding:
+    """RoPE planes + a damped complex (rotating) Jordan block + decays + a 3×3 and a 2×2 Jordan block + NoPE."""
+    g = direct_sum(
+        lp.rope(6).generator,
+        Generator([-0.05], [0.3], [2]),
+        Generator([-0.1, -0.01, -0.2, 0.0], [0.0, 0.0, 0.0, 0.0], [1, 1, 3, 2]),
+        lp.nope(1).generator,
+    )  # 18 dims: an even width keeps the interleaved planes (2k, 2k+1)
+    return lp.Encoding(g, layout=layout, name=f"jordan_mixed_{layout}")
+
+
+def _jordan_with_slots() -> lp.Encoding:
+    a = lp.alibi(2, 8)
+    g = direct_sum(lp.build("jordan", 9).generator, a.generator)
+    return lp.Encoding(g, query_slots=a.query_slots, key_slots=a.key_slots, name="jordan_slots")
+
+
+JORDAN = {
+    "jordan3_bank": lambda: lp.build("jordan", 16),  # 5 decaying 3×3 blocks + one NoPE dim
+    "jordan2": lambda: lp.jordan(2, -0.1),
+    "jordan3_growth": lambda: lp.jordan(3, 0.0),
+    "complex_jordan": lambda: lp.jordan(2, -0.1, 0.5),
+    "mixed": lambda: _jordan_mixed("interleaved"),
+    "mixed_half": lambda: _jordan_mixed("half"),
+    "slots": _jordan_with_slots,
+    # per-head rates: tables (H, S, J, D), one row per head
+    "per_head": lambda: lp.Encoding(Generator(-torch.linspace(0.01, 0.3, 8).reshape(4, 2), torch.zeros(4, 2), [3, 2])),
+}
+
+
+# a machine without a C compiler runs the torch ops (warned once): the values are checked all the same,
+# only the assertions that the native kernel ran are conditional
+HAVE_CC = _kernels._compiler() is not None
+
+
+def _terms_ran() -> bool:
+    return any("terms" in v for v in _kernels.status()["native"]) or not HAVE_CC
+
+
+@pytest.mark.parametrize("name", list(JORDAN))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_terms_kernel_equals_torch_ops_equals_dense(name, dtype, bshd, kernels_on_small_inputs):
+    """Jordan-coupled encodings in one native pass: the values of the torch ops (up to one rounding) and
+    of the float64 dense reference, both sides, BSHD strides, grouped-query keys, half precision."""
+    enc = JORDAN[name]()
+    q, k, pos = _inputs(enc, dtype, bshd)
+    for side, x in (("query", q), ("key", k)):
+        f = getattr(enc, side)
+        got = f(x, pos)
+        with _kernels.off():
+            ops = f(x, pos)
+        assert got.stride() == ops.stride()
+        _close(got, ops, getattr(enc, f"{side}_reference")(x.double(), pos))
+    assert _terms_ran() and (not _kernels.status()["failed"] or not HAVE_CC)
+
+
+@pytest.mark.parametrize("name", ["jordan3_bank", "mixed_half", "slots"])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_terms_kernel_head_after_head(name, bshd, kernels_on_small_inputs, monkeypatch):
+    """Below TILE_ABOVE_BYTES the rows run head after head (one tile per sequence): the same values."""
+    enc = JORDAN[name]()
+    q, k, pos = _inputs(enc, torch.float32, bshd)
+    tiled = enc.key(k, pos)
+    monkeypatch.setattr(_kernels, "TILE_ABOVE_BYTES", 1 << 40)
+    assert torch.equal(enc.key(k, pos), tiled)
+    _close(enc.query(q, pos), enc.query(q, pos), enc.query_reference(q.double(), pos))
+
+
+@pytest.mark.parametrize("name", ["jordan3_bank", "complex_jordan", "mixed", "mixed_half"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_terms_kernel_in_place(name, dtype, bshd, kernels_on_small_inputs):
+    """In place each row is read whole before it is written: the out-of-place values, bit for bit."""
+    enc = JORDAN[name]()
+    q, k, pos = _inputs(enc, dtype, bshd)
+    for f, x in ((enc.query, q), (enc.key, k)):
+        want = f(x, pos)
+        y = x.clone()
+        out = f(y, pos, inplace=True)
+        assert out.data_ptr() == y.data_ptr() and torch.equal(y, want)
+
+
+@pytest.mark.parametrize("name", ["jordan3_bank", "jordan2", "complex_jordan", "mixed", "mixed_half", "slots"])
+def test_terms_kernel_backward_is_the_transpose(name, kernels_on_small_inputs):
+    """The backward (the transposed terms: offsets negated, tables shifted) passes gradcheck in float64,
+    on both sides and through ``inplace=True``."""
+    enc = JORDAN[name]()
+    H = enc.num_heads or 2
+    x = torch.randn(1, H, 5, enc.content_dim, dtype=torch.float64, requires_grad=True)
+    pos = torch.arange(2, 7)
+    assert torch.autograd.gradcheck(lambda x: enc.query(x, pos), (x,))
+    assert torch.autograd.gradcheck(lambda x: enc.key(x, pos), (x,))
+    if not enc.num_slots:
+        assert torch.autograd.gradcheck(lambda x: enc.key(x * 1.0, pos, inplace=True), (x,))
+    w = torch.randn(enc.dim, dtype=torch.float64)
+    (g,) = torch.autograd.grad((enc.query(x, pos) * w).square().sum(), x)
+    (g_ref,) = torch.autograd.grad((enc.query_reference(x, pos) * w).square().sum(), x)
+    assert torch.allclose(g, g_ref, atol=1e-9)
+    assert _terms_ran()
+
+
+@pytest.mark.parametrize("col", [0, 3, 15])
+def test_terms_kernel_keeps_non_finite_values_in_their_block(col, kernels_on_small_inputs):
+    """A structural zero is skipped, not multiplied: an inf in one block leaves the others finite, as the
+    torch ops do (a multiply by a zero table entry would spread NaN to the neighbouring block). Column 3
+    starts the second 3×3 block; 0 and 15 (NoPE) are what a row read in place reads of its neighbours."""
+    enc = lp.build("jordan", 16)
+    torch.manual_seed(col)
+    x = torch.randn(2, 3, 9, 16)
+    x[..., col] = float("inf")
+    pos = torch.arange(1, 10)
+    for f in (enc.query, enc.key):
+        got = f(x, pos)
+        with _kernels.off():
+            ops = f(x, pos)
+        assert torch.equal(got.isfinite(), ops.isfinite()) and got[..., 6:9].isfinite().all()
+        fin = ops.isfinite()
+        _close(got[fin], ops[fin])  # one rounding apart, as for finite inputs
+
+
+@given(
+    rates=st.lists(st.floats(-0.3, 0.0), min_size=2, max_size=2),
+    freq=st.floats(0.0, 2.0),
+    start=st.integers(-40, 40),
+    real=st.booleans(),
+    per_batch=st.booleans(),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_terms_kernel_at_random_rates_and_positions(rates, freq, start, real, per_batch, kernels_on_small_inputs):
+    """Any rates, a rotating block's frequency, integer ranges (cached windows), real positions (tables
+    built per call) or one row of positions per batch item (tables (B, 1, S, J, D)): the kernel gives the
+    dense reference's values."""
+    g = direct_sum(Generator([rates[0]], [freq], [2]), Generator([rates[1]], [0.0], [3]), lp.nope(1).generator)
+    enc = lp.Encoding(g)
+    x = torch.randn(2, 3, 8, enc.dim, dtype=torch.float64)
+    pos = torch.arange(start, start + 8, dtype=torch.float64)
+    if real:
+        pos = pos * 0.37 + 0.1
+    if per_batch:
+        pos = torch.stack((pos, pos.flip(0) - 3.0))  # (B, S)
+    for side in ("query", "key"):
+        got = getattr(enc, side)(x, pos)
+        ref = getattr(enc, f"{side}_reference")(x, pos)
+        assert torch.allclose(got, ref, rtol=1e-10, atol=1e-10 * float(ref.abs().max().clamp_min(1.0)))
+    assert _terms_ran()
+
+
+def test_native_kernels_off_by_the_environment_use_the_torch_ops(kernels_on_small_inputs, monkeypatch):
+    enc = lp.build("jordan", 16)
+    x = torch.randn(2, 4, 9, 16)
+    want = enc.query(x, torch.arange(9))
+    monkeypatch.setenv(_kernels.ENV, "0")
+    monkeypatch.setattr(_kernels, "_native", {})
+    got = enc.query(x, torch.arange(9))
+    y = x.clone()
+    lp.rope(16, layout="half").query(y, torch.arange(9), inplace=True)
+    assert not _kernels.status()["native"]  # nothing compiled or loaded: the torch ops ran
+    _close(got, want)
+
+
+def test_no_compiler_warns_once_and_falls_back(kernels_on_small_inputs, monkeypatch, tmp_path):
+    """A machine without a C compiler (here: CC names a missing program, an empty cache): one warning
+    naming the reason, then the torch ops, silently, with the same values."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv(_kernels.CACHE_ENV, str(tmp_path / "cache"))
+    for name in ("_said", "_failed", "_native"):
+        monkeypatch.setattr(_kernels, name, set() if name == "_said" else {})
+    enc = lp.build("jordan", 16)
+    x = torch.randn(2, 4, 9, 16, dtype=torch.float64)
+    with pytest.warns(RuntimeWarning, match="native terms kernel"):
+        got = enc.query(x, torch.arange(9))
+    assert torch.allclose(got, enc.query_reference(x, torch.arange(9)), atol=1e-12)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # never tried again
+        assert torch.allclose(enc.query(x, torch.arange(9)), got)
+    assert _kernels.status()["failed"] and not _kernels.status()["native"]
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler: nothing is cached")
+def test_native_kernels_are_cached_on_disk_and_need_no_compiler_then(kernels_on_small_inputs, monkeypatch, tmp_path):
+    monkeypatch.setenv(_kernels.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(_kernels, "_native", {})
+    enc = lp.build("jordan", 16)
+    x = torch.randn(2, 4, 9, 16)
+    want = enc.key(x, torch.arange(9))
+    assert list(tmp_path.glob("terms_*.so"))
+    monkeypatch.setattr(_kernels, "_native", {})
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))  # a cached library is loaded, not rebuilt
+    assert torch.equal(enc.key(x, torch.arange(9)), want) and _kernels.status()["native"]

@@ -16,8 +16,11 @@ is read and written. The readable form (:func:`liepos.encoding.apply_tables`) bu
 * ``copy`` — NoPE dims (``a ≡ 1``): a copy (nothing at all in place);
 
 then Jordan blocks of size ≥ 2 add their nilpotent coupling ``y[dst] += c · z[src]`` on their few
-columns only. Slots never go through ``torch.cat``: their encoded values depend on the position alone
-and are written into the output's last columns.
+columns only. That coupling is one ``addcmul_`` per pair on a strided column (63 for
+``build("jordan", 64)``), so a coupled encoding is also expanded into *shifted terms* (:func:`_terms`)
+and applied in one native pass (:func:`liepos._kernels.apply_terms`) where that kernel runs; the runs
+and the coupling are its fallback. Slots never go through ``torch.cat``: their encoded values depend
+on the position alone and are written into the output's last columns.
 
 Because every canonical block's transform is ``e^{λt} P(t)ᵀ ⊗ R(ωt)`` (commuting parts), the backward,
 ``Mᵀ g``, is the same routine with the rotation conjugated and the coupling transposed: only the tables
@@ -34,6 +37,7 @@ Everything else here is plain PyTorch on strided views: the same ``FastTables`` 
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import OrderedDict
@@ -84,6 +88,9 @@ class FastTables:
     dtype: torch.dtype
     identity: bool = False
     extra: dict = field(default_factory=dict)
+    # the whole transform as shifted terms (coupled encodings only, see :func:`_terms`): offsets,
+    # structural masks and the tables (..., S, J, content)
+    terms: tuple[tuple[int, ...], tuple[tuple[int, ...], ...], torch.Tensor] | None = None
 
     def rows(self, lo: int, hi: int) -> FastTables:
         """The tables of rows ``lo:hi`` of the position axis (views, nothing copied)."""
@@ -97,9 +104,10 @@ class FastTables:
         cp = None
         if self.coupling is not None:
             cp = (self.coupling[0], self.coupling[1], sl(self.coupling[2]))
+        terms = None if self.terms is None else (*self.terms[:2], self.terms[2][..., lo:hi, :, :])
         return FastTables(
             self.width, self.content, runs, cp, sl(self.slot_vals),
-            None if self.rowmax is None else self.rowmax[..., lo:hi], self.dtype, self.identity,
+            None if self.rowmax is None else self.rowmax[..., lo:hi], self.dtype, self.identity, terms=terms,
         )
 
     def nbytes(self) -> int:
@@ -108,7 +116,8 @@ class FastTables:
             for t in (r.tab if isinstance(r.tab, tuple) else (r.tab,)):
                 if t is not None:
                     n += t.numel() * t.element_size()
-        for t in (self.slot_vals, self.rowmax, None if self.coupling is None else self.coupling[2]):
+        extra = (None if self.coupling is None else self.coupling[2], None if self.terms is None else self.terms[2])
+        for t in (self.slot_vals, self.rowmax, *extra):
             if t is not None:
                 n += t.numel() * t.element_size()
         return n
@@ -174,7 +183,71 @@ def fast_tables(t: Tables, content: int, work: torch.dtype, slot_vals: torch.Ten
         keep = [i for i, d in enumerate(dst) if d < content]
         if keep:
             cp = ([dst[i] for i in keep], [src[i] for i in keep], t.coef[..., keep].to(work))
-    return FastTables(content, content, runs, cp, slot_vals, rowmax, work)
+    terms = _terms(t, content, work) if cp is not None else None
+    return FastTables(content, content, runs, cp, slot_vals, rowmax, work, terms=terms)
+
+
+def _terms(t: Tables, D: int, work: torch.dtype):
+    """The transform of the first ``D`` storage columns as shifted terms, for the one-pass kernel.
+
+    ``y = couple(z)``, ``z = a ⊙ x + b ⊙ x[π]`` (π the plane partner), ``y[d] = z[d] + Σ_p c_p z[src_p]``
+    over the pairs with ``dst_p = d``, expanded into ``y[d] = Σ_j T_j[d] · x[d + o_j]``: one term per
+    distinct offset ``o = (source column) − d``, with ``T_0 = a``, ``T_{π(d)−d} = b`` and ``c_p a[s]``,
+    ``c_p b[s]`` at offsets ``s − d`` and ``π(s) − d``. ``masks[j][d]`` marks the terms that exist (a
+    structural zero), so the kernel reads no column a term does not have. Returns ``(offsets, masks,
+    T)`` with ``T`` ``(..., S, J, D)`` in ``work`` (products taken in float64, rounded once), or None
+    when a pair reaches past column ``D``.
+    """
+    rot = t.b is not None and t.planes > 0
+    st = _term_structure(tuple(t.partner_index.tolist()), tuple(t.dst.tolist()), tuple(t.src.tolist()), D, rot)
+    if st is None:
+        return None
+    offsets, masks, vsrc, csrc, flat = st
+    a = t.a[..., :D] if t.a is not None else None
+    b = t.b[..., :D] if rot else None
+    ref = next(u for u in (a, b, t.coef) if u is not None)
+    dev = ref.device
+    lead = torch.broadcast_shapes(*(u.shape[:-1] for u in (a, b, t.coef) if u is not None))  # (..., S)
+    ones = torch.ones(*lead, D, dtype=torch.float64, device=dev)
+    # (..., S, 2D): a's columns, then b's (ones where a table is absent: a is the identity's scale)
+    vals = torch.cat([(ones if a is None else a).expand(*lead, D), (ones if b is None else b).expand(*lead, D)], -1)
+    v = vals.index_select(-1, torch.tensor(vsrc, device=dev))  # (..., S, entries)
+    if t.coef is not None:
+        cidx = torch.tensor([max(c, 0) for c in csrc], device=dev)
+        c = t.coef.expand(*lead, t.coef.shape[-1]).index_select(-1, cidx)  # (..., S, entries)
+        v = v * torch.where(torch.tensor(csrc, device=dev) >= 0, c, 1.0)
+    T = torch.zeros(*lead, len(offsets) * D, dtype=torch.float64, device=dev)
+    T.index_add_(-1, torch.tensor(flat, device=dev), v)
+    T = T.unflatten(-1, (len(offsets), D))  # (..., S, J*D) -> (..., S, J, D)
+    return offsets, masks, T.to(work)
+
+
+@functools.lru_cache(maxsize=64)
+def _term_structure(pidx: tuple[int, ...], dst: tuple[int, ...], src: tuple[int, ...], D: int, rot: bool):
+    """The structural part of :func:`_terms` (it depends on the plan only, so real positions, whose tables
+    are built per call, do not redo it): ``(offsets, masks, vsrc, csrc, flat)`` — per entry the value
+    column (``e`` for ``a[e]``, ``D + e`` for ``b[e]``), the coupling pair (−1: none) and the flat index
+    ``j·D + d`` into the tables; None when a pair reaches past column ``D``."""
+    if any(d < D <= s for d, s in zip(dst, src)):
+        return None
+    cols, offs, vsrc, csrc = [], [], [], []
+    for d in range(D):
+        cols.append(d), offs.append(0), vsrc.append(d), csrc.append(-1)
+        if rot and pidx[d] != d:
+            cols.append(d), offs.append(pidx[d] - d), vsrc.append(D + d), csrc.append(-1)
+    for p, (d, s) in enumerate(zip(dst, src)):
+        if d >= D:
+            continue
+        cols.append(d), offs.append(s - d), vsrc.append(s), csrc.append(p)
+        if rot and pidx[s] != s:
+            cols.append(d), offs.append(pidx[s] - d), vsrc.append(D + s), csrc.append(p)
+    offsets = tuple(sorted(set(offs), key=lambda o: (o != 0, abs(o), o)))
+    j_of = {o: j for j, o in enumerate(offsets)}
+    masks = [[0] * D for _ in offsets]
+    for d, o in zip(cols, offs):
+        masks[j_of[o]][d] = 1
+    flat = tuple(j_of[o] * D + d for d, o in zip(cols, offs))
+    return offsets, tuple(tuple(m) for m in masks), tuple(vsrc), tuple(csrc), flat
 
 
 def _real_runs(a: torch.Tensor | None, lo: int, hi: int, work: torch.dtype) -> list[Run]:
@@ -315,6 +388,8 @@ def _forward(
     if y is not None:
         return y
     out = x if inplace else _empty(x, width, out_dtype or x.dtype)
+    if _terms_pass(x, out, ft, conj):
+        return out
     if x.dtype == ft.dtype and out.dtype == ft.dtype:
         _runs(x, out, ft, conj, inplace)
         _couple(out, ft.coupling, conj, lambda t: t)
@@ -336,6 +411,43 @@ def _forward(
                 ws[..., ft.content :].copy_(pick(ft.slot_vals).expand(1, h1 - h0, S, -1))
             out[b : b + 1, h0:h1].copy_(ws)
     return out
+
+
+def _transposed_terms(ft: FastTables):
+    """The terms of ``Mᵀ``: ``(Mᵀ g)[e] = Σ_j T_j[e − o_j] g[e − o_j]``, i.e. offsets ``−o_j`` with the
+    tables and masks shifted by ``o_j`` along the columns (a pass over the tables only, not over g)."""
+    offsets, masks, T = ft.terms
+    D = T.shape[-1]
+    Tt = torch.zeros_like(T)  # (..., S, J, D)
+    for j, o in enumerate(offsets):
+        if o >= 0:
+            Tt[..., j, o:] = T[..., j, : D - o]
+        else:
+            Tt[..., j, : D + o] = T[..., j, -o:]
+    return tuple(-o for o in offsets), _shifted_masks(offsets, masks), Tt
+
+
+@functools.lru_cache(maxsize=64)
+def _shifted_masks(offsets: tuple[int, ...], masks: tuple[tuple[int, ...], ...]) -> tuple[tuple[int, ...], ...]:
+    """``mask_j[e − o_j]`` (0 outside the row): the masks of the transposed terms."""
+    D = len(masks[0])
+    return tuple(tuple(m[e - o] if 0 <= e - o < D else 0 for e in range(D)) for o, m in zip(offsets, masks))
+
+
+def _terms_pass(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool) -> bool:
+    """``out = M x`` (``Mᵀ x`` when ``conj``) as one native pass over the shifted terms of a coupled
+    encoding, slots appended; False when it does not run (the caller takes the run-by-run ops)."""
+    if ft.terms is None or out.dtype != x.dtype or x.shape[-1] != ft.content:
+        return False
+    offsets, masks, T = _transposed_terms(ft) if conj else ft.terms
+    while T.dim() < 5:
+        T = T.unsqueeze(0)  # (S, J, D), (H, S, J, D), (B, 1, S, J, D) -> (B|1, H|1, S, J, D)
+    into = out if out.shape[-1] == ft.content else out[..., : ft.content]
+    if _kernels.apply_terms(x, T, offsets, masks, into=into) is None:
+        return False
+    if ft.slot_vals is not None and not conj:
+        out[..., ft.content :].copy_(_as4(ft.slot_vals).expand(*x.shape[:-1], -1))
+    return True
 
 
 def _one_pass(x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool, out_dtype: torch.dtype) -> torch.Tensor | None:

@@ -1,4 +1,4 @@
-"""One-pass elementwise kernels compiled by Inductor, with the plain torch ops as their fallback.
+"""One-pass elementwise kernels — compiled by Inductor, or native C — with the plain torch ops as their fallback.
 
 The half layout rotates planes (k, k + P)::
 
@@ -12,10 +12,19 @@ x is upcast in registers and the low-precision output written directly (no float
 tables are float32 (or float64 for float64 inputs), as in the torch-op path, so the values are those of
 the torch-op rotation (:func:`liepos._fast._rot`) up to the rounding of a fused multiply-add.
 
-In place (``into`` is ``x``, or a slice of a wider output) the rotation runs in slabs of the leading
-axes of about :data:`SLAB_BYTES` (L3-resident): the compiled kernel writes a fresh slab and a ``copy_``
-puts it where it belongs, so x is read once and written once from memory (Inductor cannot write into
-the input it reads at another index without a full-size temporary).
+In place (``into`` is ``x``) the rotation is the native kernel below: one pass, both halves of a plane
+loaded and both stored in one iteration. Inductor cannot write into the input it reads at another index
+without a full-size temporary, so where the native kernel does not run (or ``into`` is a slice of a
+wider output) the compiled kernel runs in slabs of the leading axes of about :data:`SLAB_BYTES`
+(L3-resident), writing a fresh slab that a ``copy_`` puts where it belongs.
+
+Native kernels (CPU): :func:`apply_terms`, the whole transform of a Jordan-coupled encoding as a sum of
+column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
+:func:`liepos._fast._terms`), and the in-place half-layout rotation. Each variant is a small C file
+generated with its constants (dtype, width, offsets, masks), compiled by the system C compiler at its
+first use (about 0.15 s; never at import), cached on disk (:data:`CACHE_ENV`) and called through
+``ctypes``; x of float32, float64, bfloat16 or float16 is read and written directly (half precision
+computed in float32 in registers and rounded as torch rounds).
 
 Compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a
 new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
@@ -25,10 +34,12 @@ The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
 
 * ``LIEPOS_KERNELS=0`` (also ``false``/``off``/``no``) is set — logged once at INFO;
 * the device is neither CPU nor CUDA, or ``torch._dynamo``/``torch._inductor`` cannot be imported;
-* compiling a variant fails (no C++ compiler, no Triton, …) — warned once with the reason, and that
-  variant is never tried again;
+* compiling a variant fails (no C/C++ compiler, no Triton, an unwritable cache, …) — warned once with
+  the reason, and that variant is never tried again;
 * the input is small (under :data:`MIN_ELEMS` elements: a compiled call costs ~30 µs of guards and
-  wrappers, more than the torch ops on a decode step) or not contiguous in a layout the kernel takes.
+  wrappers, more than the torch ops on a decode step; the terms kernel, whose fallback is one
+  ``addcmul_`` per coupling pair, runs at any size, :data:`MIN_ELEMS_TERMS`) or not in a layout the
+  kernel takes.
 
 Either way the result is the same rotation up to float rounding (tests compare both against each other
 and the float64 dense reference).
@@ -37,21 +48,36 @@ and the float64 dense reference).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
 import logging
 import os
+import platform
+import shutil
+import subprocess
+import tempfile
 import threading
 import types
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-__all__ = ["ENV", "MIN_ELEMS", "SLAB_BYTES", "enabled", "off", "rotate_halves", "status"]
+__all__ = [
+    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "apply_terms", "enabled", "off", "rotate_halves",
+    "status",
+]
 
 ENV = "LIEPOS_KERNELS"
+# where the native (C) kernels are cached on disk (default: $XDG_CACHE_HOME/liepos/kernels or ~/.cache/…)
+CACHE_ENV = "LIEPOS_KERNEL_CACHE"
 # below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers
 # (measured: 31 µs compiled vs 16 µs eager for one (1, 1, 1, 128) row on the 2-core CPU)
 MIN_ELEMS = 1 << 16
+# the terms kernel runs at any size: its fallback is one addcmul_ per coupling pair (measured, one thread: a
+# decode step of build("jordan", 64) on (1, 8, 1, 64) takes 139 µs with the kernel, 524 µs with the ops)
+MIN_ELEMS_TERMS = 0
 # slab of the in-place rotation (bytes of x), L3-resident: on the 2-core EPYC (2 MiB L2 per core, 32 MiB
 # L3) at (1, 32, 4096, 128) float32 in place, one exploratory run gave 2.9 / 2.1 / 1.3 / 2.0× a warm copy
 # for 1 / 2 / 4 / 8 MiB slabs, another (heavier load) 2.3 / 1.9 / 2.3 / 2.4×: the best is not sharp
@@ -90,13 +116,19 @@ def _say_once(what: str, message: str, warn: bool) -> None:
         log.info(message)
 
 
-def enabled(device: torch.device) -> bool:
-    """Whether compiled kernels may run on ``device`` (:func:`off`, the environment variable, device, imports)."""
+def enabled(device: torch.device, native: bool = False) -> bool:
+    """Whether compiled kernels may run on ``device`` (:func:`off`, the environment variable, device, imports);
+    ``native``: the C kernels (CPU only, no Inductor needed)."""
     if getattr(_local, "off", False):
         return False
     if os.environ.get(ENV, "1").strip().lower() in _OFF:
         _say_once("env", f"liepos: {ENV}={os.environ[ENV]!r}: compiled kernels off, using the torch ops", False)
         return False
+    if native:
+        if device.type != "cpu":
+            _say_once(f"native:{device.type}", f"liepos: the native kernels are CPU-only: the torch ops on {device.type}",
+                      False)
+        return device.type == "cpu"
     if device.type not in _DEVICES:
         _say_once(f"device:{device.type}", f"liepos: no compiled kernels on {device.type}: using the torch ops", False)
         return False
@@ -110,9 +142,11 @@ def enabled(device: torch.device) -> bool:
 
 
 def status() -> dict:
-    """The compiled variants and the failed ones (with their reasons), for reports and tests."""
+    """The compiled variants (Inductor's, the native ones) and the failed ones (with their reasons), for
+    reports and tests."""
     with _lock:
-        return {"compiled": sorted(map(repr, _compiled)), "failed": dict(_failed)}
+        return {"compiled": sorted(map(repr, _compiled)), "native": sorted(repr(k[:3]) for k in _native),
+                "failed": dict(_failed)}
 
 
 # ---------------------------------------------------------------------- the kernels (traced by dynamo)
@@ -201,6 +235,8 @@ def rotate_halves(
     of x's shape): written there. Returns the result, or ``None`` when the compiled kernel does not
     apply (see the module docstring) and the caller must use the torch ops.
     """
+    if into is not None and into.data_ptr() == x.data_ptr() and _rotate_halves_native(x, c, s, into) is not None:
+        return into  # in place: one native pass (both halves loaded, both stored)
     if x.numel() < MIN_ELEMS or not enabled(x.device):
         return None
     view = _contiguous_view(x, c, s)
@@ -223,4 +259,254 @@ def rotate_halves(
                 raise RuntimeError("liepos: the compiled rotation failed part-way; this is a bug")
             return None
         ov[b0:b1, i0:i1, j0:j1].copy_(part)
+    return into
+
+
+# ---------------------------------------------------------------------- native kernels (C, the system compiler)
+# Two loops Inductor does not write well: a sum of column-shifted terms (Jordan coupling: each output column
+# reads its neighbours, which Inductor guards with a computed mask per vector, ~2× the loads of the row) and
+# the half-layout rotation *in place* (both halves loaded, both stored, in one iteration: Inductor needs a
+# full-size temporary for a store into the tensor it reads at another index). Each variant (dtypes, width,
+# offsets, the structural mask) is generated as a small C file without torch headers, compiled by the
+# system C compiler (~0.2 s), cached on disk (CACHE_ENV) and loaded with ctypes, which releases the GIL.
+_PRELUDE = r"""
+#include <stdint.h>
+#include <string.h>
+static inline float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f2bf(float f) {  /* round to nearest even, NaN -> 0x7fc0: torch's rounding */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#define ROWS \
+    _Pragma("omp parallel for collapse(3) schedule(static) num_threads(nthreads)") \
+    for (int64_t b = 0; b < B; b++) for (int64_t h = 0; h < H; h++) for (int64_t s = 0; s < S; s++)
+/* rows in tiles of `tile` positions, every head of a tile before the next: a table row shared by the heads
+   is read from memory once and from L1/L2 by the others (tile = S: head after head) */
+#define TILED_ROWS \
+    _Pragma("omp parallel for collapse(3) schedule(static) num_threads(nthreads)") \
+    for (int64_t b = 0; b < B; b++) for (int64_t s0 = 0; s0 < S; s0 += tile) for (int64_t h = 0; h < H; h++) \
+    for (int64_t s = s0; s < (s0 + tile < S ? s0 + tile : S); s++)
+"""
+# y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j] per row, accumulated in the tables' type by fused multiply-adds
+# (one rounding per term; a masked lane keeps the sum); x is copied into a zero-padded row first, so y may
+# be x (in place) and no read leaves the row
+_TERMS = r"""
+#define D {D}
+#define J {J}
+#define PL {PL}
+static const int64_t OFF[J] = {{{OFF}}};
+static const unsigned char MASK[J][D] = {{{MASK}}};
+void run(const X* x, X* y, const W* t, int64_t B, int64_t H, int64_t S, int64_t xb, int64_t xh, int64_t xs,
+         int64_t yb, int64_t yh, int64_t ys, int64_t tb, int64_t th, int64_t ts, int64_t tj, int64_t nthreads,
+         int64_t tile) {{
+    TILED_ROWS {{
+        const X* xr = x + b * xb + h * xh + s * xs;
+        X* yr = y + b * yb + h * yh + s * ys;
+        const W* tr = t + b * tb + h * th + s * ts;
+        W xp[PL + D + {PR} + 1];
+        for (int d = 0; d < PL; d++) xp[d] = 0;
+        for (int d = 0; d < {PR} + 1; d++) xp[PL + D + d] = 0;
+        for (int d = 0; d < D; d++) xp[PL + d] = LD(xr[d]);
+        for (int d = 0; d < D; d++) {{
+            W acc = 0;
+            #pragma GCC unroll 16
+            for (int j = 0; j < J; j++) {{ W v = acc + tr[j * tj + d] * xp[PL + d + OFF[j]]; acc = MASK[j][d] ? v : acc; }}
+            yr[d] = ST(acc);
+        }}
+    }}
+}}
+"""
+# y₀ = c x₀ − s x₁, y₁ = s x₀ + c x₁ on (k, k + P): iteration k reads and writes only k and k + P, so the
+# loop has no carried dependence even when y is x (ivdep)
+_HALVES = r"""
+#define P {P}
+void run(const X* x, X* y, const W* c, const W* sn, int64_t B, int64_t H, int64_t S, int64_t xb, int64_t xh,
+         int64_t xs, int64_t yb, int64_t yh, int64_t ys, int64_t tb, int64_t th, int64_t ts, int64_t tj,
+         int64_t nthreads) {{
+    ROWS {{
+        const X* xr = x + b * xb + h * xh + s * xs;
+        X* yr = y + b * yb + h * yh + s * ys;
+        const W* cr = c + b * tb + h * th + s * ts;
+        const W* sr = sn + b * tb + h * th + s * ts;
+        #pragma GCC ivdep
+        for (int k = 0; k < P; k++) {{
+            W x0 = LD(xr[k]), x1 = LD(xr[k + P]);
+            yr[k] = ST(cr[k] * x0 - sr[k] * x1);
+            yr[k + P] = ST(sr[k] * x0 + cr[k] * x1);
+        }}
+    }}
+}}
+"""
+# x's dtype -> (C type of x, C type of the tables, load, store); half precision is computed in float
+_CTYPES = {
+    torch.float32: ("float", "float", "", ""),
+    torch.float64: ("double", "double", "", ""),
+    torch.bfloat16: ("uint16_t", "float", "bf2f", "f2bf"),
+    torch.float16: ("_Float16", "float", "(float)", "(_Float16)"),
+}
+# tried in this order; 256-bit vectors measured ~10% faster than 512-bit for the terms kernel on the 2-core EPYC
+_FLAGS = (("-O3", "-march=native", "-mprefer-vector-width=256", "-fopenmp"), ("-O3", "-march=native", "-fopenmp"),
+          ("-O3", "-march=native"), ("-O3",))
+_MAX_WIDTH = 4096  # the kernels keep a row on the stack
+# the terms kernel runs in tiles of TILE positions (all heads of a tile in turn) when x is larger than this
+TILE, TILE_ABOVE_BYTES = 32, 16 << 20
+_native: dict[str, Callable] = {}
+
+
+def _cache_dir() -> Path:
+    """The on-disk cache of compiled native kernels (created; a temporary directory if home is read-only)."""
+    base = os.environ.get(CACHE_ENV)
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "liepos", "kernels")
+    for d in (Path(base), Path(tempfile.gettempdir()) / f"liepos-kernels-{os.getuid()}"):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return d
+        except OSError:
+            continue
+    raise OSError(f"no writable directory for compiled kernels (tried {base!r} and the temporary directory)")
+
+
+def _machine() -> str:
+    """What -march=native depends on: the CPU's flags (or the machine name), for the cache key."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            return next((ln for ln in f if ln.startswith(("flags", "Features"))), platform.machine())
+    except OSError:
+        return platform.machine() + platform.processor()
+
+
+def _compiler() -> str | None:
+    """The C compiler the native kernels are built with: ``$CC`` when set (None if it is not a program),
+    else the first of cc, gcc, clang on PATH."""
+    cc = os.environ.get("CC")
+    if cc:
+        return shutil.which(cc)
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def _build(name: str, source: str) -> Path:
+    """``source`` compiled to a shared library in the cache (reused when it exists); raises with the
+    compiler's message when no flag set compiles it."""
+    key = hashlib.sha256("\0".join((source, repr(_FLAGS), _machine())).encode()).hexdigest()[:20]
+    d = _cache_dir()
+    lib = d / f"{name}_{key}.so"
+    if lib.exists():
+        return lib
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError(f"no C compiler: CC={os.environ.get('CC')!r}, and no cc, gcc or clang on PATH")
+    src = d / f"{name}_{key}_{os.getpid()}_{threading.get_ident()}.c"
+    src.write_text(source)
+    errors = []
+    try:
+        for flags in _FLAGS:
+            tmp = src.with_suffix(".so")
+            r = subprocess.run([cc, *flags, "-fPIC", "-shared", str(src), "-o", str(tmp)],
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode == 0:
+                os.replace(tmp, lib)  # atomic: concurrent processes compile the same bytes
+                return lib
+            errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-300:]}")
+    finally:
+        src.unlink(missing_ok=True)
+    raise RuntimeError(f"{cc} failed: " + " | ".join(errors))
+
+
+def _native_fn(name: str, dtype: torch.dtype, params: tuple, body: Callable[[], str], pointers: int) -> Callable | None:
+    """The compiled ``run`` of the variant ``(name, dtype, params)``, ``body()`` its C code (built at its first
+    use, under the lock), or None when it cannot be built (warned once with the reason, never tried again)."""
+    key = ("native", name, dtype, params)
+    fn = _native.get(key)
+    if fn is not None:
+        return fn
+    with _lock:
+        fn = _native.get(key)
+        if fn is not None or key in _failed:
+            return fn
+        xt, wt, ld, st = _CTYPES[dtype]
+        source = f"{_PRELUDE}typedef {xt} X;\ntypedef {wt} W;\n#define LD(v) {ld}(v)\n#define ST(v) {st}(v)\n{body()}"
+        try:
+            fn = ctypes.CDLL(str(_build(name, source))).run
+        except Exception as err:  # no compiler, a compiler error, an unwritable cache: the torch ops instead
+            _failed[key] = f"{name} {dtype}: {err!r}"[:500]
+            _say_once(f"native:{name}:{dtype}", f"liepos: building the native {name} kernel for {dtype} failed, "
+                      f"using the torch ops: {repr(err)[:300]}", True)
+            return None
+        fn.argtypes, fn.restype = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * (14 + (pointers == 3)), None
+        _native[key] = fn
+        return fn
+
+
+def _strides(t: torch.Tensor, n: int) -> list[int]:
+    return [t.stride(i) if t.shape[i] > 1 else 0 for i in range(n)]
+
+
+def _native_ok(x: torch.Tensor, into: torch.Tensor | None, *tables: torch.Tensor, least: int | None = None) -> bool:
+    """The native kernels take 4-D x (last stride 1, at least ``least`` elements, default :data:`MIN_ELEMS`) of
+    a supported dtype, tables of the work dtype."""
+    least = MIN_ELEMS if least is None else least
+    if x.numel() < least or x.dim() != 4 or x.dtype not in _CTYPES or not enabled(x.device, native=True):
+        return False
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if any(t.dtype != work or t.stride(-1) != 1 or t.device != x.device for t in tables):
+        return False
+    if x.shape[-1] > _MAX_WIDTH or x.stride(-1) != 1:
+        return False
+    return into is None or (into.dtype == x.dtype and into.shape == x.shape and into.stride(-1) == 1)
+
+
+def apply_terms(
+    x: torch.Tensor, T: torch.Tensor, offsets: tuple[int, ...], masks: tuple[tuple[int, ...], ...],
+    into: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """``y[…, d] = Σ_j [masks[j][d]] T[…, j, d] · x[…, d + offsets[j]]`` in one pass (native C kernel).
+
+    ``x``: (B, H, S, D) with any strides but the last; ``T``: (B|1, H|1, S, J, D), the tables in the work
+    dtype; ``masks[j][d]``: whether term j exists at column d (a structural zero is skipped, so a
+    non-finite neighbour never leaks into a column); ``into``: x itself, a view of a wider output, or
+    None (a fresh output in x's memory order). Returns None when the kernel does not run (small input,
+    kernels off, no compiler, another device) and the caller must use the torch ops.
+    """
+    if T.dim() != 5 or not _native_ok(x, into, T, least=MIN_ELEMS_TERMS):
+        return None
+    B, H, S, D = x.shape
+    J = len(offsets)
+    if T.shape[-2:] != (J, D) or len(masks) != J or any(len(m) != D for m in masks):
+        raise ValueError(f"terms: tables {tuple(T.shape)} do not match {J} offsets and width {D}")
+    body = lambda: _TERMS.format(  # noqa: E731
+        D=D, J=J, PL=max(0, -min(offsets)), PR=max(0, max(offsets)), OFF=", ".join(map(str, offsets)),
+        MASK=", ".join("{" + ",".join(map(str, m)) + "}" for m in masks))
+    fn = _native_fn("terms", x.dtype, (D, tuple(offsets), tuple(masks)), body, 3)
+    if fn is None:
+        return None
+    y = torch.empty_like(x) if into is None else into
+    T = T.expand(B, H, S, J, D)  # (B|1, H|1, S, J, D) -> (B, H, S, J, D), stride 0 where broadcast
+    # tiles of positions for a large fresh output, whose page faults evict the tables between heads (measured
+    # at (1, 32, 4096, 128): 1.2x a clone in tiles of 32, 1.6x head after head); in place and below
+    # TILE_ABOVE_BYTES (L3-resident) head after head is faster (in place 1.1x against 2.1x a warm copy)
+    fresh = y.data_ptr() != x.data_ptr()
+    tile = TILE if fresh and x.numel() * x.element_size() > TILE_ABOVE_BYTES else S
+    fn(x.data_ptr(), y.data_ptr(), T.data_ptr(), B, H, S, *_strides(x, 3), *_strides(y, 3), *_strides(T, 3),
+       T.stride(3), torch.get_num_threads(), max(1, tile))
+    return y
+
+
+def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, into: torch.Tensor) -> torch.Tensor | None:
+    """The half-layout rotation of 4-D ``x`` (width 2P) into ``into`` (may be x): one native pass."""
+    if not _native_ok(x, into, c, s) or c.shape != s.shape or x.shape[-1] != 2 * c.shape[-1]:
+        return None
+    B, H, S, D = x.shape
+    P = D // 2
+    c, s = c.expand(B, H, S, P), s.expand(B, H, S, P)  # (B|1, H|1, S, P) -> (B, H, S, P)
+    if _strides(c, 3) != _strides(s, 3):
+        return None
+    fn = _native_fn("halves", x.dtype, (P,), lambda: _HALVES.format(P=P), 4)
+    if fn is None:
+        return None
+    fn(x.data_ptr(), into.data_ptr(), c.data_ptr(), s.data_ptr(), B, H, S, *_strides(x, 3), *_strides(into, 3),
+       *_strides(c, 3), 0, torch.get_num_threads())
     return into
