@@ -100,17 +100,10 @@ class _Tiles(torch.autograd.Function):
             o, L = _flash(qkv[3 * i], qkv[3 * i + 1], qkv[3 * i + 2], 0.0, is_causal, scale=c)
             outs.append(o)
             lses.append(L)  # (B·count, H, w) float32 (bfloat16 inputs) or q's dtype
-        work = lses[0].dtype
-        L = torch.full((B, H, T), -torch.inf, dtype=work, device=lses[0].device)
-        for r, Li in zip(rows, lses):
-            lv = r.view(L)  # (B, H, count, w)
-            lv.copy_(torch.logaddexp(lv, r.scatter(Li)))
-        if sinks is not None:
-            L = torch.logaddexp(L, sinks.to(work).view(1, -1, 1))
-        O = torch.zeros(B, H, T, Dv, dtype=work, device=L.device)
-        for r, Li, oi in zip(rows, lses, outs):
-            w = torch.exp(r.scatter(Li) - r.view(L))  # (B, H, count, w): the tile's share of each row
-            r.view(O).addcmul_(w.unsqueeze(-1), r.scatter(oi))
+        if len(rows) == 1 and rows[0] == Rows(0, 1, T, 0, T) and sinks is None:
+            O, L = outs[0], lses[0]  # one piece over every row: the flash kernel's own output
+        else:
+            O, L = _merge(shape, rows, outs, lses, sinks)
         O = O.to(qkv[0].dtype)
         ctx.rows, ctx.c, ctx.causal, ctx.has_sinks = rows, c, causal, sinks is not None
         ctx.save_for_backward(O, L, *(() if sinks is None else (sinks,)), *qkv)
@@ -132,6 +125,23 @@ class _Tiles(torch.autograd.Function):
             rowsum = (dO.to(L.dtype) * O.to(L.dtype)).sum(-1)  # (B, H, T)
             ds = -(torch.exp(sinks.to(L.dtype).view(1, -1, 1) - L) * rowsum).sum((0, 2)).to(sinks.dtype)
         return (None, None, None, None, ds, *grads)
+
+
+def _merge(shape, rows, outs, lses, sinks):
+    """``(O, L)`` of tiles' outputs and log-sum-exps over their rows (sinks join every row's ``L``)."""
+    B, H, T, Dv = shape
+    work = lses[0].dtype
+    L = torch.full((B, H, T), -torch.inf, dtype=work, device=lses[0].device)
+    for r, Li in zip(rows, lses):
+        lv = r.view(L)  # (B, H, count, w)
+        lv.copy_(torch.logaddexp(lv, r.scatter(Li)))
+    if sinks is not None:
+        L = torch.logaddexp(L, sinks.to(work).view(1, -1, 1))
+    O = torch.zeros(B, H, T, Dv, dtype=work, device=L.device)
+    for r, Li, oi in zip(rows, lses, outs):
+        w = torch.exp(r.scatter(Li) - r.view(L))  # (B, H, count, w): the tile's share of each row
+        r.view(O).addcmul_(w.unsqueeze(-1), r.scatter(oi))
+    return O, L
 
 
 def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int):
