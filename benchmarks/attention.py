@@ -3,6 +3,7 @@
     python benchmarks/attention.py            # T = 2048 … 16384, float32 and bfloat16
     python benchmarks/attention.py --quick    # T = 2048, float32 and bfloat16 (< 2 minutes)
     python benchmarks/attention.py --breakdown --lengths 8192   # where the time of the re-centred ones goes
+    python benchmarks/attention.py --memory --lengths 8192      # their peak memory without a gradient
 
 Shape: batch 1, 8 heads, head dim 64, causal self-attention over positions 0 … T − 1. Every round times
 every contender once, in one process, in an interleaved order (so a change in machine load hits all
@@ -84,7 +85,7 @@ def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool) -> dict[str, di
 
 # profiler op names counted as encoding q, k (and v): the one-pass kernels' elementwise work
 ENCODE_OPS = {"aten::mul", "aten::mul_", "aten::addcmul_", "aten::add_", "aten::neg", "aten::index", "aten::select",
-              "aten::copy_"}
+              "aten::copy_", "liepos::apply_terms", "liepos::rotate_halves"}  # the last two: native kernels
 
 
 def breakdown(T: int, dtype: torch.dtype) -> str:
@@ -115,6 +116,34 @@ def breakdown(T: int, dtype: torch.dtype) -> str:
             tot = r["flash"] + r["encode"] + r["other"]
             lines.append(f"| {name} | {tot / base:.2f} | {r['flash'] / base:.2f} ({r['calls']}) | "
                          f"{r['encode'] / base:.2f} | {r['other'] / base:.2f} |")
+    return "\n".join(lines)
+
+
+def memory(T: int, dtype: torch.dtype) -> str:
+    """Peak of the bytes one call allocates (no gradient), against SDPA's: the profiler's allocation
+    events (``profile_memory=True``) summed in time order, each op's own allocations and frees."""
+    from torch.profiler import profile
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, HEADS, T, DIM, generator=g).to(dtype) for _ in range(3))
+
+    def peak(fn) -> float:
+        fn()  # warm
+        with profile(profile_memory=True) as prof:
+            fn()
+        now = top = 0
+        for ev in sorted(prof.events(), key=lambda e: e.time_range.start):
+            now += ev.self_cpu_memory_usage
+            top = max(top, now)
+        return top / 2**20  # MiB
+
+    lines = [f"\n{dtype} T = {T}: peak MiB allocated by one call without a gradient (q is "
+             f"{q.numel() * q.element_size() / 2**20:.0f} MiB)\n", "| contender | peak (MiB) |", "|---|---|"]
+    with torch.no_grad():
+        lines.append(f"| sdpa (causal) | {peak(lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=True)):.0f} |")
+        for name in ("retnet", "decay", "alibi", "jordan"):
+            enc = encodings()[name]
+            lines.append(f"| {name} | {peak(lambda: lp.attention(q, k, v, enc)):.0f} |")
     return "\n".join(lines)
 
 
@@ -157,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flex-max-length", type=int, default=8192,
                    help="longest T FlexAttention runs at (its CPU bfloat16 kernel is ~27x SDPA at T = 8192)")
     p.add_argument("--breakdown", action="store_true", help="profile one call per re-centred encoding instead")
+    p.add_argument("--memory", action="store_true", help="peak memory of one call per re-centred encoding instead")
     a = p.parse_args(argv)
-    if a.breakdown:
+    if a.breakdown or a.memory:
         for T in a.lengths or [8192]:
-            print(breakdown(T, torch.float32))
+            print((breakdown if a.breakdown else memory)(T, torch.float32))
         return 0
     Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
     rounds = a.rounds or (3 if a.quick else 5)
