@@ -57,6 +57,10 @@ class Rows:
     a: int
     b: int
 
+    def __post_init__(self) -> None:
+        if not (self.start >= 0 and self.count >= 1 and 0 <= self.a < self.b <= self.period):
+            raise ValueError(f"Rows needs start ≥ 0, count ≥ 1 and 0 ≤ a < b ≤ period, got {self}")
+
     @property
     def width(self) -> int:
         return self.b - self.a
