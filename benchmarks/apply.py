@@ -19,7 +19,6 @@ Writes ``benchmarks/results/apply[_quick].{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 import liepos as lp
-from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
+from rounds import interleaved, ratio, save  # benchmarks/rounds.py: the one timing loop and writer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -116,14 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     name = ("apply_quick" if a.quick else "apply") + ("" if shape == (1, 32, 4096, 128) else "_" + "x".join(map(str, shape)))
-    cmd = " ".join(["python benchmarks/apply.py", *sys.argv[1:]])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
-                                                      "threads": torch.get_num_threads(), "load_average": load,
-                                                      "results": res}, indent=1))
-    head = (f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"load average {load[0]:.2f} before, {load[1]:.2f} after)")
-    (RESULTS / f"{name}.md").write_text(f"{head}\n\n{text}\n")
+    save(RESULTS, name, "apply.py", load, text, results=res)
     return 0
 
 

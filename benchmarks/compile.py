@@ -16,7 +16,6 @@ Writes ``benchmarks/results/compile[_quick].{json,md}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 import liepos as lp
-from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
+from rounds import interleaved, ratio, save  # benchmarks/rounds.py: the one timing loop and writer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -107,14 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"1-minute load average: {load[0]:.1f} before, {load[1]:.1f} after")
     name = "compile_quick" if a.quick else "compile"
-    cmd = " ".join(["python benchmarks/compile.py", *sys.argv[1:]])
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"command": cmd, "torch": torch.__version__,
-                                                      "threads": torch.get_num_threads(), "results": res,
-                                                      "cold_compile_s": cold, "load_average_1min": load}, indent=1))
-    head = (f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"1-minute load average {load[0]:.1f} before, {load[1]:.1f} after)")
-    (RESULTS / f"{name}.md").write_text(f"{head}\n\n{text}\n")
+    save(RESULTS, name, "compile.py", load, text, results=res, cold_compile_s=cold)
     return 0
 
 

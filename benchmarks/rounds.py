@@ -8,8 +8,11 @@ machine hits every contender alike.
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.utils import benchmark
@@ -32,3 +35,15 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, number: int =
 def ratio(times: list[float], yardstick: list[float]) -> float:
     """The median over rounds of the per-round ratio to the yardstick."""
     return statistics.median([t / y for t, y in zip(times, yardstick)])
+
+
+def save(folder: Path, name: str, script: str, load: tuple[float, float], text: str, **fields: object) -> None:
+    """``folder/name.{json,md}``: the command, torch, the thread count, the 1-minute load average before
+    and after the run, then ``fields`` (json) or the table ``text`` (md)."""
+    cmd = " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
+    folder.mkdir(exist_ok=True)
+    meta = {"command": cmd, "torch": torch.__version__, "threads": torch.get_num_threads(), "load_average": list(load)}
+    (folder / f"{name}.json").write_text(json.dumps({**meta, **fields}, indent=1))
+    head = (f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"1-minute load average {load[0]:.2f} before, {load[1]:.2f} after)")
+    (folder / f"{name}.md").write_text(f"{head}\n\n{text}\n")
