@@ -119,3 +119,24 @@ def test_bad_options():
         LearnableGenerator(8, axes=2, init="spiral")
     with pytest.raises(ValueError, match="divisible"):
         LearnableGenerator(6, axes=2)
+
+
+@pytest.mark.parametrize("side", ["query", "key"])
+def test_learned_slots_get_the_readable_paths_gradient(side):
+    """Slot values that need a gradient leave the fast path (whose cached tables hold them as numbers):
+    ``query`` / ``key`` give the same values and slot gradients as the dense reference."""
+    enc = lp.alibi(3, 8, slopes=[0.5, 0.1, 0.01])
+    slots = enc.query_slots if side == "query" else enc.key_slots
+    slots.requires_grad_(True)
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    p = torch.arange(7, dtype=torch.float64) + 10**6
+    with torch.no_grad():
+        getattr(enc, side)(x, p)  # tables of these positions now cached
+    fast = getattr(enc, side)(x, p)
+    ref = getattr(enc, f"{side}_reference")(x, p)
+    assert fast.requires_grad
+    w = torch.randn_like(ref)
+    (g_fast,) = torch.autograd.grad((fast * w).sum(), slots)
+    (g_ref,) = torch.autograd.grad((ref * w).sum(), slots)
+    assert torch.allclose(fast, ref, rtol=1e-12, atol=1e-9)
+    assert torch.allclose(g_fast, g_ref, rtol=1e-10, atol=1e-8)

@@ -6,7 +6,9 @@ its output ``o_i`` and log-sum-exp ``L_i``; the merge is exact::
 
     L = log(Σ_i e^{L_i} [+ e^{s_h}])          O = Σ_i e^{L_i − L} o_i
 
-(a learned sink ``s_h`` joins the denominator only). The backward is the flash backward of each
+(a learned sink ``s_h`` joins the denominator only; per row, ``s_{h,t}``, when the pieces' scores
+leave out a constant of the row). A piece may carry an additive per-key bias ``β (·, H, 1, S)``,
+the flash kernel's broadcast mask: ALiBi's ``m_h (s − o)`` in the logits. The backward is the flash backward of each
 piece with the *merged* ``O`` and ``L`` (the softmax probabilities and ``rowsum(dO ∘ O)`` of the whole
 row), summed over pieces; the sink's gradient is ``−Σ_t e^{s_h − L_t} rowsum(dO ∘ O)_t``. No mask is
 ever materialised.
@@ -27,6 +29,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -93,15 +96,22 @@ class Tile:
     v: torch.Tensor
     causal: bool
     first: bool = False  # streamed (:func:`made`): no earlier tile holds these rows; written, not merged
+    bias: torch.Tensor | None = None  # (B·count, H, 1, S) float32: added to every score of key s
+
+
+def _sink_rows(sinks: torch.Tensor, work: torch.dtype) -> torch.Tensor:
+    """Sink logits broadcastable to ``(B, H, T)``: one per head ``(H,)``, or one per row ``(B, H, T)``."""
+    s = sinks.to(work)
+    return s.view(1, -1, 1) if s.dim() == 1 else s
 
 
 class _Tiles(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, shape, rows, causal, c, sinks, *qkv):  # type: ignore[override]
+    def forward(ctx, shape, rows, causal, biases, c, sinks, *qkv):  # type: ignore[override]
         B, H, T, Dv = shape
         outs, lses = [], []
         for i, is_causal in enumerate(causal):
-            o, L = _flash(qkv[3 * i], qkv[3 * i + 1], qkv[3 * i + 2], 0.0, is_causal, scale=c)
+            o, L = _flash(qkv[3 * i], qkv[3 * i + 1], qkv[3 * i + 2], 0.0, is_causal, attn_mask=biases[i], scale=c)
             outs.append(o)
             lses.append(L)  # (B·count, H, w) float32 (bfloat16 inputs) or q's dtype
         if len(rows) == 1 and rows[0] == Rows(0, 1, T, 0, T) and sinks is None:
@@ -109,7 +119,7 @@ class _Tiles(torch.autograd.Function):
         else:
             O, L = _merge(shape, rows, outs, lses, sinks)
         O = O.to(qkv[0].dtype)
-        ctx.rows, ctx.c, ctx.causal, ctx.has_sinks = rows, c, causal, sinks is not None
+        ctx.rows, ctx.c, ctx.causal, ctx.biases, ctx.has_sinks = rows, c, causal, biases, sinks is not None
         ctx.save_for_backward(O, L, *(() if sinks is None else (sinks,)), *qkv)
         return O
 
@@ -122,13 +132,15 @@ class _Tiles(torch.autograd.Function):
         grads = []
         for i, (r, is_causal) in enumerate(zip(ctx.rows, ctx.causal)):
             q, k, v = rest[3 * i : 3 * i + 3]
-            g = _flash_backward(r.gather(dO), q, k, v, r.gather(O), r.gather(L), 0.0, is_causal, scale=ctx.c)
+            g = _flash_backward(r.gather(dO), q, k, v, r.gather(O), r.gather(L), 0.0, is_causal,
+                                attn_mask=ctx.biases[i], scale=ctx.c)
             grads += list(g)
         ds = None
         if sinks is not None:
             rowsum = (dO.to(L.dtype) * O.to(L.dtype)).sum(-1)  # (B, H, T)
-            ds = -(torch.exp(sinks.to(L.dtype).view(1, -1, 1) - L) * rowsum).sum((0, 2)).to(sinks.dtype)
-        return (None, None, None, None, ds, *grads)
+            ds = -(torch.exp(_sink_rows(sinks, L.dtype) - L) * rowsum)  # (B, H, T)
+            ds = (ds.sum((0, 2)) if sinks.dim() == 1 else ds.sum_to_size(sinks.shape)).to(sinks.dtype)
+        return (None, None, None, None, None, ds, *grads)
 
 
 def _merge(shape, rows, outs, lses, sinks):
@@ -140,7 +152,7 @@ def _merge(shape, rows, outs, lses, sinks):
         lv = r.view(L)  # (B, H, count, w)
         lv.copy_(torch.logaddexp(lv, r.scatter(Li)))
     if sinks is not None:
-        L = torch.logaddexp(L, sinks.to(work).view(1, -1, 1))
+        L = torch.logaddexp(L, _sink_rows(sinks, work))
     O = torch.zeros(B, H, T, Dv, dtype=work, device=L.device)
     for r, Li, oi in zip(rows, lses, outs):
         w = torch.exp(r.scatter(Li) - r.view(L))  # (B, H, count, w): the tile's share of each row
@@ -173,7 +185,7 @@ def tiles(shape: tuple[int, int, int], parts: list[Tile], c: float, sinks: torch
     parts = [p for p in parts if p.k.shape[2] and p.q.shape[2] and p.q.shape[0]]
     flat = [t for p in parts for t in _fit(p.q.to(dtype or p.q.dtype), p.k, p.v, D, Dv)]
     out = _Tiles.apply((*shape, max(D, Dv)), tuple(p.rows for p in parts), tuple(p.causal for p in parts),
-                       c, sinks, *flat)
+                       tuple(p.bias for p in parts), c, sinks, *flat)
     return out[..., :Dv] if Dv < D else out
 
 
@@ -187,7 +199,8 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
     """:func:`tiles` over tiles made one at a time by ``makers``.
 
     When nothing needs a gradient the tiles are streamed: each is made, attended and merged into a
-    running ``(O, L)`` (``L' = log(e^L + e^{L_i})``, ``O' = e^{L − L'} O + e^{L_i − L'} o_i``) before the
+    running ``(O, L)`` (``L' = log(e^L + e^{L_i})``, ``O' = e^{L − L'} O + e^{L_i − L'} o_i``, one
+    ``lerp`` with weight ``σ(L_i − L)``) before the
     next is made, so one tile's encodings are alive at a time (memory ``O(T)``, not ``O(T log T)``);
     otherwise every tile is made and merged by the autograd Function, which saves them for the backward.
     Every row must first be written by a tile marked ``first`` (the diagonal blocks: a partition of
@@ -206,7 +219,7 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
         p = None if nxt is None else nxt()
     O, L = state
     if sinks is not None:
-        O.mul_(torch.exp(L - torch.logaddexp(L, sinks.to(L.dtype).view(1, -1, 1))).unsqueeze(-1))
+        O.mul_(torch.exp(L - torch.logaddexp(L, _sink_rows(sinks, L.dtype))).unsqueeze(-1))
     O = O.to(dtype)
     return O[..., :Dv] if Dv < D else O
 
@@ -215,30 +228,41 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
-    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv), 0.0, p.causal, scale=c)
+    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv), 0.0, p.causal, attn_mask=p.bias, scale=c)
+    r = p.rows
+    if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
+        state += [o, Li]  # the first tile holds every row: its output is the running state, not copied
+        return
     if not state:
         B, H, T = shape
         state += [torch.empty(B, H, T, o.shape[-1], dtype=Li.dtype, device=o.device),
                   torch.empty((B, H, T), dtype=Li.dtype, device=o.device)]
     O, L = state
-    r = p.rows
     lv, Ls = r.view(L), r.scatter(Li)  # (B, H, count, w)
     if p.first:
         r.view(O).copy_(r.scatter(o))
         lv.copy_(Ls)
         return
-    Ln = torch.logaddexp(lv, Ls)
-    r.view(O).mul_(torch.exp(lv - Ln).unsqueeze(-1)).addcmul_(torch.exp(Ls - Ln).unsqueeze(-1), r.scatter(o))
-    lv.copy_(Ln)
+    # O' = e^{L − L'} O + e^{L_i − L'} o_i with weights summing to one: O + w (o_i − O), w = σ(L_i − L),
+    # one pass over the rows (torch.lerp)
+    w = torch.sigmoid(Ls - lv).unsqueeze(-1)  # (B, H, count, w, 1)
+    r.view(O).lerp_(r.scatter(o).to(O.dtype), w)
+    lv.copy_(torch.logaddexp(lv, Ls))
 
 
-def pieces(q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor, bool]], c: float,
-           sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """``softmax(c · q [k_1; k_2; …]ᵀ) [v_1; v_2; …]`` over pieces ``(k_i, v_i, is_causal)``, in ``q``'s dtype.
+def pieces(q: torch.Tensor, parts: list[tuple], c: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """``softmax(c · q [k_1; k_2; …]ᵀ [+ β]) [v_1; v_2; …]`` over pieces ``(k_i, v_i, is_causal[, β_i])``,
+    in ``q``'s dtype.
 
     ``q (B, H, Sq, D)``; ``k_i (B, Hk, S_i, D)``, ``v_i (B, Hk, S_i, Dv)``, ``Hk`` dividing ``H``;
-    an ``is_causal`` piece is the square diagonal block (``S_i = Sq``). Empty pieces are skipped.
+    an ``is_causal`` piece is the square diagonal block (``S_i = Sq``); ``β_i (B, H, 1, S_i)``, a
+    per-key bias of the logits (float32). Empty pieces are skipped. ``sinks``: ``(H,)`` or per row
+    ``(B, H, Sq)``.
     """
     B, H, Sq, _ = q.shape
     every = Rows(0, 1, Sq, 0, Sq)
-    return tiles((B, H, Sq), [Tile(every, q, k, v, cz) for k, v, cz in parts], c, sinks)
+    ts = [Tile(every, q, *p[:3], bias=p[3] if len(p) > 3 else None) for p in parts if p[0].shape[2]]
+    if not ts:
+        raise ValueError("pieces needs at least one piece with keys")
+    ts[0] = dataclasses.replace(ts[0], first=True)  # it holds every row: the streamed merge starts from it
+    return made((B, H, Sq), [lambda t=t: t for t in ts], c, sinks)

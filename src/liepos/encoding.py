@@ -17,6 +17,7 @@ path (``query_reference``/``key_reference``) multiplies by the dense matrices of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -434,7 +435,8 @@ class Encoding:
         g = self.generator
         if g.basis is not None or torch.compiler.is_compiling() or self.plan.partner == "gather":
             return False
-        return not (pos.requires_grad or g.rates.requires_grad or g.freqs.requires_grad or x.is_complex())
+        learned = (g.rates, g.freqs, g.nus, self.query_slots, self.key_slots)  # the tables' and slot values' inputs
+        return not (pos.requires_grad or x.is_complex() or any(t is not None and t.requires_grad for t in learned))
 
     def _graph_structure(self, x: torch.Tensor, pos: torch.Tensor) -> bool:
         """Under ``torch.compile``: whether the application is the opaque op of :mod:`liepos._graph`
@@ -444,7 +446,7 @@ class Encoding:
         pos = pos.positions if isinstance(pos, _graph.Positions) else pos  # as given (None: 0 … seq − 1)
         if g.basis is not None or (pos is not None and pos.requires_grad) or g.rates.requires_grad or g.freqs.requires_grad:
             return False
-        if x.is_complex() or (g.nus is not None and g.nus.requires_grad):
+        if x.is_complex() or any(t is not None and t.requires_grad for t in (g.nus, self.query_slots, self.key_slots)):
             return False
         return _graph.usable(_graph.graph_id(self))
 
@@ -511,6 +513,27 @@ class Encoding:
         self._check(q, "q")
         pos = self._relative(positions, q, None, "positions")
         return self._apply(self._scaled(q), pos, "query", slots=True, fade=True)
+
+    def _content(self, x: torch.Tensor, positions: Any, side: str) -> torch.Tensor:
+        """The content dims of :meth:`query` / :meth:`key` alone, ``(…, content_dim)``: no slot columns.
+
+        For a caller that adds the slots' bias to the scores itself (:mod:`liepos.recentre`, ALiBi's
+        per-key bias as the flash kernel's additive mask): ``query(q, t)[..., :content_dim]``, without
+        writing the slot columns. ``x`` holds the content dims; on the query side ``query_scale`` applies.
+        Identity content returns ``x`` itself (the caller only reads it).
+        """
+        self._check(x, "q" if side == "query" else "k")
+        pos = self._relative(positions, x, None, "positions")
+        if side == "query":
+            x = self._scaled(x)
+        if not self.num_slots or not self._fast_usable(x, pos) or torch.compiler.is_compiling():
+            return self._apply(x, pos, side, slots=True)[..., : self.content_dim]
+        check_range(self.generator, pos, side, x.dtype)
+        ft = self._fast_tables(pos, side, work_dtype(x.dtype), True)
+        ft = dataclasses.replace(ft, width=self.content_dim, slot_vals=None)  # the content runs, no slots
+        if ft.coupling is None and all(r.kind == "copy" for r in ft.runs):
+            return x  # NoPE content (ALiBi's): the identity, nothing to write
+        return apply_fast(x, ft)
 
     def key(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False) -> torch.Tensor:
         """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim); ``inplace`` as in :meth:`query`."""

@@ -22,6 +22,7 @@ new origin: no transport, no drift).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from functools import partial
 
@@ -219,13 +220,35 @@ def tile_plan(T: int, size: int) -> tuple[list[tuple[Rows, int]], list[tuple[Row
 FLASH_ROWS = 32
 
 
+def _diagonal_budget(b: tuple[float, float, float], dtype: torch.dtype) -> tuple[float, float, float]:
+    """The budget of a tiled diagonal block: its factors ``e^{±λ|t − o|}`` may reach the square root of
+    the dtype's range (float32: e^{±44}; at most e^{±45}, as float32, in float64) instead of its cube root. Only the causal kernel reads them, and
+    it overwrites every masked score (``s > t``, where ``F(t − o)ᵀ G(s − o)`` may overflow) before the
+    softmax, while every visible product is at most the true ``e^{−λ(t − s)}`` and a query factor
+    ``≥ e^{−44}`` stays a normal number. The general path adds its mask and keeps the cube root."""
+    rate, _, poly_span = b
+    work = dtype if dtype in (torch.float16, torch.float64, torch.float32) else torch.float32
+    return rate, min(1.5 * MAX_EXPONENT, math.log(torch.finfo(work).max) / 2), poly_span
+
+
 def _tile_size(allowed: float, T: int) -> int:
-    """Rows of a diagonal block: every time within ``allowed`` of the middle origin (``2⌊allowed⌋ + 1``
-    rows), rounded down to a multiple of :data:`FLASH_ROWS` when that leaves one."""
+    """Rows of a diagonal block: at most ``2⌊allowed⌋ + 1`` (every time within ``allowed`` of the middle
+    origin). Below :data:`FLASH_ROWS` that; else the multiple of it giving the fewest flash calls (families
+    of equal tiles, :func:`tile_plan`), the larger on a tie: each family encodes up to ``T`` rows of q and
+    k and merges them once (T = 2048, decay at rate 1/2: blocks of 128 give 5 families, 96 gave 9)."""
     if not math.isfinite(allowed):
         return T
-    size = 2 * math.floor(allowed) + 1
-    return size if size < FLASH_ROWS else size - size % FLASH_ROWS
+    top = 2 * math.floor(allowed) + 1
+    return top if top < FLASH_ROWS or top >= T else _fewest_calls(top, T)
+
+
+@functools.lru_cache(maxsize=256)
+def _fewest_calls(top: int, T: int) -> int:
+    def calls(w: int) -> int:
+        diag, off = tile_plan(T, w)
+        return len(diag) + len(off)
+
+    return min(range(FLASH_ROWS, top + 1, FLASH_ROWS), key=lambda w: (calls(w), -w))
 
 
 def _tiled(call: Call, b) -> torch.Tensor | None:
@@ -236,15 +259,15 @@ def _tiled(call: Call, b) -> torch.Tensor | None:
     With ``s ≤ p ≤ t`` every factor of ``F(t − p)ᵀ G(s − p) = A(t − s)`` is a decay ``≤ 1`` (an
     underflow drops a term below the dtype's smallest normal), and a Jordan block's binomial terms of
     ``(t − p)`` and ``(p − s)`` share their sign, so the product rounds like ``A(t − s)`` itself: a tile
-    may be as large as the triangle. Only the diagonal blocks are bounded by the span of one origin.
-    None when the times are not such a range or one block holds them all.
+    may be as large as the triangle. Only the diagonal blocks are bounded by the span of one origin
+    (:func:`_diagonal_budget`); one block may hold them all. None when the times are not such a range.
     """
     q, k, v, enc = call.q, call.k, call.v, call.enc
     B, H, T, _ = q.shape
     t = call.qpos
     ramp = torch.arange(T, dtype=t.dtype, device=t.device)
-    size = _tile_size(_allowed(b), T)
-    if size >= T or not torch.equal(t - t[:, :1], ramp.expand(B, T)):
+    size = min(T, _tile_size(_allowed(_diagonal_budget(b, q.dtype)), T))  # T: one causal block
+    if not torch.equal(t - t[:, :1], ramp.expand(B, T)):
         return None
     diag, off = tile_plan(T, size)
 
@@ -262,9 +285,16 @@ def _tiled(call: Call, b) -> torch.Tensor | None:
     return made((B, H, T), makers, call.c, call.sinks)
 
 
-def _blockwise(call: Call, b, slopes: torch.Tensor | None) -> torch.Tensor:
-    """The fused path block by block (values carried by a generator, a linear bias' windows)."""
-    Dv, D = call.v.shape[-1], call.enc.dim
+def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """The fused path block by block (values carried by a generator, a linear bias' windows).
+
+    Under a linear bias whose slots need no gradient, q and k keep their content dims only and the
+    bias rides as the flash kernel's per-key mask (:func:`_key_bias`): the head size stays the
+    content's (ALiBi: 64, not 66 with the slot columns, which alone costs ~1.15× in the kernel).
+    """
+    Dv = call.v.shape[-1]
+    bias = slopes is not None and _constant_bias(call.enc)
+    D = call.enc.content_dim if bias else call.enc.dim
     narrow = call.venc is None and Dv < D
     if narrow:  # ALiBi's slots widen q and k: widen v once with zero columns, not every piece
         call = dataclasses.replace(call, v=Fn.pad(call.v, (0, D - Dv)))  # (B, Hk, Sk, D)
@@ -272,30 +302,62 @@ def _blockwise(call: Call, b, slopes: torch.Tensor | None) -> torch.Tensor:
     if slopes is not None:
         with torch.no_grad():  # every key's norm, once: each block's window reads its prefix
             knorm = call.k.detach().float().norm(dim=-1)  # (B, Hk, Sk)
-    out = torch.cat([_diagonal(call, lo, hi, o, slopes, knorm) for lo, hi, o in _blocks(call, b)], dim=2)
+    out = torch.cat([_diagonal(call, lo, hi, o, slopes, knorm, bias) for lo, hi, o in _blocks(call, b)], dim=2)
     return out[..., :Dv] if narrow else out
 
 
-def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: torch.Tensor | None,
-              knorm: torch.Tensor | None = None) -> torch.Tensor:
+def _constant_bias(enc: Encoding) -> bool:
+    """Whether the slots' bias may be read once as numbers: nothing asks for its gradient."""
+    g = enc.generator
+    params = (enc.query_slots, enc.key_slots, g.rates, g.freqs, g.nus)
+    return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params))
+
+
+def _key_bias(call: Call, slopes: tuple[torch.Tensor, torch.Tensor], rel: torch.Tensor, tq: torch.Tensor,
+              o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A linear bias ``b_h − m_h (t − s)`` split at the origin: ``m_h (s − o)`` per key, the flash kernel's
+    additive mask ``(B, H, 1, S)`` (float32 for half precision), and ``r = b_h − m_h (t − o)`` per row, which softmax does
+    not see; only a sink does, so its logit becomes ``s_h − r`` per row ``(B, H, Sq)`` (None without sinks)."""
+    m, b0 = slopes  # (H,) float64
+    work = torch.float32 if call.q.dtype in LOW else call.q.dtype  # the kernel reads a mask of q's type (float32 for half)
+    beta = (m.view(1, -1, 1, 1) * rel.unsqueeze(1).unsqueeze(1)).to(work)  # (H,) ⊗ (B, S) -> (B, H, 1, S)
+    if call.sinks is None:
+        return beta, None
+    r = b0.view(1, -1, 1) - m.view(1, -1, 1) * (tq - o).unsqueeze(1)  # (B, H, Sq) float64
+    s = call.sinks.to(work) if call.sinks.dtype in LOW else call.sinks  # r spans ±m·allowed: not in bfloat16
+    return beta, s.view(1, -1, 1) - r.to(s.dtype)
+
+
+def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch.Tensor, torch.Tensor] | None,
+              knorm: torch.Tensor | None = None, bias: bool = False) -> torch.Tensor:
     """Equal, strictly increasing query and key times: the block ``lo:hi`` sees every key before it
     (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly.
 
     ``o (B, 1)``: the block's origin, in its middle; keys after it grow (by at most the factor the
     budget allows) and only the diagonal piece sees them, where the causal kernel overwrites every
     masked score (an overflow there is never read). ``slopes``: a linear bias (ALiBi), whose keys
-    far before the block are left out per head (:func:`_window_starts`, from the keys' norms ``knorm``)."""
+    far before the block are left out per head (:func:`_window_starts`, from the keys' norms ``knorm``);
+    ``bias``: it rides as a per-key mask (:func:`_key_bias`) on the content dims, not in slot columns."""
     tq = call.qpos[:, lo:hi]
-    qe = call.enc.query(call.q[:, :, lo:hi], tq - o)
-    starts = None if slopes is None or lo == 0 else _window_starts(call, qe, lo, slopes, knorm)
+    enc = call.enc
+    qe = enc._content(call.q[:, :, lo:hi], tq - o, "query") if bias else enc.query(call.q[:, :, lo:hi], tq - o)
+    starts = None if slopes is None or lo == 0 else _window_starts(call, qe, lo, slopes[0], knorm)
     first = 0 if starts is None else min(starts)
     rel = call.kpos[:, first:hi] - o  # (B, hi - first): every key the block may weigh
-    ke = call.enc.key(call.k[:, :, first:hi], rel)
+    ke = enc._content(call.k[:, :, first:hi], rel, "key") if bias else enc.key(call.k[:, :, first:hi], rel)
     ve = call.v[:, :, first:hi] if call.venc is None else call.venc.key(call.v[:, :, first:hi], rel)
+    beta, sinks = _key_bias(call, slopes, rel, tq, o) if bias else (None, call.sinks)
     cut = lo - first
+
+    def parts(hs: slice, a: int) -> list[tuple]:
+        bb = (None, None) if beta is None else (beta[:, hs, :, a:cut], beta[:, hs, :, cut:])
+        return [(ke[:, hs, a:cut], ve[:, hs, a:cut], False, bb[0]), (ke[:, hs, cut:], ve[:, hs, cut:], True, bb[1])]
+
+    def head_sinks(hs: slice) -> torch.Tensor | None:
+        return None if sinks is None else sinks[hs] if sinks.dim() == 1 else sinks[:, hs]
+
     if starts is None or all(st == first for st in starts):
-        parts = [(ke[:, :, :cut], ve[:, :, :cut], False), (ke[:, :, cut:], ve[:, :, cut:], True)]
-        y = pieces(qe, parts, call.c, call.sinks)
+        y = pieces(qe, parts(slice(None), 0), call.c, sinks)
     else:
         # per-head windows (keys per head: a per-head bias has its keys repeated to every head);
         # heads in a run of equal starts (ALiBi's slopes fall with the head) share one call, as views
@@ -304,9 +366,8 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: torch.Tenso
         for h1 in range(1, H + 1):
             if h1 < H and starts[h1] == starts[h0]:
                 continue
-            a, hs = starts[h0] - first, slice(h0, h1)
-            parts = [(ke[:, hs, a:cut], ve[:, hs, a:cut], False), (ke[:, hs, cut:], ve[:, hs, cut:], True)]
-            y[:, hs] = pieces(qe[:, hs], parts, call.c, None if call.sinks is None else call.sinks[hs])
+            hs = slice(h0, h1)
+            y[:, hs] = pieces(qe[:, hs], parts(hs, starts[h0] - first), call.c, head_sinks(hs))
             h0 = h1
     if call.venc is not None:
         y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
@@ -314,14 +375,15 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: torch.Tenso
 
 
 # slopes by (encoding version, heads): read once per parameter state, not per call (a few ms each)
-_SLOPES: dict[tuple, torch.Tensor | None] = {}
+_SLOPES: dict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = {}
 
 
-def _linear_bias_slopes(call: Call) -> torch.Tensor | None:
-    """Per-head slopes ``m_h > 0`` when every score is ``content + b_h − m_h (t − s)`` with orthogonal
-    content (rotations or identity, which keep norms) and slots carrying a bias of degree one in the
-    lag, as ALiBi's do; else None. ``b_h(u)`` is read from the slots at lags 0 and 1 in float64, once
-    per version of the encoding (its parameters' storages and in-place versions)."""
+def _linear_bias_slopes(call: Call) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per-head slopes ``m_h > 0`` and offsets ``b_h`` ``(H,)`` when every score is
+    ``content + b_h − m_h (t − s)`` with orthogonal content (rotations or identity, which keep norms)
+    and slots carrying a bias of degree one in the lag, as ALiBi's do; else None. The bias is read from
+    the slots at lags 0 and 1 in float64, once per version of the encoding (its parameters' storages
+    and in-place versions)."""
     enc = call.enc
     if not enc.num_slots or enc.generator.basis is not None or call.venc is not None or call.q.shape[0] == 0:
         return None
@@ -333,7 +395,7 @@ def _linear_bias_slopes(call: Call) -> torch.Tensor | None:
     return _SLOPES[key]
 
 
-def _read_slopes(enc: Encoding, H: int) -> torch.Tensor | None:
+def _read_slopes(enc: Encoding, H: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     g = enc.generator
     rates, freqs = g.rates.detach().reshape(-1, g.num_blocks), g.freqs.detach().reshape(-1, g.num_blocks)
     for i, (n, off) in enumerate(zip(g.sizes, g.offsets)):
@@ -346,7 +408,7 @@ def _read_slopes(enc: Encoding, H: int) -> torch.Tensor | None:
         ks = enc.key(z[:, :, :1], torch.tensor([0.0], dtype=torch.float64))[..., enc.content_dim:]  # (1, H, 1, slots)
         b = (qs * ks).sum(-1)[0]  # (H, 2): the bias at lags 0 and 1
     m = b[:, 0] - b[:, 1]  # (H,)
-    return m if bool(torch.isfinite(m).all()) else None
+    return (m, b[:, 0]) if bool(torch.isfinite(b).all()) else None
 
 
 # the weight a left-out key may have, relative to its row's largest, is below e^-(_DROP + log Sk): past
