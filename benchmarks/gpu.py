@@ -7,8 +7,8 @@
     PYTHONPATH=src python benchmarks/gpu.py --peak-gbs 2039        # another GPU (A100 80 GB): its bandwidth
 
 **Checks.** Every catalogue encoding of ``benchmarks/attention.py`` (NoPE, RoPE both layouts, xPos, RetNet,
-decay, ALiBi, Jordan) is moved to the device (:func:`on_device`: its generator rebuilt from its parameters
-on the device, slots with it; the library has no ``Encoding.to``), then ``enc.query`` / ``enc.key`` at
+decay, ALiBi, Jordan), built on the CPU as a user builds it and applied to device inputs (the library
+computes its float64 tables on the inputs' device from the CPU parameters, then casts), ``enc.query`` / ``enc.key`` at
 positions ``0 … S−1`` and ``10⁶ … 10⁶+S−1`` (the encodings that need re-centring with ``origin=`` the
 middle of the range, so both signs of ``t − o`` occur; RoPE and NoPE at the absolute times, their tables
 float64 then cast) in float32 and bfloat16, and causal ``lp.attention(q, k, v, enc, t, t)`` at both
@@ -67,7 +67,6 @@ import torch.nn.functional as Fn
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/rounds.py, also when imported
 import liepos as lp  # noqa: E402
 from liepos import _kernels  # noqa: E402
-from liepos.generator import Generator  # noqa: E402
 from rounds import ratio, save  # noqa: E402  benchmarks/rounds.py: per-round ratios, the results writer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -110,21 +109,6 @@ CATALOGUE = [("nope", "nope", {}), ("rope", "rope", {}), ("rope_half", "rope", {
 def encodings(heads: int, dim: int) -> dict[str, lp.Encoding]:
     """Every catalogue entry that causal attention takes (growth is refused by design), plus RoPE's half layout."""
     return {name: lp.build(entry, dim, heads, **options) for name, entry, options in CATALOGUE}
-
-
-def on_device(enc: lp.Encoding, device: torch.device) -> lp.Encoding:
-    """``enc`` with its generator's parameters (and its slots, query scale) on ``device``.
-
-    The library keeps an encoding's parameters where they were built (the CPU) and builds its float64
-    tables on the device of the positions, which it moves to the inputs' device; the generator's rates and
-    frequencies must meet them there, so the generator is rebuilt from its parameters on ``device``.
-    """
-    g = enc.generator
-    mv = lambda t: None if t is None else t.to(device)  # noqa: E731
-    gen = Generator(mv(g.rates), mv(g.freqs), g.sizes, complex=g.complex, basis=mv(g.basis),
-                    allow_growth=g.allow_growth, axes=g.num_axes, nus=mv(g.nus))
-    return enc.replace(generator=gen, query_slots=mv(enc.query_slots), key_slots=mv(enc.key_slots),
-                       query_scale=mv(enc.query_scale))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -200,7 +184,7 @@ def check_encoding(name: str, enc: lp.Encoding, device: torch.device, shape: tup
                    plant: bool) -> list[dict]:
     """Apply (query and key) and causal attention of one encoding, near 0 and near 10⁶, both dtypes."""
     B, H, S, D = shape
-    denc = on_device(enc, device)
+    denc = enc  # as a user has it: built on the CPU, applied to device inputs
     # the attention rows compared (each over all the keys it sees): the first, middle and last 8 queries
     rows_at = torch.cat((torch.arange(8), torch.arange(S // 2 - 4, S // 2 + 4), torch.arange(S - 8, S)))
     kind = "attention_poly" if max(enc.generator.sizes) > 2 else "attention"
@@ -326,11 +310,11 @@ def apply_contenders(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
     B, H, S, D = shape
     q, k = (t.to(device) for t in _inputs(shape, dtype, seed=100, n=2))
     pos = torch.arange(S, dtype=torch.float64)  # (S,)
-    encs = {n: on_device(e, device) for n, e in encodings(H, D).items()}
+    encs = encodings(H, D)
     half, inter, xpos = (encs[n] for n in ("rope_half", "rope", "xpos"))
     # one small rate, so that S positions stay in float32's range in one factorisation (the catalogue's bank
     # reaches rate 1/2: 176 positions); the kernel's speed does not depend on the rate (benchmarks/apply.py)
-    decay = on_device(lp.build("decay", D, rate=1 / 8192), device)
+    decay = lp.build("decay", D, rate=1 / 8192)
     cos, sin = hf_tables(S, D, dtype, device)
     fns = {
         "clone of q, k (copy floor)": lambda: (q.clone(), k.clone()),
@@ -387,7 +371,7 @@ def time_attention(shape, device, rounds: int, number: int) -> list[dict]:
     q, k, v = (t.to(device) for t in _inputs(shape, torch.bfloat16, seed=200))
     fns = {"sdpa (causal)": lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=True)}
     for name, enc in encodings(shape[1], shape[3]).items():
-        fns[f"lp.attention {name}"] = lambda e=on_device(enc, device): lp.attention(q, k, v, e)
+        fns[f"lp.attention {name}"] = lambda e=enc: lp.attention(q, k, v, e)
     times, failed = interleaved_events(fns, device, rounds, number)
     rows = []
     for n in fns:

@@ -223,7 +223,9 @@ def build_tables(generator: Generator, plan: Plan, pos: torch.Tensor, side: str)
         raise ValueError(f"`side` must be 'query' or 'key', got {side!r}")
     dev = pos.device
     pp, (rates, freqs, nus) = _per_block(generator, pos)
-    rates, freqs = rates.to(torch.float64), freqs.to(torch.float64)
+    # the generator's parameters meet the positions on their device (an encoding built on the CPU
+    # applied to CUDA inputs: its float64 tables are computed there, once per window, then cast)
+    rates, freqs = rates.to(device=dev, dtype=torch.float64), freqs.to(device=dev, dtype=torch.float64)
     order = plan.block_of.to(dev).index_select(0, plan.inv.to(dev))  # storage dim -> block
     with torch.no_grad():
         # inside torch.compile the scale is always built (e^0 = 1 exactly): no data-dependent branch
