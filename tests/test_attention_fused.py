@@ -301,11 +301,33 @@ def test_tiles_keep_a_query_whose_factor_underflows():
     enc = lp.decay([2.0, 0.0])
     with pytest.raises(OverflowError, match="underflows"):
         enc.query(torch.ones(1, 1, 1, 2), [100.0])
-    T = 400  # blocks of 2·floor(29.6 / 2) + 1 = 29 rows: tiles up to 256 rows, e^{-2·255} underflows
+    T = 400  # diagonal blocks of 32 rows (at most 2·⌊44.4 / 2⌋ + 1 = 45): tiles up to 256 rows, e^{-2·255} underflows
     q, k, v = inputs(T, 1, 2, torch.float32, seed=9)
     p = torch.arange(T)
     fused, general, ref = three_ways(enc, q, k, v, p)
     assert float((fused.double() - ref).abs().max()) <= bound(torch.float32, 0, v, T)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_diagonal_blocks_whose_masked_scores_overflow(dtype):
+    """The diagonal budget lets a block's factors reach e^{±44} (float32's square root): a masked pair
+    (the block's last key seen from its first query) then scores e^{87}·q_i k_i, past float32's range.
+    The causal kernel overwrites those scores before the softmax: the output is the reference's."""
+    rate = 1.38  # allowed 44.4 / 1.38 = 32 around the origin: blocks of 64 rows
+    enc = lp.decay([rate, 0.5, 0.0])
+    T = 512
+    size = recentre._tile_size(recentre._allowed(recentre._diagonal_budget((rate, 0.0, math.inf), dtype)), T)
+    assert size == 64
+    q, k, v = inputs(T, 2, 3, dtype, seed=12)
+    q, k = 8 * q, 8 * k
+    o = size // 2
+    qe = enc.query(q[:, :, :1].float(), torch.tensor([-float(o)]))  # F(t − o) of the block's first query
+    ke = enc.key(k[:, :, size - 1 : size].float(), torch.tensor([float(size - 1 - o)]))  # G(s − o), its last key
+    assert not bool(torch.isfinite((qe * ke)[..., 0]).all())  # the rate-1.38 column overflows: e^{1.38·63}·64
+    p = torch.arange(T) + 10**6
+    fused, general, ref = three_ways(enc, q, k, v, p)
+    assert torch.isfinite(fused).all()
+    assert float((fused.double() - ref).abs().max()) <= bound(dtype, 0, v, T)
 
 
 def test_times_that_are_not_a_unit_range_keep_the_blocks(monkeypatch):

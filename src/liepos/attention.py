@@ -8,7 +8,8 @@
 * encodings whose F and G grow with absolute time (decay, damped rotation, Jordan blocks, ALiBi's
   slots) are evaluated relative to an origin per query block (:mod:`liepos.recentre`), which
   leaves every score unchanged and keeps every factor finite, at positions of 10⁹ as at 0;
-* ALiBi runs through its slots: no (seq × seq) bias is ever allocated;
+* ALiBi runs through its slots (on the fused path its per-key part is the flash kernel's broadcast
+  mask ``(B, H, 1, S)``): no (seq × seq) bias is ever allocated;
 * ``sinks`` (one logit per head) join the softmax denominator only (:mod:`liepos.attention_sdpa`);
 * ``value_encoding`` carries the values by a second generator: ``o_t = Σ_s w_ts A_v(t − s) v_s``,
   as one encode of v and one of the output, never a per-pair matrix;
