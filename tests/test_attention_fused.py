@@ -301,7 +301,8 @@ def test_tiles_keep_a_query_whose_factor_underflows():
     enc = lp.decay([2.0, 0.0])
     with pytest.raises(OverflowError, match="underflows"):
         enc.query(torch.ones(1, 1, 1, 2), [100.0])
-    T = 400  # diagonal blocks of 32 rows (at most 2·⌊44.4 / 2⌋ + 1 = 45): tiles up to 256 rows, e^{-2·255} underflows
+    # diagonal blocks of 32 rows (at most 2·⌊44.4 / 2⌋ + 1 = 45): tiles up to 256 rows, e^{-2·255} underflows
+    T = 400
     q, k, v = inputs(T, 1, 2, torch.float32, seed=9)
     p = torch.arange(T)
     fused, general, ref = three_ways(enc, q, k, v, p)

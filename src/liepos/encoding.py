@@ -446,7 +446,8 @@ class Encoding:
         pos = pos.positions if isinstance(pos, _graph.Positions) else pos  # as given (None: 0 … seq − 1)
         if g.basis is not None or (pos is not None and pos.requires_grad) or g.rates.requires_grad or g.freqs.requires_grad:
             return False
-        if x.is_complex() or any(t is not None and t.requires_grad for t in (g.nus, self.query_slots, self.key_slots)):
+        learned = (g.nus, self.query_slots, self.key_slots)
+        if x.is_complex() or any(t is not None and t.requires_grad for t in learned):
             return False
         return _graph.usable(_graph.graph_id(self))
 

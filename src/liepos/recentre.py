@@ -222,10 +222,11 @@ FLASH_ROWS = 32
 
 def _diagonal_budget(b: tuple[float, float, float], dtype: torch.dtype) -> tuple[float, float, float]:
     """The budget of a tiled diagonal block: its factors ``e^{±λ|t − o|}`` may reach the square root of
-    the dtype's range (float32: e^{±44}; at most e^{±45}, as float32, in float64) instead of its cube root. Only the causal kernel reads them, and
-    it overwrites every masked score (``s > t``, where ``F(t − o)ᵀ G(s − o)`` may overflow) before the
-    softmax, while every visible product is at most the true ``e^{−λ(t − s)}`` and a query factor
-    ``≥ e^{−44}`` stays a normal number. The general path adds its mask and keeps the cube root."""
+    the dtype's range (float32: e^{±44}; at most e^{±45}, as float32, in float64) instead of its cube
+    root. Only the causal kernel reads them, and it overwrites every masked score (``s > t``, where
+    ``F(t − o)ᵀ G(s − o)`` may overflow) before the softmax, while every visible product is at most the
+    true ``e^{−λ(t − s)}`` and a query factor ``≥ e^{−44}`` stays a normal number. The general path
+    adds its mask and keeps the cube root."""
     rate, _, poly_span = b
     work = dtype if dtype in (torch.float16, torch.float64, torch.float32) else torch.float32
     return rate, min(1.5 * MAX_EXPONENT, math.log(torch.finfo(work).max) / 2), poly_span
@@ -293,7 +294,7 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
     content's (ALiBi: 64, not 66 with the slot columns, which alone costs ~1.15× in the kernel).
     """
     Dv = call.v.shape[-1]
-    bias = slopes is not None and _constant_bias(call.enc)
+    bias = slopes is not None and _constant_bias(call)
     D = call.enc.content_dim if bias else call.enc.dim
     narrow = call.venc is None and Dv < D
     if narrow:  # ALiBi's slots widen q and k: widen v once with zero columns, not every piece
@@ -306,20 +307,22 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
     return out[..., :Dv] if narrow else out
 
 
-def _constant_bias(enc: Encoding) -> bool:
-    """Whether the slots' bias may be read once as numbers: nothing asks for its gradient."""
-    g = enc.generator
-    params = (enc.query_slots, enc.key_slots, g.rates, g.freqs, g.nus)
+def _constant_bias(call: Call) -> bool:
+    """Whether the slots' bias may be read once as numbers (the kernel's mask has no gradient): nothing
+    asks for one, neither the slots and generator nor the times (learned positions)."""
+    g = call.enc.generator
+    params = (call.enc.query_slots, call.enc.key_slots, g.rates, g.freqs, g.nus, call.qpos, call.kpos)
     return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params))
 
 
 def _key_bias(call: Call, slopes: tuple[torch.Tensor, torch.Tensor], rel: torch.Tensor, tq: torch.Tensor,
               o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A linear bias ``b_h − m_h (t − s)`` split at the origin: ``m_h (s − o)`` per key, the flash kernel's
-    additive mask ``(B, H, 1, S)`` (float32 for half precision), and ``r = b_h − m_h (t − o)`` per row, which softmax does
-    not see; only a sink does, so its logit becomes ``s_h − r`` per row ``(B, H, Sq)`` (None without sinks)."""
+    """A linear bias ``b_h − m_h (t − s)`` split at the origin: ``m_h (s − o)`` per key, the flash
+    kernel's additive mask ``(B, H, 1, S)`` (float32 for half precision), and ``r = b_h − m_h (t − o)``
+    per row, which softmax does not see; only a sink does, so its logit becomes ``s_h − r`` per row
+    ``(B, H, Sq)`` (None without sinks)."""
     m, b0 = slopes  # (H,) float64
-    work = torch.float32 if call.q.dtype in LOW else call.q.dtype  # the kernel reads a mask of q's type (float32 for half)
+    work = torch.float32 if call.q.dtype in LOW else call.q.dtype  # the kernel reads a mask of q's type
     beta = (m.view(1, -1, 1, 1) * rel.unsqueeze(1).unsqueeze(1)).to(work)  # (H,) ⊗ (B, S) -> (B, H, 1, S)
     if call.sinks is None:
         return beta, None
