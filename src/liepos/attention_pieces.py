@@ -8,10 +8,10 @@ its output ``o_i`` and log-sum-exp ``L_i``; the merge is exact::
 
 (a learned sink ``s_h`` joins the denominator only; per row, ``s_{h,t}``, when the pieces' scores
 leave out a constant of the row). A piece may carry an additive per-key bias ``β (·, H, 1, S)``,
-the flash kernel's broadcast mask: ALiBi's ``m_h (s − o)`` in the logits. The backward is the flash backward of each
-piece with the *merged* ``O`` and ``L`` (the softmax probabilities and ``rowsum(dO ∘ O)`` of the whole
-row), summed over pieces; the sink's gradient is ``−Σ_t e^{s_h − L_t} rowsum(dO ∘ O)_t``. No mask is
-ever materialised.
+the flash kernel's broadcast mask: ALiBi's ``m_h (s − o)`` in the logits. The backward is the flash
+backward of each piece with the *merged* ``O`` and ``L`` (the softmax probabilities and
+``rowsum(dO ∘ O)`` of the whole row), summed over pieces; the sink's gradient is
+``−Σ_t e^{s_h − L_t} rowsum(dO ∘ O)_t``. No ``(Sq × S)`` mask is ever materialised.
 
 Pieces need not cover the same rows: a :class:`Tile` is a piece of attention for the rows
 :class:`Rows` picks out of the output (a strided family of equal row ranges, one flash call for all of
