@@ -362,3 +362,14 @@ def test_streamed_tiles_are_let_go_one_at_a_time_and_equal_the_saved_ones(monkey
     assert len(peak) >= 6 and max(peak) == 1
     saved = lp.attention(q.requires_grad_(), k, v, enc, p, p)
     assert float((saved.detach() - streamed).abs().max()) <= 1e-13
+
+
+def test_pieces_refuse_keys_and_values_of_different_head_counts():
+    """The flash kernel would read past the values' heads by the keys' strides: refused, not garbage."""
+    from liepos.attention_pieces import pieces
+
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16)
+    with pytest.raises(ValueError, match="one head count"):
+        pieces(q, [(k, torch.randn(1, 2, 8, 16), True)], 0.25)
+    with pytest.raises(ValueError, match="one head count"):
+        pieces(q, [(torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16), True)], 0.25)

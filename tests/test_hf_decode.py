@@ -355,3 +355,27 @@ def test_factored_only_for_one_decay_per_head():
     want = enc.key(kx, s)  # G_h(s) k
     got = rot.key(kx, s) * torch.exp(-rates[None, :, None, None] * s[None, None, :, None])
     assert torch.allclose(got, want, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_alibi_prefill_runs_the_causal_kernel_with_a_per_key_mask(dtype, monkeypatch):
+    """A causal prefill under ALiBi takes the fused causal kernel with ``m_h (s − o)`` as a broadcast
+    mask (no ``S × S`` bias); its logits are those of the dense-bias path (float64: to rounding), and
+    the decode steps after it are the full forward's."""
+    taken = []
+    real = hf_decode._linear_prefill
+    monkeypatch.setattr(hf_decode, "_linear_prefill", lambda *a: taken.append(real(*a)) or taken[-1])
+    model = tiny().to(dtype)
+    patch_model(model, lp.alibi(4, 16))
+    x = ids(40, batch=2)
+    with torch.no_grad():
+        fast = model(x[:, :32]).logits
+        assert taken and all(t is not None for t in taken)  # every layer's prefill took it
+        monkeypatch.setattr(hf_decode, "_linear_prefill", lambda *a: None)
+        dense = model(x[:, :32]).logits
+        tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 5e-2}[dtype]
+        assert float((fast - dense).abs().max()) <= tol * max(1.0, float(dense.abs().max()))
+        monkeypatch.setattr(hf_decode, "_linear_prefill", real)
+        out = model(x[:, :31], use_cache=True)
+        step = model(x[:, 31:32], past_key_values=out.past_key_values).logits[:, -1]
+    assert float((step.double() - dense[:, 31].double()).abs().max()) <= 10 * tol * max(1.0, float(dense.abs().max()))

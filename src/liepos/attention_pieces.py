@@ -163,6 +163,10 @@ def _merge(shape, rows, outs, lses, sinks):
 def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int):
     """One head count and one head size for the flash kernel: grouped keys repeated, the narrower of
     q/k and v padded with zero columns (zeros change no score and no output column)."""
+    if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1]:
+        # the flash kernel reads every head of k and v by q's strides: a mismatch would read past them
+        raise ValueError(f"pieces need keys and values of one head count dividing the queries', got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     g = q.shape[1] // k.shape[1]
     if g > 1:  # grouped queries: (G, Hk, S, ·) -> (G, H, S, ·)
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)

@@ -35,7 +35,7 @@ from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
 
-__all__ = ["recentred", "MAX_EXPONENT", "POLY_SPAN"]
+__all__ = ["recentred", "linear_bias", "MAX_EXPONENT", "POLY_SPAN"]
 
 # largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
 MAX_EXPONENT = 30.0
@@ -382,19 +382,25 @@ _SLOPES: dict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = {}
 
 
 def _linear_bias_slopes(call: Call) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Per-head slopes ``m_h > 0`` and offsets ``b_h`` ``(H,)`` when every score is
+    """:func:`linear_bias` of the call's encoding at its query heads (None with values carried by a generator)."""
+    if call.venc is not None or call.q.shape[0] == 0:
+        return None
+    return linear_bias(call.enc, call.q.shape[1])
+
+
+def linear_bias(enc: Encoding, heads: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per-head slopes ``m_h > 0`` and offsets ``b_h`` ``(heads,)`` float64 when every score is
     ``content + b_h − m_h (t − s)`` with orthogonal content (rotations or identity, which keep norms)
     and slots carrying a bias of degree one in the lag, as ALiBi's do; else None. The bias is read from
     the slots at lags 0 and 1 in float64, once per version of the encoding (its parameters' storages
     and in-place versions)."""
-    enc = call.enc
-    if not enc.num_slots or enc.generator.basis is not None or call.venc is not None or call.q.shape[0] == 0:
+    if not enc.num_slots or enc.generator.basis is not None:
         return None
-    key = (enc.version, call.q.shape[1])
+    key = (enc.version, heads)
     if key not in _SLOPES:
         if len(_SLOPES) >= 64:
             _SLOPES.pop(next(iter(_SLOPES)))
-        _SLOPES[key] = _read_slopes(enc, call.q.shape[1])
+        _SLOPES[key] = _read_slopes(enc, heads)
     return _SLOPES[key]
 
 

@@ -36,7 +36,8 @@ from liepos._fast import TableCache, _window, apply_fast
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.generator import Generator
-from liepos.recentre import MAX_EXPONENT, _poly_span
+from liepos.attention_pieces import available, pieces
+from liepos.recentre import MAX_EXPONENT, _poly_span, linear_bias
 from liepos.tables import check_range
 
 __all__ = ["attend", "remember", "budget", "hf_visible", "identity", "step_matrix", "MATRICES", "STORES"]
@@ -438,6 +439,10 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         if ve.shape[1] != ke.shape[1]:  # per-head keys over HF's grouped values
             ve = ve.repeat_interleave(ke.shape[1] // ve.shape[1], dim=1)  # (B, Hk, n, Dv) -> (B, H, n, Dv)
         return sdpa(qc, ke, ve, mask, c, finite=False).to(v.dtype)
+    if enc.num_slots and mask is None and S > 1 and S == st.n and st.factor is None:
+        out = _linear_prefill(enc, qc, ke, ve, rel, c)
+        if out is not None:
+            return out.to(v.dtype)
     bias = None
     if enc.num_slots:
         key = ("bias", id(enc), st.origin, st.n, work)
@@ -463,6 +468,25 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
     out = Fn.scaled_dot_product_attention(qc, ke, ve, attn_mask=bias, is_causal=causal, scale=c,
                                           enable_gqa=ke.shape[1] != H)
     return out.to(v.dtype)
+
+
+def _linear_prefill(enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: torch.Tensor,
+                    c: float) -> torch.Tensor | None:
+    """A causal prefill (every key its own query's) under a linear bias (ALiBi): the fused causal kernel
+    with the per-key part ``m_h (s − o)`` as its broadcast mask ``(1|B, H, 1, S)``, instead of the
+    ``(S × S)`` bias; the row's part ``b_h − m_h (t − o)`` changes no softmax. None when it does not
+    apply (not the CPU kernel, not a linear bias, the slots asking for a gradient)."""
+    slots = (enc.query_slots, enc.key_slots)
+    if not available(q) or (torch.is_grad_enabled() and any(t.requires_grad for t in slots)):
+        return None
+    lb = linear_bias(enc, q.shape[1])
+    if lb is None:
+        return None
+    work = torch.float32 if q.dtype in _LOW else q.dtype  # the kernel reads a mask of q's type (float32 for half)
+    beta = (lb[0].view(1, -1, 1, 1) * rel.unsqueeze(1).unsqueeze(1)).to(work)  # (H,) ⊗ (1|B, S) -> (1|B, H, 1, S)
+    if v.shape[1] != k.shape[1]:  # per-head keys over HF's grouped values
+        v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)  # (B, Hk, S, Dv) -> (B, H, S, Dv)
+    return pieces(q, [(k, v, True, beta.expand(q.shape[0], -1, -1, -1))], c)
 
 
 def _factored_attention(q: torch.Tensor, k: torch.Tensor, kf: torch.Tensor, qf: torch.Tensor, v: torch.Tensor,
