@@ -357,25 +357,44 @@ def test_factored_only_for_one_decay_per_head():
     assert torch.allclose(got, want, atol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_alibi_prefill_runs_the_causal_kernel_with_a_per_key_mask(dtype, monkeypatch):
-    """A causal prefill under ALiBi takes the fused causal kernel with ``m_h (s − o)`` as a broadcast
-    mask (no ``S × S`` bias); its logits are those of the dense-bias path (float64: to rounding), and
-    the decode steps after it are the full forward's."""
+@pytest.mark.parametrize("dtype,T", [(torch.float64, 32), (torch.float32, 32), (torch.bfloat16, 32),
+                                     (torch.float64, 1100), (torch.float32, 1100)])
+def test_alibi_prefill_runs_the_causal_kernel_with_a_per_key_mask(dtype, T, monkeypatch):
+    """A causal prefill under ALiBi takes the fused kernels with ``m_h (s − o)`` as a broadcast mask (no
+    ``S × n`` bias): in one step, or (T = 1100, past one origin's span of ±512) in blocks of queries, each over the
+    keys before it and its own. Its logits are those of the dense-bias path (float64: to rounding), and a
+    decode step after it is the full forward's."""
     taken = []
     real = hf_decode._linear_prefill
     monkeypatch.setattr(hf_decode, "_linear_prefill", lambda *a: taken.append(real(*a)) or taken[-1])
     model = tiny().to(dtype)
     patch_model(model, lp.alibi(4, 16))
-    x = ids(40, batch=2)
+    x = ids(T + 8, batch=2 if T < 1024 else 1)  # blocks of queries take one row of times (hf_decode._blocks)
     with torch.no_grad():
-        fast = model(x[:, :32]).logits
-        assert taken and all(t is not None for t in taken)  # every layer's prefill took it
+        fast = model(x[:, :T]).logits
+        blocks = T > 1024  # one origin holds the slots' span of ±512 (hf_decode.budget)
+        assert len(taken) >= (4 if blocks else 2) and all(t is not None for t in taken)  # every block took it
         monkeypatch.setattr(hf_decode, "_linear_prefill", lambda *a: None)
-        dense = model(x[:, :32]).logits
+        dense = model(x[:, :T]).logits
         tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 5e-2}[dtype]
         assert float((fast - dense).abs().max()) <= tol * max(1.0, float(dense.abs().max()))
         monkeypatch.setattr(hf_decode, "_linear_prefill", real)
-        out = model(x[:, :31], use_cache=True)
-        step = model(x[:, 31:32], past_key_values=out.past_key_values).logits[:, -1]
-    assert float((step.double() - dense[:, 31].double()).abs().max()) <= 10 * tol * max(1.0, float(dense.abs().max()))
+        out = model(x[:, : T - 1], use_cache=True)
+        step = model(x[:, T - 1 : T], past_key_values=out.past_key_values).logits[:, -1]
+    scale = max(1.0, float(dense.abs().max()))
+    assert float((step.double() - dense[:, T - 1].double()).abs().max()) <= 10 * tol * scale
+
+
+def test_alibi_two_rows_past_the_first_origin_then_a_step():
+    """Two batch rows, a 699-token prompt (past the span one origin gives the slots' first encoding) and a
+    decode step: the slot buffer, encoded first for one row of times, widens to the batch (it used to
+    fail to grow: ``output with shape [1, 4, 513, 2] doesn't match [2, 4, 513, 2]``); the step equals the
+    full forward."""
+    model = tiny().to(torch.float64)
+    patch_model(model, lp.alibi(4, 16))
+    x = ids(700, batch=2)
+    with torch.no_grad():
+        out = model(x[:, :699], use_cache=True)
+        step = model(x[:, 699:700], past_key_values=out.past_key_values).logits[:, -1]
+        full = model(x).logits[:, -1]
+    assert float((step - full).abs().max()) <= 1e-10

@@ -139,13 +139,18 @@ def _work(enc: Encoding, dtype: torch.dtype) -> torch.dtype:
 
 
 def _room(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
-    """``buf`` ``(B, H, cap, d)`` with room for ``new``'s positions after the first ``n`` (doubling when full)."""
+    """``buf`` ``(B, H, cap, d)`` with room for ``new``'s positions after the first ``n`` (doubling when full).
+
+    A batch of one (slot values depend on the times only) widens to ``new``'s batch when that has more
+    rows (a prefill in blocks whose later blocks see per-row key times)."""
     S = new.shape[-2]
-    if buf is None or n + S > buf.shape[-2]:
-        cap = max(2 * (0 if buf is None else buf.shape[-2]), n + S, _GROW)
-        out = new.new_empty(*new.shape[:2], cap, new.shape[-1])
+    B = new.shape[0] if buf is None else max(buf.shape[0], new.shape[0])
+    if buf is None or n + S > buf.shape[-2] or buf.shape[0] != B:
+        full = buf is None or n + S > buf.shape[-2]
+        cap = max(2 * (0 if buf is None else buf.shape[-2]), n + S, _GROW) if full else buf.shape[-2]
+        out = new.new_empty(B, new.shape[1], cap, new.shape[-1])
         if n:
-            out[:, :, :n].copy_(buf[:, :, :n])
+            out[:, :, :n].copy_(buf[:, :, :n])  # (1|B, H, n, d): a batch of one broadcast
         buf = out
     return buf
 
@@ -322,7 +327,7 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         st = _rebuild(layer, enc, k, v, kpos, seen, _origin(lo, hi, span), version, work, span, H)
         if st is None:
             return None
-    out = _step(layer, enc, st, q, k, v, attention_mask, scaling, pos, seen, work)
+    out = _step(layer, enc, st, q, k, v, attention_mask, scaling, pos, seen, work, kpos)
     st.raw = k
     stores[idx] = st
     return out
@@ -352,7 +357,7 @@ def _blocks(layer: Any, enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torc
         elif isinstance(mask, torch.Tensor):
             mask = mask[..., :b]  # (B, Sk) padding
         outs.append(_step(layer, enc, st, q[:, :, a:b], k[:, :, :b], v[:, :, :b], mask, scaling, pos[:, a:b], a,
-                          work))
+                          work, kpos[:, :b]))
         a = b
     st.raw = k
     return torch.cat(outs, dim=2), st
@@ -400,7 +405,8 @@ def _bounds(layer: Any, pos: torch.Tensor) -> tuple[float, float]:
 
 
 def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-          attention_mask: Any, scaling: float | None, pos: torch.Tensor, seen: int, work: torch.dtype) -> torch.Tensor:
+          attention_mask: Any, scaling: float | None, pos: torch.Tensor, seen: int, work: torch.dtype,
+          kpos: torch.Tensor) -> torch.Tensor:
     """Encode the new keys and the queries at the store's origin, append, attend.
 
     Slots (ALiBi) do not widen the attention: their part of the score, ``F(t − o) sₚᵀ G(s − o) sₖ``,
@@ -439,8 +445,9 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         if ve.shape[1] != ke.shape[1]:  # per-head keys over HF's grouped values
             ve = ve.repeat_interleave(ke.shape[1] // ve.shape[1], dim=1)  # (B, Hk, n, Dv) -> (B, H, n, Dv)
         return sdpa(qc, ke, ve, mask, c, finite=False).to(v.dtype)
-    if enc.num_slots and mask is None and S > 1 and S == st.n and st.factor is None:
-        out = _linear_prefill(enc, qc, ke, ve, rel, c)
+    if enc.num_slots and S > 1 and st.factor is None and hf_visible(attention_mask, st.n) is None:
+        # a causal multi-token step (every earlier key, its own causally: no padding, no other mask)
+        out = _linear_prefill(enc, qc, ke[:, :, : st.n], ve, kpos[:, : st.n] - st.origin, c)
         if out is not None:
             return out.to(v.dtype)
     bias = None
@@ -472,10 +479,11 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
 
 def _linear_prefill(enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: torch.Tensor,
                     c: float) -> torch.Tensor | None:
-    """A causal prefill (every key its own query's) under a linear bias (ALiBi): the fused causal kernel
-    with the per-key part ``m_h (s − o)`` as its broadcast mask ``(1|B, H, 1, S)``, instead of the
-    ``(S × S)`` bias; the row's part ``b_h − m_h (t − o)`` changes no softmax. None when it does not
-    apply (not the CPU kernel, not a linear bias, the slots asking for a gradient)."""
+    """A causal multi-token step (its S queries are the last S of the n keys, ``rel (1|B, n)`` the keys'
+    times from the origin) under a linear bias (ALiBi): the fused kernels with the per-key part
+    ``m_h (s − o)`` as their broadcast mask ``(1|B, H, 1, n)`` — the earlier keys unmasked, the step's own
+    causally — instead of the ``(S × n)`` bias; the row's part ``b_h − m_h (t − o)`` changes no softmax.
+    None when it does not apply (not the CPU kernel, not a linear bias, the slots asking for a gradient)."""
     slots = (enc.query_slots, enc.key_slots)
     if not available(q) or (torch.is_grad_enabled() and any(t.requires_grad for t in slots)):
         return None
@@ -485,8 +493,10 @@ def _linear_prefill(enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     work = torch.float32 if q.dtype in _LOW else q.dtype  # the kernel reads a mask of q's type (float32 for half)
     beta = (lb[0].view(1, -1, 1, 1) * rel.unsqueeze(1).unsqueeze(1)).to(work)  # (H,) ⊗ (1|B, S) -> (1|B, H, 1, S)
     if v.shape[1] != k.shape[1]:  # per-head keys over HF's grouped values
-        v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)  # (B, Hk, S, Dv) -> (B, H, S, Dv)
-    return pieces(q, [(k, v, True, beta.expand(q.shape[0], -1, -1, -1))], c)
+        v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)  # (B, Hk, n, Dv) -> (B, H, n, Dv)
+    beta = beta.expand(q.shape[0], -1, -1, -1)  # (B, H, 1, n)
+    a = k.shape[2] - q.shape[2]  # keys before the step's own
+    return pieces(q, [(k[:, :, :a], v[:, :, :a], False, beta[..., :a]), (k[:, :, a:], v[:, :, a:], True, beta[..., a:])], c)
 
 
 def _factored_attention(q: torch.Tensor, k: torch.Tensor, kf: torch.Tensor, qf: torch.Tensor, v: torch.Tensor,
