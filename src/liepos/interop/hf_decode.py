@@ -141,8 +141,8 @@ def _work(enc: Encoding, dtype: torch.dtype) -> torch.dtype:
 def _room(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
     """``buf`` ``(B, H, cap, d)`` with room for ``new``'s positions after the first ``n`` (doubling when full).
 
-    A batch of one (slot values depend on the times only) widens to ``new``'s batch when that has more
-    rows (a prefill in blocks whose later blocks see per-row key times)."""
+    A batch of one (slot values depend on the times only, shared by the rows when their times are) widens
+    to ``new``'s batch when that has more rows (a later step's slot values from per-row times)."""
     S = new.shape[-2]
     B = new.shape[0] if buf is None else max(buf.shape[0], new.shape[0])
     if buf is None or n + S > buf.shape[-2] or buf.shape[0] != B:
