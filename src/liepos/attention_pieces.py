@@ -96,7 +96,7 @@ class Tile:
     v: torch.Tensor
     causal: bool
     first: bool = False  # streamed (:func:`made`): no earlier tile holds these rows; written, not merged
-    bias: torch.Tensor | None = None  # (B·count, H, 1, S) float32: added to every score of key s
+    bias: torch.Tensor | None = None  # (B·count, H, 1, S), q's type (float32 for half): added to key s's scores
 
 
 def _sink_rows(sinks: torch.Tensor, work: torch.dtype) -> torch.Tensor:

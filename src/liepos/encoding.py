@@ -435,19 +435,21 @@ class Encoding:
         g = self.generator
         if g.basis is not None or torch.compiler.is_compiling() or self.plan.partner == "gather":
             return False
-        learned = (g.rates, g.freqs, g.nus, self.query_slots, self.key_slots)  # the tables' and slot values' inputs
-        return not (pos.requires_grad or x.is_complex() or any(t is not None and t.requires_grad for t in learned))
+        return not (pos.requires_grad or x.is_complex() or self._learned())
+
+    def _learned(self) -> bool:
+        """Whether an input of the tables or of the slot values (rates, frequencies, ν, slots) needs a gradient."""
+        g = self.generator
+        params = (g.rates, g.freqs, g.nus, self.query_slots, self.key_slots)
+        return any(t is not None and t.requires_grad for t in params)
 
     def _graph_structure(self, x: torch.Tensor, pos: torch.Tensor) -> bool:
         """Under ``torch.compile``: whether the application is the opaque op of :mod:`liepos._graph`
-        (the eager fast path), else the traced readable path (learnable generator, positions needing
+        (the eager fast path), else the traced readable path (learnable generator or slots, positions needing
         grad, a basis, a gather partner, complex x), which differentiates through the tables."""
         g = self.generator
         pos = pos.positions if isinstance(pos, _graph.Positions) else pos  # as given (None: 0 … seq − 1)
-        if g.basis is not None or (pos is not None and pos.requires_grad) or g.rates.requires_grad or g.freqs.requires_grad:
-            return False
-        learned = (g.nus, self.query_slots, self.key_slots)
-        if x.is_complex() or any(t is not None and t.requires_grad for t in learned):
+        if g.basis is not None or (pos is not None and pos.requires_grad) or x.is_complex() or self._learned():
             return False
         return _graph.usable(_graph.graph_id(self))
 

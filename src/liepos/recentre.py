@@ -35,7 +35,7 @@ from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
 
-__all__ = ["recentred", "linear_bias", "MAX_EXPONENT", "POLY_SPAN"]
+__all__ = ["recentred", "bias_mask", "constant_bias", "linear_bias", "MAX_EXPONENT", "POLY_SPAN"]
 
 # largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
 MAX_EXPONENT = 30.0
@@ -294,7 +294,7 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
     content's (ALiBi: 64, not 66 with the slot columns, which alone costs ~1.15× in the kernel).
     """
     Dv = call.v.shape[-1]
-    bias = slopes is not None and _constant_bias(call)
+    bias = slopes is not None and constant_bias(call.enc, call.qpos, call.kpos)
     D = call.enc.content_dim if bias else call.enc.dim
     narrow = call.venc is None and Dv < D
     if narrow:  # ALiBi's slots widen q and k: widen v once with zero columns, not every piece
@@ -307,12 +307,20 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
     return out[..., :Dv] if narrow else out
 
 
-def _constant_bias(call: Call) -> bool:
+def constant_bias(enc: Encoding, *times: torch.Tensor) -> bool:
     """Whether the slots' bias may be read once as numbers (the kernel's mask has no gradient): nothing
-    asks for one, neither the slots and generator nor the times (learned positions)."""
-    g = call.enc.generator
-    params = (call.enc.query_slots, call.enc.key_slots, g.rates, g.freqs, g.nus, call.qpos, call.kpos)
+    asks for one, neither the slots and generator nor the ``times`` (learned positions)."""
+    g = enc.generator
+    params = (enc.query_slots, enc.key_slots, g.rates, g.freqs, g.nus, *times)
     return not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in params))
+
+
+def bias_mask(slopes: torch.Tensor, rel: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The per-key part ``m_h (s − o)`` of a linear bias as the flash kernel's additive mask
+    ``(B, H, 1, S)`` from the slopes ``(H,)`` and the keys' times from the origin ``rel (B, S)``, in the
+    type the kernel reads with queries of ``dtype`` (float32 for half precision, else that dtype)."""
+    work = torch.float32 if dtype in LOW else dtype
+    return (slopes.view(1, -1, 1, 1) * rel.unsqueeze(1).unsqueeze(1)).to(work)  # (H,) ⊗ (B, S) -> (B, H, 1, S)
 
 
 def _key_bias(call: Call, slopes: tuple[torch.Tensor, torch.Tensor], rel: torch.Tensor, tq: torch.Tensor,
@@ -322,17 +330,16 @@ def _key_bias(call: Call, slopes: tuple[torch.Tensor, torch.Tensor], rel: torch.
     per row, which softmax does not see; only a sink does, so its logit becomes ``s_h − r`` per row
     ``(B, H, Sq)`` (None without sinks)."""
     m, b0 = slopes  # (H,) float64
-    work = torch.float32 if call.q.dtype in LOW else call.q.dtype  # the kernel reads a mask of q's type
-    beta = (m.view(1, -1, 1, 1) * rel.unsqueeze(1).unsqueeze(1)).to(work)  # (H,) ⊗ (B, S) -> (B, H, 1, S)
+    beta = bias_mask(m, rel, call.q.dtype)  # (B, H, 1, S)
     if call.sinks is None:
         return beta, None
     r = b0.view(1, -1, 1) - m.view(1, -1, 1) * (tq - o).unsqueeze(1)  # (B, H, Sq) float64
-    s = call.sinks.to(work) if call.sinks.dtype in LOW else call.sinks  # r spans ±m·allowed: not in bfloat16
+    s = call.sinks.float() if call.sinks.dtype in LOW else call.sinks  # r spans ±m·allowed: not in bfloat16
     return beta, s.view(1, -1, 1) - r.to(s.dtype)
 
 
 def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch.Tensor, torch.Tensor] | None,
-              knorm: torch.Tensor | None = None, bias: bool = False) -> torch.Tensor:
+              knorm: torch.Tensor | None, bias: bool) -> torch.Tensor:
     """Equal, strictly increasing query and key times: the block ``lo:hi`` sees every key before it
     (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly.
 
@@ -427,20 +434,18 @@ def _drop(dtype: torch.dtype, n_keys: int) -> float:
     return -math.log(info.tiny) - math.log(info.eps) + math.log(max(n_keys, 1))
 
 
-def _window_starts(call: Call, qe: torch.Tensor, lo: int, slopes: torch.Tensor,
-                   knorm: torch.Tensor | None = None) -> list[int]:
+def _window_starts(call: Call, qe: torch.Tensor, lo: int, slopes: torch.Tensor, knorm: torch.Tensor) -> list[int]:
     """Per head, the first key the block ``lo:…`` can weigh at all under a linear bias.
 
     Each query sees its own key (equal times), so its row's largest score is at least ``−C + b``
     with ``C = max|q̃|·max|k|`` (orthogonal content: encoded norms are the raw ones); a key at lag
     ``d`` scores at most ``C + b − m d``. Keys with ``m·d > 2C + _drop`` weigh less than the dtype's
     smallest normal times its rounding, relative to the row's largest: they are left out, exactly.
+    ``knorm (B, Hk, Sk)``: every key's norm (float32), computed once per call.
     """
     D = call.enc.content_dim
     with torch.no_grad():
         qn = qe[..., :D].detach().float().norm(dim=-1).amax((0, 2)).double()  # (H,)
-        if knorm is None:
-            knorm = call.k[:, :, :lo].detach().float().norm(dim=-1)  # (B, Hk, lo)
         kn = knorm[:, :, :lo].amax((0, 2)).double()  # (Hk,)
         kn = kn.repeat_interleave(qn.shape[0] // kn.shape[0])  # (H,)
         # the content bound, with room for the encoding's rounding and the float32 norms (≤ D·eps)

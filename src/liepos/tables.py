@@ -316,7 +316,7 @@ def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch
             _check_one_axis(generator, lo, hi, side, fade, top, bottom, fail)
             return
         # a cheap bound first: |Σ_a λ_a t_a| ≤ max|λ| · Σ_a max|t_a| (and the same for ν): most calls stop here
-        axes = 1 if generator.num_axes is None else generator.num_axes
+        axes = generator.num_axes
         reach = float(pos.detach().abs().reshape(-1, axes).amax(0).sum())  # (…, seq[, axes]) -> (rows, axes)
         r_max, nu_max = generator.bounds()
         n_max = max(generator.sizes)

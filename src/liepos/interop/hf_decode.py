@@ -32,15 +32,17 @@ from typing import Any
 import torch
 import torch.nn.functional as Fn
 
+from liepos._checks import all_finite
 from liepos._fast import TableCache, _window, apply_fast
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 from liepos.attention_pieces import available, pieces
-from liepos.recentre import MAX_EXPONENT, _poly_span, linear_bias
+from liepos.recentre import MAX_EXPONENT, _poly_span, bias_mask, constant_bias, linear_bias
 from liepos.tables import check_range
 
-__all__ = ["attend", "remember", "budget", "hf_visible", "identity", "step_matrix", "MATRICES", "STORES"]
+__all__ = ["attend", "remember", "budget", "checked_step_matrix", "hf_visible", "identity", "step_matrix", "MATRICES",
+           "STORES"]
 
 STORES = "_liepos_encoded"  # the cache attribute holding every layer's encoded keys
 _LOW = (torch.float16, torch.bfloat16)
@@ -209,11 +211,9 @@ def _matrix(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side:
     memo = layer.positions.tables
     m = memo.get(("matrix",) + key)
     if m is None:
-        if not enc._fast_usable(x, rel):
+        m = checked_step_matrix(enc, x, rel, side, lambda: _tables(layer, enc, rel, side, x, key))
+        if m is None:
             return None
-        if enc.plan.has_coupling:  # as _tables: the couplings τᵏ/k! at this position must fit the dtype
-            check_range(enc.generator, rel, side, x.dtype)
-        m = step_matrix(enc, rel, side, x.dtype, lambda: _tables(layer, enc, rel, side, x, key))
         if layer.positions.ids is not None:
             memo[("matrix",) + key] = m
     return m
@@ -254,6 +254,16 @@ def step_matrix(enc: Encoding, pos: torch.Tensor, side: str, dtype: torch.dtype,
     return apply_fast(eye, tables())  # a position axis of size 1 broadcasts over the c rows
 
 
+def checked_step_matrix(enc: Encoding, x: torch.Tensor, pos: torch.Tensor, side: str,
+                        tables: Any) -> torch.Tensor | None:
+    """:func:`step_matrix` for ``x``'s dtype once the fast path applies to ``x`` at ``pos`` and the range
+    check passed (the tables at this position must fit the dtype); None: no fast form."""
+    if not enc._fast_usable(x, pos):
+        return None
+    check_range(enc.generator, pos, side, x.dtype)
+    return step_matrix(enc, pos, side, x.dtype, tables)
+
+
 def _window_matrices(enc: Encoding, base: int, end: int, side: str, dtype: torch.dtype,
                      device: torch.device) -> torch.Tensor:
     """``Mᵀ`` ``(W, 1, c, c)`` at positions ``base … end − 1``: the identity's rows encoded at each."""
@@ -261,12 +271,6 @@ def _window_matrices(enc: Encoding, base: int, end: int, side: str, dtype: torch
     ft = enc._fast_tables(torch.arange(base, end, dtype=torch.float64, device=device), side, dtype, False)
     eye = identity(c, dtype, device).reshape(c, 1, 1, c).expand(c, 1, W, c).contiguous()  # (c rows, 1, W, c)
     return apply_fast(eye, ft).permute(2, 1, 0, 3).contiguous()  # (c, 1, W, c) -> (W, 1, c, c)
-
-
-def _finite(k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether every entry of ``k`` and ``v`` is finite, from one sum (an overflowing sum of finite
-    entries says False: then the select-masked attention runs, which is exact for finite keys too)."""
-    return math.isfinite(float(k.sum(dtype=torch.float32) + v.sum(dtype=torch.float32)))
 
 
 def _expand(x: torch.Tensor, heads: int, enc: Encoding) -> torch.Tensor:
@@ -432,7 +436,7 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
     if mask is not None and st.checked < st.n:
         # a key hidden from some query must not reach it even when it is not finite: know whether
         # every key is (unmasked, a non-finite key reaches every query in either kernel alike)
-        st.finite = st.finite and _finite(k[:, :, st.checked:st.n], v[:, :, st.checked:st.n])
+        st.finite = st.finite and all_finite(k[:, :, st.checked:st.n], v[:, :, st.checked:st.n])
         st.checked = st.n
     if st.factor is not None and (S > 1 or not st.finite):  # the per-head form: scaled keys and queries
         ke = _expand(ke, H, enc) * st.scale[:, :, : st.n]  # (B, Hk, n, c) -> (B, H, n, c)
@@ -484,19 +488,18 @@ def _linear_prefill(enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     ``m_h (s − o)`` as their broadcast mask ``(1|B, H, 1, n)`` — the earlier keys unmasked, the step's own
     causally — instead of the ``(S × n)`` bias; the row's part ``b_h − m_h (t − o)`` changes no softmax.
     None when it does not apply (not the CPU kernel, not a linear bias, the slots asking for a gradient)."""
-    slots = (enc.query_slots, enc.key_slots)
-    if not available(q) or (torch.is_grad_enabled() and any(t.requires_grad for t in slots)):
+    if not available(q) or not constant_bias(enc, rel):
         return None
     lb = linear_bias(enc, q.shape[1])
     if lb is None:
         return None
-    work = torch.float32 if q.dtype in _LOW else q.dtype  # the kernel reads a mask of q's type (float32 for half)
-    beta = (lb[0].view(1, -1, 1, 1) * rel.unsqueeze(1).unsqueeze(1)).to(work)  # (H,) ⊗ (1|B, S) -> (1|B, H, 1, S)
+    beta = bias_mask(lb[0], rel, q.dtype)  # (1|B, H, 1, n)
     if v.shape[1] != k.shape[1]:  # per-head keys over HF's grouped values
         v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)  # (B, Hk, n, Dv) -> (B, H, n, Dv)
     beta = beta.expand(q.shape[0], -1, -1, -1)  # (B, H, 1, n)
     a = k.shape[2] - q.shape[2]  # keys before the step's own
-    return pieces(q, [(k[:, :, :a], v[:, :, :a], False, beta[..., :a]), (k[:, :, a:], v[:, :, a:], True, beta[..., a:])], c)
+    parts = [(k[:, :, :a], v[:, :, :a], False, beta[..., :a]), (k[:, :, a:], v[:, :, a:], True, beta[..., a:])]
+    return pieces(q, parts, c)
 
 
 def _factored_attention(q: torch.Tensor, k: torch.Tensor, kf: torch.Tensor, qf: torch.Tensor, v: torch.Tensor,

@@ -41,7 +41,7 @@ from liepos._fast import FastTables, apply_fast
 from liepos.encoding import Encoding
 from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
-from liepos.interop.hf_decode import attend, hf_visible, remember, step_matrix
+from liepos.interop.hf_decode import attend, checked_step_matrix, hf_visible, remember
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -84,10 +84,9 @@ class _Positions:
         Rows of a cached window of them (:func:`liepos.interop.hf_decode.step_matrix`) where it can."""
         m = self.tables.get(("matrix",) + key)
         if m is None:
-            if not enc._fast_usable(x, pos):
+            m = checked_step_matrix(enc, x, pos, side, lambda: self.fast(enc, pos, side, key, x))
+            if m is None:
                 return None
-            check_range(enc.generator, pos, side, x.dtype)
-            m = step_matrix(enc, pos, side, x.dtype, lambda: self.fast(enc, pos, side, key, x))
             self.tables[("matrix",) + key] = m
         return m
 
