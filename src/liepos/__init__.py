@@ -58,7 +58,17 @@ from liepos.nn import LearnableEncoding as LearnableEncoding
 # context extension
 from liepos import scaling as scaling
 
-__version__ = "0.1.0"
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is its one source); a bare source tree says so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("liepos")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 # the ecosystem and the analysis, loaded on first use (transformers, the diagnosis' probes)
 _LAZY = {"from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None, "Diagnosis": "liepos.diagnose"}
