@@ -32,7 +32,7 @@ import liepos as lp
 from liepos._progress import progress
 from liepos.interop import patch_model, unpatch_model
 
-# the ratios issue 14 asks for: RoPE from the config 1.05x, every other encoding 1.15x
+# the target ratios: RoPE from the config 1.05x, every other encoding 1.15x
 BOUNDS = {"rope (config)": 1.05, "rope (liepos)": 1.05, "xpos": 1.15, "alibi": 1.15, "retnet": 1.15,
           "decay": 1.15}
 HIDDEN, HEADS = 512, 8

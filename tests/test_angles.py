@@ -1,4 +1,4 @@
-"""Angles ω·t mod 2π, exact for every finite float64 ω and t (issue 13 item 3), against mpmath."""
+"""Angles ω·t mod 2π, exact for every finite float64 ω and t, against mpmath."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bad input to the command line: one line naming the flag and the value, exit status 2, no traceback.
 
-The cases of issue 13 for classify, catalogue, diagnose, bench and the dispatcher run the real entry
+The cases for classify, catalogue, diagnose, bench and the dispatcher run the real entry
 point (``python -m liepos.cli``) in a subprocess each (started together: each pays torch's import);
 the rest run ``main`` in-process, and hypothesis feeds classify garbage argv.
 """

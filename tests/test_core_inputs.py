@@ -1,5 +1,4 @@
-"""Bad input to the core is refused at construction with a named error, never accepted silently (issue 13
-in the core's files); several axes are first-class for the scaling maps; length-dependent encodings never
+"""Bad input to the core is refused at construction with a named error, never accepted silently; several axes are first-class for the scaling maps; length-dependent encodings never
 silently run unscaled; scaled encodings pickle; the table cache holds no more than its bound."""
 
 from __future__ import annotations
@@ -251,7 +250,7 @@ def test_the_table_cache_holds_no_more_than_its_bound(monkeypatch):
 
 @pytest.mark.parametrize("origin", [torch.zeros(3), torch.zeros(2, 5), torch.zeros(1, 1, 1, 1)])
 def test_an_origin_of_the_wrong_shape_is_a_named_error(origin):
-    """issue 13: an `origin` that fits neither a scalar, the batch, nor the positions is refused by name."""
+    """An `origin` that fits neither a scalar, the batch, nor the positions is refused by name."""
     enc = lp.xpos(8)
     q = torch.randn(2, 1, 4, 8)
     with pytest.raises(ValueError, match="`origin` of shape"):

@@ -1,4 +1,4 @@
-"""patch_model over the family table: every family of issue 12 item 1, random weights, no download.
+"""patch_model over the family table: every family of the table, random weights, no download.
 
 Each row builds a 2-layer model (hidden 64, 4 heads, vocab 128) of the family from a tiny config,
 with ``original_max_position_embeddings = 32`` and inputs of 104 tokens (3.25× the original
@@ -128,7 +128,7 @@ def test_a_wrong_rotation_is_visible():
     assert ((got - want).abs().max() / want.abs().max()).item() > 1e-2
 
 
-# ---------------------------------------------------------------------- rows of issue 12's measured table
+# ---------------------------------------------------------------------- rows measured against upstream
 @pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3"])
 def test_yarn_mscale_is_the_rope_factor_outside_deepseek(model_type):
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L0,

@@ -302,7 +302,7 @@ def test_per_layer_type_dict():
         patch_model(model, {"sliding_attention": enc})
 
 
-# ---------------------------------------------------------------------- the raw-key path, issue 12 item 4
+# ---------------------------------------------------------------------- the raw-key path
 RAW = {
     "xpos": lambda: lp.xpos(16, layout="half"),
     "alibi": lambda: lp.alibi(4, 16),

@@ -1,4 +1,4 @@
-"""real_jordan: X = P J P^{-1} with J the canonical real Jordan form of DESIGN.md."""
+"""real_jordan: X = P J P^{-1} with J the canonical real Jordan form of docs/guide/conventions.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every argument check of liepos, in one place.
 
-The rule (DESIGN.md, from equinox): an argument is checked when the object is built, never when a
+The rule (docs/guide/conventions.md, from equinox): an argument is checked when the object is built, never when a
 property is read; a wrong *type* raises ``TypeError``, a wrong *value* raises ``ValueError``, and every
 message reads "`name` must be …, got …" with the value the caller passed.
 

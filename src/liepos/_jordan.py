@@ -1,6 +1,6 @@
 """The real Jordan decomposition ``X = P J P^{-1}`` of a real square matrix.
 
-``J`` is the canonical real Jordan form of DESIGN.md, a direct sum of blocks given by triples
+``J`` is the canonical real Jordan form of the conventions (docs/guide/conventions.md), a direct sum of blocks given by triples
 (rate λ, frequency ω, size n):
 
 * ω = 0: the n×n block ``λI + N`` (N: ones on the superdiagonal);
@@ -38,13 +38,13 @@ Block = tuple[float, float, int]
 
 _EPS = float(np.finfo(np.float64).eps)
 # above this, rational input takes the numeric path unless exact=True: sympy's Jordan form of a
-# 20×20 integer matrix took 28–88 s, of 32×32 more than 900 s (issue 13). With rational
+# 20×20 integer matrix took 28–88 s, of 32×32 more than 900 s. With rational
 # eigenvalues 8×8 takes 0.2 s; square-root eigenvalues cost more (0.25 s at 4×4, 1.5 s at 6×6,
 # 2.8 s at 8×8 with one quadratic factor, 45 s with a repeated one), so they stop at 4×4.
 _AUTO_EXACT_MAX_DIM = 8
 _AUTO_EXACT_SURD_DIM = 4
 # entries beyond 2^±500 are scaled by a power of two first: ‖X‖_F² stays finite (at 1e154 it
-# overflowed and every rate was dropped, issue 13)
+# overflowed and every rate was dropped)
 _SCALE_FREE_EXPONENT = 500
 
 
@@ -150,7 +150,7 @@ def real_jordan(
 
 
 def canonical_form(blocks: list[Block]) -> np.ndarray:
-    """The dense canonical real Jordan matrix J of ``blocks`` (float64), as in DESIGN.md.
+    """The dense canonical real Jordan matrix J of ``blocks`` (float64), as in the conventions.
 
     >>> canonical_form([(-0.1, 0.7, 2)])
     array([[-0.1,  0.7,  1. ,  0. ],

@@ -95,7 +95,7 @@ _EXACT_INT = 2**53
 
 def _check_exact_integers(positions: torch.Tensor, out: torch.Tensor, name: str) -> None:
     """Refuse integer times that float64 cannot hold exactly (|t| > 2^53 and not a float64): times are
-    float64 (DESIGN.md), and rounding them silently would give adjacent tokens the same time."""
+    float64 (the conventions), and rounding them silently would give adjacent tokens the same time."""
     far = positions.abs() > _EXACT_INT
     if not bool(far.any()):
         return
