@@ -1,5 +1,6 @@
 """Bad input to the core is refused at construction with a named error, never accepted silently; several
-axes are first-class for the scaling maps; length-dependent encodings never silently run unscaled; scaled encodings pickle; the table cache holds no more than its bound."""
+axes are first-class for the scaling maps; length-dependent encodings never silently run unscaled;
+scaled encodings pickle; the table cache holds no more than its bound."""
 
 from __future__ import annotations
 
