@@ -203,3 +203,29 @@ def test_an_alibi_key_window_covers_the_own_key():
     p = 1000.0 * torch.arange(6, dtype=F64)
     ref = lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p)
     assert float((lp.attention(q, k, v, enc, p, p).double() - ref).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("make", [lambda: lp.rope(8), lambda: lp.decay([0.1] * 8), lambda: lp.rope(64, layout="half")],
+                         ids=["rope", "decay", "rope-half"])
+def test_in_place_on_rows_that_overlap_is_refused(make):
+    """Rows of D elements every D − 1: torch cannot tell (its overlap check answers 'too hard') and its
+    own ops wrote them wrong too (5.8 off for RoPE, 1e26 for a decay); now refused by name."""
+    enc = make()
+    D = enc.content_dim
+    base = torch.randn(2 * 4 * 300 * D)
+    view = base.as_strided((2, 4, 300, D), (4 * 300 * D, 300 * D, D - 1, 1))
+    with pytest.raises(ValueError, match="memory of their own"):
+        enc.query(view, torch.arange(300, dtype=F64), origin=150, inplace=True)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "stepped"])
+@pytest.mark.parametrize("venc", [lambda: lp.xpos(8), lambda: lp.decay([0.2] * 8)], ids=["xpos", "decay"])
+def test_values_carried_by_a_generator_in_any_layout(venc, layout):
+    """A channels-last v with a value encoding reached the flash kernel as the caller's view (2.6–3.0 off)."""
+    venc = venc()
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 4, 16, 8, dtype=F64, generator=g) for _ in range(3))
+    p = torch.arange(16, dtype=F64) + 50
+    out = lp.attention(q, k, _layout(v, layout), lp.rope(8), p, p, value_encoding=venc)
+    ref = lp.attention_reference(q, k, v, lp.rope(8), p, p, value_encoding=venc)
+    assert float((out - ref).abs().max()) < 1e-10
