@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
 from contract import contract_rows
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import liepos as lp
