@@ -125,3 +125,107 @@ def test_contract_table_covers_every_dtype_and_block():
 @pytest.mark.parametrize("row", ROWS, ids=[f"{r['dtype']}-{r['block']}" for r in ROWS])
 def test_precision_contract_row(row):
     assert measured_error(row["block"], row["dtype"], row["kind"], row["limit"]) <= row["bound"]
+
+
+# ------------------------------------------------------------------ never silently wrong: inputs the fast paths must fit
+def _layout(x: torch.Tensor, how: str) -> torch.Tensor:
+    """The same values as ``x`` in another memory layout."""
+    if how == "channels_last":  # (B, H, S, D) with the heads innermost: last-dim stride H
+        return x.contiguous(memory_format=torch.channels_last)
+    wide = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)
+    wide[..., ::2] = x
+    return wide[..., ::2]  # stepped: last-dim stride 2
+
+
+PIECES = {
+    "decay": (lambda: lp.decay([0.3, 0.1, 0.05, 0.0, 0.2, 0.02, 0.01, 0.1]), {}),
+    "xpos": (lambda: lp.xpos(8), {}),
+    "alibi": (lambda: lp.alibi(2, 8), {}),
+    "rope+sinks": (lambda: lp.rope(8), {"sinks": torch.tensor([0.5, -1.0], dtype=F64)}),
+}
+
+
+@pytest.mark.parametrize("which,how", [("v", "channels_last"), ("k", "stepped"), ("q", "stepped"),
+                                       ("v", "stepped")])
+@pytest.mark.parametrize("name", sorted(PIECES))
+def test_views_into_the_flash_pieces_are_fitted(name, which, how):
+    """The CPU flash kernel reads rows as unit-stride: a channels-last v or a stepped k (same values)
+    gave errors of 2–5 on the fused paths; the pieces now copy such a view once."""
+    make, kw = PIECES[name]
+    enc = make()
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=F64, generator=g) for _ in range(3))
+    p = torch.arange(40, dtype=F64)
+    ref = lp.attention_reference(q, k, v, enc, p, p, **kw)
+    args = {"q": q, "k": k, "v": v}
+    args[which] = _layout(args[which], how)
+    assert args[which].stride(-1) != 1 and torch.equal(args[which], {"q": q, "k": k, "v": v}[which])
+    out = lp.attention(args["q"], args["k"], args["v"], enc, p, p, **kw)
+    assert float((out - ref).abs().max()) < 1e-10
+
+
+@pytest.mark.parametrize("make", [lambda: lp.rope(8, layout="half"), lambda: lp.build("jordan", 64),
+                                  lambda: lp.rope(8), lambda: lp.xpos(8)], ids=["rope-half", "jordan64", "rope", "xpos"])
+@pytest.mark.parametrize("side", ["query", "key"])
+def test_in_place_on_a_self_overlapping_view_is_refused(make, side):
+    """``inplace=True`` on an expanded tensor: the native kernels wrote through its strides (9.2 off for
+    half-layout RoPE, NaN for build("jordan", 64)); now refused by name, as the torch ops refuse it."""
+    enc = make()
+    D = enc.content_dim
+    x = torch.randn(1, 1, 1, D).expand(2, 4, 300, D)  # every element the same memory
+    p = torch.arange(300, dtype=F64)
+    with pytest.raises(ValueError, match="memory of their own"):
+        getattr(enc, side)(x, p, origin=150, inplace=True)
+    y = torch.randn(2, 4, 300, D)
+    want = getattr(enc, side)(y, p, origin=150)
+    assert torch.equal(getattr(enc, side)(y, p, origin=150, inplace=True), want)  # a plain tensor still works
+
+
+def test_overlap_verdict_where_torch_cannot_say():
+    """Strides torch calls too hard to judge: the sorted-extent test decides (an interleaved view whose
+    rows overlap is refused, a permuted dense one is not)."""
+    from liepos._fast import _overlaps
+
+    base = torch.zeros(64)
+    assert _overlaps(base.as_strided((4, 4), (3, 1)))  # rows of 4 every 3 elements: they share memory
+    assert not _overlaps(base.as_strided((4, 4), (1, 4)))  # a transposed dense matrix
+    assert not _overlaps(torch.zeros(2, 3, 5, 7).transpose(1, 3))
+    assert _overlaps(torch.zeros(3, 1).expand(3, 4))
+
+
+def test_an_alibi_key_window_covers_the_own_key():
+    """ALiBi at times 1000 apart: the first query of a block has a large anti-aligned own key, so its row's
+    largest score is an earlier key's, which the window used to leave out (3.4 off in float32)."""
+    enc = lp.alibi(4, 8)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 6, 8, generator=g) for _ in range(3))
+    k[:, :, 4] = -1000 * q[:, :, 4]  # blocks (0, 2), (2, 4), (4, 6): query 4 opens the last
+    p = 1000.0 * torch.arange(6, dtype=F64)
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p)
+    assert float((lp.attention(q, k, v, enc, p, p).double() - ref).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("make", [lambda: lp.rope(8), lambda: lp.decay([0.1] * 8), lambda: lp.rope(64, layout="half")],
+                         ids=["rope", "decay", "rope-half"])
+def test_in_place_on_rows_that_overlap_is_refused(make):
+    """Rows of D elements every D − 1: torch cannot tell (its overlap check answers 'too hard') and its
+    own ops wrote them wrong too (5.8 off for RoPE, 1e26 for a decay); now refused by name."""
+    enc = make()
+    D = enc.content_dim
+    base = torch.randn(2 * 4 * 300 * D)
+    view = base.as_strided((2, 4, 300, D), (4 * 300 * D, 300 * D, D - 1, 1))
+    with pytest.raises(ValueError, match="memory of their own"):
+        enc.query(view, torch.arange(300, dtype=F64), origin=150, inplace=True)
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "stepped"])
+@pytest.mark.parametrize("venc", [lambda: lp.xpos(8), lambda: lp.decay([0.2] * 8)], ids=["xpos", "decay"])
+def test_values_carried_by_a_generator_in_any_layout(venc, layout):
+    """A channels-last v with a value encoding reached the flash kernel as the caller's view (2.6–3.0 off)."""
+    venc = venc()
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 4, 16, 8, dtype=F64, generator=g) for _ in range(3))
+    p = torch.arange(16, dtype=F64) + 50
+    out = lp.attention(q, k, _layout(v, layout), lp.rope(8), p, p, value_encoding=venc)
+    ref = lp.attention_reference(q, k, v, lp.rope(8), p, p, value_encoding=venc)
+    assert float((out - ref).abs().max()) < 1e-10

@@ -183,3 +183,18 @@ def test_inside_torch_compile_exact_where_it_applies_and_nan_past_it():
     out = f(w, torch.tensor([[1e26]], dtype=F64))  # ω = 1: 1e26 > 2^80·2π; ω ≈ 3e-4: below
     assert torch.isnan(out[0, 0])
     assert torch.equal(out[0, -1:], reduced_angle(w[0, -1:], torch.tensor([1e26], dtype=F64)))
+
+
+def test_each_reduction_is_chosen_strictly_below_its_limit():
+    """``_products_below`` answers "every |ω t| below the limit and both operands split": strictly (a
+    product at the limit, an operand at the split limit, or a NaN takes the next reduction)."""
+    one = torch.tensor([1.0], dtype=torch.float64)
+    limit = _angles._CODY_WAITE_LIMIT
+    assert _angles._products_below(one, torch.tensor([limit / 2], dtype=torch.float64), limit)
+    assert not _angles._products_below(one, torch.tensor([limit], dtype=torch.float64), limit)
+    split = torch.tensor([_angles._SPLIT_LIMIT], dtype=torch.float64)
+    tiny = torch.tensor([2.0**-1000], dtype=torch.float64)
+    assert not _angles._products_below(split, tiny, math.inf)  # ω at the split limit
+    assert not _angles._products_below(tiny, split, math.inf)  # t at the split limit
+    assert _angles._products_below(split / 2, tiny, math.inf)
+    assert not _angles._products_below(one, torch.tensor([math.nan], dtype=torch.float64), limit)

@@ -481,12 +481,34 @@ class _Apply(torch.autograd.Function):
         return _forward(g, ft, False, conj=True, out_dtype=ctx.in_dtype), None, None, None
 
 
+def _overlaps(x: torch.Tensor) -> bool:
+    """Whether two indices of ``x`` may share memory: torch's own verdict (``_debug_has_internal_overlap``:
+    0 no, 1 yes, 2 too hard to say), and where it cannot say, the sufficient test of strides sorted by
+    size, each at least the extent of the ones below it (what fails it is taken as overlapping)."""
+    verdict = torch._debug_has_internal_overlap(x)
+    if verdict != 2:
+        return verdict == 1
+    dims = sorted((x.stride(i), x.shape[i]) for i in range(x.dim()) if x.shape[i] > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            return True
+        extent = stride * size
+    return False
+
+
 def apply_fast(
     x: torch.Tensor, ft: FastTables, inplace: bool = False, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """``M x`` with slots appended; differentiable in ``x`` through :class:`_Apply`."""
     if inplace and ft.width != x.shape[-1]:
         raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {ft.width}")
+    if inplace and _overlaps(x):
+        # the native kernels write each row through x's strides: elements sharing memory would be
+        # rotated twice (the torch ops refuse such a write too)
+        raise ValueError(
+            f"inplace=True needs a tensor whose elements have memory of their own, got shape {tuple(x.shape)} "
+            f"with strides {x.stride()} (an expanded or self-overlapping view): pass x.contiguous(), or inplace=False")
     if ft.identity and ft.slot_vals is None:
         return x if inplace else x.clone()
     if torch.is_grad_enabled() and x.requires_grad:

@@ -161,14 +161,15 @@ def _block_generators(g: Generator) -> list[tuple[Generator, int, int]]:
     out = []
     for i, (n, cplx, off, w) in enumerate(zip(g.sizes, g.complex, g.offsets, g.widths)):
         sub = Generator(
-            g.rates[..., i : i + 1], g.freqs[..., i : i + 1], [n], complex=[cplx], allow_growth=True
+            g.rates[..., i : i + 1], g.freqs[..., i : i + 1], [n], complex=[cplx], allow_growth=True,
+            axes=g.num_axes, nus=None if g.nus is None else g.nus[..., i : i + 1],
         )
         out.append((sub, off, w))
     return out
 
 
 def _lag_blocks(g: Generator, lags: torch.Tensor):
-    """``(off, w, A)`` per canonical block: ``A = exp(u X_block)`` at the lags ``(B, Sq, Sk)``,
+    """``(off, w, A)`` per canonical block: ``A = exp(u X_block)`` at the lags ``(B, Sq, Sk[, axes])``,
     shape ``(B, H|1, Sq, Sk, w, w)``."""
     parts = [(0, g.dim, g)] if g.basis is not None else [(off, w, sub) for sub, off, w in _block_generators(g)]
     for off, w, sub in parts:
@@ -192,13 +193,19 @@ def attention_reference(
     sinks: torch.Tensor | None = None,
     value_encoding: Encoding | None = None,
 ) -> torch.Tensor:
-    """Float64 reference: scores ``qᵀ exp((t − s) X) k`` from the lags, one closed-form block at a time.
+    """Float64 reference: ``o_t = Σ_s softmax_s(c · [D q_t; q_slots]ᵀ exp((t − s) X) [k_s; k_slots]) A_v(t − s) v_s``.
+
+    ``c = scale · logit_scale`` (``scale`` default ``1/√content_dim``) multiplies the content part of the
+    query only (the slots' bias is added unscaled), ``D = diag(query_scale)`` (a per-dim temperature,
+    as YaRN's and LongRoPE's attention factors from :func:`liepos.from_hf`), ``sinks`` ``(heads,)``
+    a column of logits that joins the softmax and is dropped, ``A_v`` the ``value_encoding`` (identity
+    without one). With several position axes (positions ``(…, seq, axes)``) ``u = t − s`` is a vector,
+    ``exp(Σ_a u_a X_a)``, and ``causal`` follows the token order (query i sees keys
+    ``j ≤ k_seq − q_seq + i``), as :func:`attention` does.
 
     Independent of the fast path: no tables, no F/G factorisation, no re-centring; only
-    :meth:`Generator.exp` of each block at the lags ``u = t − s``. Memory ``O(q_seq · k_seq · heads)``
-    per block; meant for tests and small inputs. ``mask``: optional boolean (B|1, H|1, Sq, Sk).
-    ``sinks``: a column of logits ``(heads,)`` joins the softmax and is dropped; ``value_encoding``:
-    the output is ``Σ_s w_ts exp((t − s) X_v) v_s`` with a dense per-pair matrix.
+    :meth:`Generator.exp` of each block at the lags. Memory ``O(q_seq · k_seq · heads)`` per block;
+    meant for tests and small inputs. ``mask``: optional boolean (B|1, H|1, Sq, Sk), True = attend.
     """
     B, H, Sq, D = q.shape
     Hk = k.shape[1]
@@ -206,11 +213,18 @@ def attention_reference(
         k = k.repeat_interleave(H // Hk, dim=1)  # (B, Hk, Sk, D) -> (B, H, Sk, D)
         v = v.repeat_interleave(H // Hk, dim=1)  # (B, Hk, Sk, Dv) -> (B, H, Sk, Dv)
     Sk = k.shape[2]
-    qp = _expand_batch(as_positions(positions, Sq, B, "positions") if positions is not None
-                       else torch.arange(Sk - Sq, Sk, dtype=torch.float64), B)
-    kp = _expand_batch(as_positions(key_positions, Sk, B, "key_positions"), B)
+    axes = enc.num_axes
+    if value_encoding is not None and value_encoding.num_axes != axes:
+        raise ValueError(f"`value_encoding` has {value_encoding.num_axes} position axes but the encoding has {axes}")
+    qp = positions if positions is not None else torch.arange(Sk - Sq, Sk, dtype=torch.float64)
+    if positions is None and axes is not None:
+        qp = qp.unsqueeze(-1).expand(Sq, axes)  # (Sq,) -> (Sq, axes): the same time on every axis
+    qp = _expand_batch(as_positions(qp, Sq, B, "positions", axes), B, axes)  # (B, Sq[, axes])
+    kp = _expand_batch(as_positions(key_positions, Sk, B, "key_positions", axes), B, axes)  # (B, Sk[, axes])
     c = (1.0 / math.sqrt(enc.content_dim) if scale is None else scale) * enc.logit_scale
     q64, k64, v64 = q.double() * c, k.double(), v.double()  # the slots below are not scaled
+    if enc.query_scale is not None:
+        q64 = q64 * enc.query_scale.double()  # D q: the per-dim temperature on the content dims
     n = enc.num_slots
     if n:
         qs = enc.query_slots.double().reshape(1, -1, 1, n).expand(B, H, Sq, n)  # (B, H, Sq, slots)
@@ -219,14 +233,16 @@ def attention_reference(
     # canonical coordinates: storage index perm[c] holds canonical c
     perm = enc.plan.perm
     q64, k64 = q64.index_select(-1, perm), k64.index_select(-1, perm)
-    lags = qp[:, :, None] - kp[:, None, :]  # (B, Sq, Sk)
+    lags = qp[:, :, None] - kp[:, None, :]  # (B, Sq, Sk[, axes])
     scores = torch.zeros(B, H, Sq, Sk, dtype=torch.float64)
     for off, w, A in _lag_blocks(enc.generator, lags):
         qb, kb = q64[..., off : off + w], k64[..., off : off + w]
         scores = scores + torch.einsum("bhtd,bhtsde,bhse->bhts", qb, A, kb)
     vis = torch.ones(B, 1, Sq, Sk, dtype=torch.bool)
-    if causal:
+    if causal and axes is None:
         vis = vis & (lags >= 0).unsqueeze(1)
+    elif causal:  # several axes: token order, the queries the last Sq of the keys
+        vis = vis & torch.ones(Sq, Sk, dtype=torch.bool).tril(Sk - Sq)
     if mask is not None:
         vis = vis & mask
     scores = scores.masked_fill(~vis, -math.inf)

@@ -160,9 +160,18 @@ def _merge(shape, rows, outs, lses, sinks):
     return O, L
 
 
+def _rows_unit(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with unit-stride rows: the CPU flash kernel reads each row of q, k and v as ``stride(-1) = 1``
+    whatever the tensor says (a channels-last or a stepped view gives a wrong answer without a word), so
+    any other layout is copied once (``.contiguous()``); other strides, a storage offset and stride 0
+    (expanded batch, heads or keys) it reads right."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
 def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int):
     """One head count and one head size for the flash kernel: grouped keys repeated, the narrower of
-    q/k and v padded with zero columns (zeros change no score and no output column)."""
+    q/k and v padded with zero columns (zeros change no score and no output column), every row of unit
+    stride (:func:`_rows_unit`)."""
     if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1]:
         # the flash kernel reads every head of k and v by q's strides: a mismatch would read past them
         raise ValueError(f"pieces need keys and values of one head count dividing the queries', got q "
@@ -174,7 +183,7 @@ def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int):
         v = Fn.pad(v, (0, D - Dv))  # (G, H, S, D)
     elif D < Dv:
         q, k = Fn.pad(q, (0, Dv - D)), Fn.pad(k, (0, Dv - D))  # (G, H, ·, Dv)
-    return q, k.to(q.dtype), v.to(q.dtype)
+    return _rows_unit(q), _rows_unit(k.to(q.dtype)), _rows_unit(v.to(q.dtype))
 
 
 def tiles(shape: tuple[int, int, int], parts: list[Tile], c: float, sinks: torch.Tensor | None = None,
