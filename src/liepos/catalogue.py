@@ -19,12 +19,13 @@ import torch
 from liepos._checks import check_bool, check_choice, check_int, check_ints, check_real, check_real_tensor
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
+from liepos.scaling import clipped
 from liepos.tables import LAYOUTS
 
 __all__ = [
     "CATALOGUE", "CatalogueEntry", "build",
     "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
-    "axial_rope", "rope_mixed", "mrope", "decay_axial_rope",
+    "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "p_rope", "rope_id", "cope_clipped",
     "alibi_slopes", "default_decay_rates", "rope_freqs",
 ]
 
@@ -381,6 +382,65 @@ def decay_axial_rope(
     return Encoding(g, layout=layout, name="decay_axial_rope")
 
 
+# RoPE-ID (arXiv 2603.18017) rotates half of the channels at RoPE's high frequencies, the rest NoPE
+_ROPE_ID_FRACTION = 0.5
+# CoPE's reference code clips the last 20 of the 64 planes of a 128-dim head
+_COPE_CLIP, _COPE_PLANES = 20, 64
+
+
+def p_rope(dim: int, p: float = 0.75, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+    """p-RoPE (Barbero et al., "Round and round we go", arXiv 2410.06205): RoPE's highest frequencies only.
+
+    Of the ``dim/2`` planes the first ``r = ⌊p·dim/2⌋`` keep RoPE's ``ω_k = base^(−2k/dim)`` (the
+    exponent over the full head, not over the rotated dims); the other planes are zero-eigenvalue
+    (NoPE) planes, paired in place: ``A(u) = ⊕_{k<r} R(−ω_k u) ⊕ I``. In the half layout the zero
+    planes are the pairs ``(k, k + dim/2)``, as Gemma's proportional RoPE
+    (:func:`liepos.scaling.proportional`, which this equals).
+
+    >>> import torch
+    >>> w, w0 = p_rope(8, p=0.5).generator.freqs, rope_freqs(8)
+    >>> bool(torch.equal(w[:2], w0[:2])), bool(torch.equal(w[2:], torch.zeros(2, dtype=torch.float64)))
+    (True, True)
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    p = check_real("p", p, min=0.0, max=1.0)
+    w = rope_freqs(dim, base)
+    keep = (torch.arange(dim // 2) < int(p * dim // 2)).to(w.dtype)
+    return Encoding(Generator(torch.zeros_like(w), w * keep, [1] * (dim // 2), complex=[True] * (dim // 2)),
+                    layout=_layout(layout), name=f"p_rope({p:g})")
+
+
+def rope_id(dim: int, fraction: float = _ROPE_ID_FRACTION, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+    """RoPE-ID ("Frayed RoPE", Wertheimer et al., arXiv 2603.18017): high-frequency RoPE on a subset of channels.
+
+    ``fraction`` of the channels (half by default) rotate at RoPE's fastest frequencies
+    ``ω_k = base^(−2k/dim)``, the rest are NoPE: :func:`p_rope` with ``p = fraction`` (the paper's
+    code is not public; this is its stated construction).
+
+    >>> import torch
+    >>> bool(torch.equal(rope_id(16).generator.freqs, p_rope(16, 0.5).generator.freqs))
+    True
+    """
+    return p_rope(dim, fraction, base, layout).replace(name="rope_id")
+
+
+def cope_clipped(dim: int, clip: int | None = None, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+    """Clipped RoPE (CoPE, Li et al., arXiv 2602.05258): RoPE with its ``clip`` slowest planes Hann-tapered to 0.
+
+    :func:`liepos.scaling.clipped` of :func:`rope`; ``clip`` defaults to the reference code's 20 of
+    64 planes, scaled to ``dim/2`` (at least 1). Not contextual CoPE (Golovneva et al., 2024),
+    which is outside the family (``liepos.diagnose.outside``).
+
+    >>> import torch
+    >>> w = cope_clipped(128).generator.freqs  # 20 of 64 planes tapered, the slowest to 0
+    >>> bool(torch.equal(w[:44], rope_freqs(128)[:44])), float(w[-1])
+    (True, 0.0)
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    n = max(1, round(dim // 2 * _COPE_CLIP / _COPE_PLANES)) if clip is None else check_int("clip", clip, min=1)
+    return clipped(rope(dim, base, layout), clip=n).replace(name="cope_clipped")
+
+
 # ---------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class CatalogueEntry:
@@ -452,6 +512,23 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             decay_axial_rope(head_dim, axes, base, rates, decay_axis, layout)
         ),
         "decay along one axis, rotation along all", "A(u) = e^{-r u_decay} ⊕ R(-ω_k u_{axis(k)})", "damped_rotation",
+    ),
+    "p_rope": CatalogueEntry(
+        lambda head_dim, num_heads=1, p=0.75, base=10000.0, layout="interleaved": p_rope(head_dim, p, base, layout),
+        "Barbero et al., 2024 (p-RoPE, arXiv 2410.06205)", "A(u) = ⊕_{k<p·d/2} R(-ω_k u) ⊕ I", "rotation",
+    ),
+    "rope_id": CatalogueEntry(
+        lambda head_dim, num_heads=1, fraction=_ROPE_ID_FRACTION, base=10000.0, layout="interleaved": rope_id(
+            head_dim, fraction, base, layout
+        ),
+        "Wertheimer et al., 2026 (RoPE-ID, arXiv 2603.18017)", "A(u) = ⊕_{fast half} R(-ω_k u) ⊕ I", "rotation",
+    ),
+    "cope_clipped": CatalogueEntry(
+        lambda head_dim, num_heads=1, clip=None, base=10000.0, layout="interleaved": cope_clipped(
+            head_dim, clip, base, layout
+        ),
+        "Li et al., 2026 (clipped RoPE / CoPE, arXiv 2602.05258)", "A(u) = ⊕ R(-m_k ω_k u), m = Hann taper of the slowest",
+        "rotation",
     ),
 }
 
