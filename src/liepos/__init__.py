@@ -40,6 +40,9 @@ from liepos.catalogue import axial_rope as axial_rope
 from liepos.catalogue import rope_mixed as rope_mixed
 from liepos.catalogue import mrope as mrope
 from liepos.catalogue import decay_axial_rope as decay_axial_rope
+from liepos.catalogue import p_rope as p_rope
+from liepos.catalogue import rope_id as rope_id
+from liepos.catalogue import cope_clipped as cope_clipped
 from liepos.catalogue import CATALOGUE as CATALOGUE
 from liepos.catalogue import build as build
 from liepos.catalogue import alibi_slopes as alibi_slopes
@@ -49,6 +52,11 @@ from liepos.catalogue import rope_freqs as rope_freqs
 from liepos.attention import attention as attention
 from liepos.attention import attention_reference as attention_reference
 from liepos.attention import KVCache as KVCache
+from liepos.temperature import ScalableSoftmax as ScalableSoftmax
+from liepos.temperature import Llama4Temperature as Llama4Temperature
+from liepos.schedule import Schedule as Schedule
+from liepos.schedule import LayerSpec as LayerSpec
+from liepos.schedule import build_schedule as build_schedule
 
 # learned time and generators
 from liepos.nn import Clock as Clock
@@ -102,8 +110,10 @@ __all__ = [
     # the catalogue
     "Encoding", "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
     "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
+    "p_rope", "rope_id", "cope_clipped",
     # attention
     "attention", "attention_reference", "KVCache",
+    "ScalableSoftmax", "Llama4Temperature", "Schedule", "LayerSpec", "build_schedule",
     # learned time and generators
     "Clock", "LearnableGenerator", "LearnableEncoding",
     # the ecosystem

@@ -626,9 +626,11 @@ def clipped(enc: Encoding, *, clip: int | None = None, original_max_position_emb
 
     the last plane becomes a zero (NoPE) plane. ``n = clip``, or, given
     ``original_max_position_embeddings = L0`` only, the number of planes whose period ``2π/|ω|``
-    exceeds ``L0`` (mlx-lm's sizing). Length independent; logit scale unchanged. It is a map like
-    the others, so it composes with :func:`yarn` in either order — and the orders differ (yarn after
-    the clip needs ``base=``, the tapered spectrum being no longer geometric).
+    exceeds ``L0`` (mlx-lm's sizing), measured on the spectrum it is given. Length independent; logit
+    scale unchanged. It composes with :func:`yarn` in either order, and sized by ``L0`` the orders
+    differ (after yarn more planes are slower than ``L0``); yarn after the clip needs ``base=``, the
+    tapered spectrum being no longer geometric. A fixed ``clip`` and yarn at a given base are both
+    per-plane multipliers, so they commute.
 
     >>> import torch, liepos as lp
     >>> w0 = lp.rope(16).generator.freqs
