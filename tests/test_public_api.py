@@ -15,7 +15,7 @@ DESIGN = [
     "Generator", "direct_sum", "classify", "Classification",
     "Encoding", "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
     "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
-    "p_rope", "rope_id", "cope_clipped",
+    "p_rope", "rope_id", "cope_clipped", "string_google",
     "attention", "attention_reference", "KVCache",
     "ScalableSoftmax", "Llama4Temperature", "Schedule", "LayerSpec", "build_schedule",
     "Clock", "LearnableGenerator", "LearnableEncoding",

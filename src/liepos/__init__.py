@@ -43,6 +43,7 @@ from liepos.catalogue import decay_axial_rope as decay_axial_rope
 from liepos.catalogue import p_rope as p_rope
 from liepos.catalogue import rope_id as rope_id
 from liepos.catalogue import cope_clipped as cope_clipped
+from liepos.catalogue import string_google as string_google
 from liepos.catalogue import CATALOGUE as CATALOGUE
 from liepos.catalogue import build as build
 from liepos.catalogue import alibi_slopes as alibi_slopes
@@ -110,7 +111,7 @@ __all__ = [
     # the catalogue
     "Encoding", "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
     "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
-    "p_rope", "rope_id", "cope_clipped",
+    "p_rope", "rope_id", "cope_clipped", "string_google",
     # attention
     "attention", "attention_reference", "KVCache",
     "ScalableSoftmax", "Llama4Temperature", "Schedule", "LayerSpec", "build_schedule",

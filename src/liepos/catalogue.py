@@ -26,7 +26,7 @@ __all__ = [
     "CATALOGUE", "CatalogueEntry", "build",
     "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
     "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "p_rope", "rope_id", "cope_clipped",
-    "alibi_slopes", "default_decay_rates", "rope_freqs",
+    "string_google", "alibi_slopes", "default_decay_rates", "rope_freqs",
 ]
 
 
@@ -441,6 +441,27 @@ def cope_clipped(dim: int, clip: int | None = None, base: float = 10000.0, layou
     return clipped(rope(dim, base, layout), clip=n).replace(name="cope_clipped")
 
 
+
+def string_google(dim: int, base: float = 10000.0, seed: int = 0, layout: str = "interleaved") -> Encoding:
+    """STRING (Schenck et al., Google, arXiv 2502.02562): RoPE in an orthogonal basis, ``X = P J Pᵀ``.
+
+    ``P`` is orthogonal (learned in the paper: :class:`liepos.LearnableGenerator` with
+    ``basis="orthogonal"``; here a fixed random one from ``seed``, the Q of a QR of a Gaussian matrix), so
+    ``A(u) = P exp(uJ) Pᵀ`` is still a one-parameter group: in the family. Not HKUNLP's STRING
+    (shifted RoPE, ``liepos.diagnose.outside``), which is outside.
+
+    >>> import torch
+    >>> enc, J = string_google(4), rope(4).generator
+    >>> P = enc.generator.basis
+    >>> bool(torch.allclose(enc.generator.exp(3.0), P @ J.exp(3.0) @ P.T))
+    True
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    g = torch.Generator().manual_seed(check_int("seed", seed, min=0))
+    P, _ = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
+    return rope(dim, base, layout).replace(generator=rope(dim, base).generator.with_basis(P), name="string_google")
+
+
 # ---------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class CatalogueEntry:
@@ -529,6 +550,12 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         ),
         "Li et al., 2026 (clipped RoPE / CoPE, arXiv 2602.05258)", "A(u) = ⊕ R(-m_k ω_k u), m = Hann taper of the slowest",
         "rotation",
+    ),
+    "string_google": CatalogueEntry(
+        lambda head_dim, num_heads=1, base=10000.0, seed=0, layout="interleaved": string_google(
+            head_dim, base, seed, layout
+        ),
+        "Schenck et al., 2025 (STRING, arXiv 2502.02562)", "A(u) = P exp(uJ) Pᵀ, P orthogonal", "rotation",
     ),
 }
 
