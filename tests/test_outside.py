@@ -109,3 +109,21 @@ def test_clashing_names_are_namespaced():
     assert {"cope_contextual", "string_hkunlp"} <= set(OUTSIDE)
     assert not set(OUTSIDE) & set(lp.CATALOGUE)
     assert {m.fails for m in OUTSIDE.values()} == {CONTENT_DEPENDENT, NOT_TRANSLATION_INVARIANT, GROUP_LAW}
+
+
+def test_the_temperatures_are_named_outside_the_group():
+    """Scalable-Softmax's s·log n depends on the other keys; Llama 4's τ(t) on the absolute query position."""
+    from liepos.temperature import Llama4Temperature, ScalableSoftmax
+
+    def ssmax(q, k, t, s):
+        n = (s[None, :] <= t[:, None]).sum(-1, keepdim=True).double()  # (Sq, 1) visible keys
+        return ScalableSoftmax(0.5).factor(t[None], n.T[None])[0, 0][:, None] * (q @ k.T)
+
+    T = Llama4Temperature(floor_scale=4, attn_scale=0.5)
+
+    def llama4(q, k, t, s):
+        return T.factor(t[None], None)[0, 0][:, None] * (q @ k.T)
+
+    v = diagnose_scores(ssmax, D)
+    assert v.names() == [CONTENT_DEPENDENT] and "depends on the other keys" in str(v)
+    assert diagnose_scores(llama4, D).names() == [NOT_TRANSLATION_INVARIANT]

@@ -113,8 +113,9 @@ def _content(p: _Probe, rng: torch.Generator, tol: float) -> Finding | None:
     among = float(p.score(q, k, t, s)[0, 0])
     err = abs(alone - among) / max(abs(alone), abs(among), 1e-300)
     if err > tol:
-        return Finding(CONTENT_DEPENDENT, f"a pair's score depends on the other keys: {alone:.6g} alone, "
-                       f"{among:.6g} with {_EXTRA_KEYS} keys between (positions or weights counted by content)", err)
+        return Finding(CONTENT_DEPENDENT, f"a pair's score depends on the other keys: {alone + 0.0:.6g} alone, "
+                       f"{among + 0.0:.6g} with {_EXTRA_KEYS} keys between (positions, weights or a temperature "
+                       f"counted over the keys)", err)
     return None
 
 
