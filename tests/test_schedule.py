@@ -47,12 +47,13 @@ def layer_reference(spec, q, k, v, t):
     """The schedule's identity, written out: attention_reference with causal ∧ window, τ on the query rows."""
     m = window_mask(t[None], t[None], window=spec.window, chunk=spec.chunk)
     if spec.temperature is not None:
-        tau = spec.temperature.factor(t[None], None)  # (1, 1, S)
+        n = (m & (t[None, :] <= t[:, None])).sum(-1).double()  # (1, 1, S) keys each row sees
+        tau = spec.temperature.factor(t[None], n)  # (1, 1, S)
         q = q * tau.unsqueeze(-1)
     return lp.attention_reference(q, k, v, spec.encoding, t, t, mask=m)
 
 
-SCHED = [("rnope_swa", {"window": 3}), ("swan_gpt", {"window": 2}),
+SCHED = [("rnope_swa", {"window": 3}), ("swan_gpt", {"window": 2}), ("ssmax", {"s": 0.7}),
          ("llama4", {"chunk": 4, "floor_scale": 2.0, "attn_scale": 0.3}), ("smollm3", {})]
 
 
@@ -117,12 +118,31 @@ def test_from_hf_reads_command_a_llama4_and_smollm3_as_their_attention_modules_d
     assert rel_err(rope_layer.encoding.query(q, [0, 1, 2]), lp.from_hf(smol).query(q, [0, 1, 2])) == 0.0
 
 
-def test_a_schedule_feeds_the_explorers_decoder():
+@pytest.mark.parametrize("spec", ["schedule:rnope_swa:window=3", "schedule:ssmax:s=0.6", "schedule:llama4:chunk=2"])
+def test_the_explorers_decoder_runs_a_schedule_by_name(spec):
+    """Decoder(config, "schedule:…") gives each block its layer's encoding, window and temperature: block ℓ's
+    attention is the schedule's layer ℓ."""
     from liepos.explore.model import Decoder, ModelConfig
 
-    sch = build_schedule("smollm3", layers=4, head_dim=8)
-    model = Decoder(ModelConfig(vocab_size=16, d_model=16, layers=4, heads=2), sch.encodings())
+    cfg = ModelConfig(vocab_size=16, d_model=16, layers=4, heads=2)
+    torch.manual_seed(0)
+    model = Decoder(cfg, spec).double()
+    name, *opts = spec.split(":")[1:]
+    sch = build_schedule(name, 4, 8, 2, **{o.split("=")[0]: float(o.split("=")[1]) if "." in o else int(o.split("=")[1])
+                                          for o in opts})
+    x = torch.randn(1, 6, 16, dtype=F64)
+    with torch.no_grad():
+        for layer, blk in enumerate(model.blocks):
+            mine, want = blk.layer, sch[layer]
+            assert (mine.encoding.name, mine.window, mine.chunk, repr(mine.temperature)) == (
+                want.encoding.name, want.window, want.chunk, repr(want.temperature))
+            qkv = blk.qkv(blk.ln1(x)).view(1, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)  # each (B, H, S, hd)
+            y = sch.attention(layer, *qkv).transpose(1, 2).reshape(1, 6, 16)
+            h = x + blk.proj(y)
+            assert rel_err(blk(x), h + blk.mlp(blk.ln2(h))) < 1e-12, (spec, layer)
     assert model(torch.randint(0, 16, (1, 5))).shape == (1, 5, 16)
+    with pytest.raises(ValueError, match="key=value"):
+        Decoder(cfg, "schedule:rnope_swa:64")
 
 
 def test_refusals_name_the_argument():
@@ -134,6 +154,25 @@ def test_refusals_name_the_argument():
         build_schedule("command_r", layers=2, head_dim=8)
     with pytest.raises(TypeError, match="layers"):
         Schedule([])
-    assert set(SCHEDULES) == {"rnope_swa", "swan_gpt", "llama4", "smollm3"}
+    assert set(SCHEDULES) == {"rnope_swa", "swan_gpt", "llama4", "smollm3", "ssmax"}
     assert isinstance(build_schedule("llama4", 4, 8)[3].temperature, Llama4Temperature)
     assert math.isfinite(build_schedule("llama4", 4, 8)[0].chunk)
+
+
+def test_the_explorers_report_and_cli_read_a_schedule_row():
+    """The report colours a schedule row by its layers' blocks (RNoPE-SWA: mostly rotation); the CLI's
+    up-front check builds it (an unknown name is refused before training)."""
+    from liepos.cli._common import UsageError
+    from liepos.cli.explore import _check
+    from liepos.explore.report import row_of
+    from liepos.explore.train import TrainConfig
+
+    results = {"summary": {"r": {"dominant": None, "base": "schedule:rnope_swa:window=8"}},
+               "config": {"d_model": 16, "layers": 4, "heads": 2}}
+    assert row_of("r", results) == "rotation"
+    results["summary"]["r"]["base"] = "schedule:smollm3:every=1"  # every layer NoPE
+    assert row_of("r", results) == "nope"
+    cfg = TrainConfig(d_model=16, layers=4, heads=2, task="lookup")
+    _check(cfg, ["schedule:ssmax:s=0.5"], 1)
+    with pytest.raises(UsageError, match="nosuch"):
+        _check(cfg, ["schedule:nosuch"], 1)

@@ -35,7 +35,7 @@ from liepos.attention import KVCache, attention
 from liepos.attention_call import _key_times
 from liepos.catalogue import nope, rope
 from liepos.encoding import Encoding, as_positions
-from liepos.temperature import Llama4Temperature, Temperature
+from liepos.temperature import Llama4Temperature, ScalableSoftmax, Temperature
 
 __all__ = ["LayerSpec", "Schedule", "SCHEDULES", "build_schedule", "window_mask"]
 
@@ -210,8 +210,16 @@ def smollm3(layers: int, head_dim: int, num_heads: int = 1, *, every: int = 4, b
     return _interleaved(layers, head_dim, every, base, LayerSpec, LayerSpec, "smollm3")
 
 
+def ssmax(layers: int, head_dim: int, num_heads: int = 1, *, s: float = 0.43, base: float = 10000.0) -> Schedule:
+    """RoPE on every layer with Scalable-Softmax's temperature ``s · log n`` (arXiv 2501.19399; one fixed ``s``
+    for every head here, learned per head in the paper)."""
+    T = ScalableSoftmax(s)
+    return _interleaved(layers, head_dim, layers + 1, base, lambda e: LayerSpec(e, temperature=T), LayerSpec, "ssmax")
+
+
 SCHEDULES: dict[str, Callable[..., Schedule]] = {
     "rnope_swa": rnope_swa,
+    "ssmax": ssmax,
     "swan_gpt": swan_gpt,
     "llama4": llama4,
     "smollm3": smollm3,
