@@ -190,8 +190,8 @@ def test_learnable_generator_has_per_head_spectra():
 @pytest.mark.parametrize("make", [
     lambda: lp.p_rope(16, 0.5), lambda: lp.rope_id(16), lambda: lp.cope_clipped(16, layout="half"),
     lambda: scaling.factors(lp.rope(16), factors=torch.tensor([[1.0], [3.0]], dtype=F64)),
-    lambda: scaling.clipped(lp.xpos(16), clip=3),
-], ids=["p_rope", "rope_id", "cope_clipped", "factors_per_head", "clipped_xpos"])
+    lambda: scaling.clipped(lp.xpos(16), clip=3), lambda: lp.string_google(16),
+], ids=["p_rope", "rope_id", "cope_clipped", "factors_per_head", "clipped_xpos", "string_google"])
 def test_decode_equals_full_forward(make):
     enc = make()
     q, k, v = (torch.randn(1, 2, 7, 16, dtype=F64) for _ in range(3))
