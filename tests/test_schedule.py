@@ -176,3 +176,30 @@ def test_the_explorers_report_and_cli_read_a_schedule_row():
     _check(cfg, ["schedule:ssmax:s=0.5"], 1)
     with pytest.raises(UsageError, match="nosuch"):
         _check(cfg, ["schedule:nosuch"], 1)
+
+
+def test_patch_model_takes_a_schedule_by_layer_type():
+    """SmolLM3 (RoPE with a NoPE layer every 4th): patching a random-weight model with its own schedule, a layer
+    type at a time, gives the unpatched logits; a rescaled schedule changes them."""
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM
+
+    from liepos.interop import patch_model
+
+    cfg = SmolLM3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=4,
+                        intermediate_size=64, vocab_size=64, max_position_embeddings=128, pad_token_id=0,
+                        bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = SmolLM3ForCausalLM(cfg).double().eval()
+    ids = torch.randint(0, 64, (1, 12))
+    with torch.no_grad():
+        want = model(ids).logits
+        sch = Schedule.from_hf(cfg)
+        patch_model(model, sch.by_layer_type(cfg.layer_types))
+        got = model(ids).logits
+        assert rel_err(got, want) < 1e-6  # transformers computes inv_freq and the angles in float32
+        longer = Schedule([LayerSpec(lp.scaling.linear(s.encoding, factor=4.0)) if s.encoding.name != "nope" else s
+                           for s in sch])
+        patch_model(model, longer.by_layer_type(cfg.layer_types))
+        assert rel_err(model(ids).logits, want) > 1e-4
+    with pytest.raises(ValueError, match="layer_types"):
+        sch.by_layer_type(["full_attention"])

@@ -131,6 +131,25 @@ class Schedule:
         return attention(q, k, v, spec.encoding, positions, key_positions, cache=cache,
                          temperature=spec.temperature, **kwargs)
 
+    def by_layer_type(self, layer_types: Sequence[str]) -> dict[str, Encoding]:
+        """``{layer_type: Encoding}`` of the rotating layers, for :func:`liepos.interop.patch_model` (which keeps
+        the layers its family runs without rope NoPE, and their temperature, as upstream).
+
+        ``layer_types``: the config's, one per layer. Layers of one type must share one encoding (else ValueError).
+        """
+        types = list(layer_types)
+        if len(types) != len(self.layers):
+            raise ValueError(f"`layer_types` has {len(types)} entries for a schedule of {len(self.layers)} layers")
+        out: dict[str, Encoding] = {}
+        for i, (kind, spec) in enumerate(zip(types, self.layers)):
+            if spec.encoding.generator.is_orthogonal and not any(spec.encoding.generator.complex):
+                continue  # a NoPE layer: patch_model leaves it to the family
+            if kind in out and out[kind].version != spec.encoding.version:
+                raise ValueError(f"layer {i} ({kind!r}) has another encoding than an earlier {kind!r} layer: "
+                                 f"patch_model takes one encoding per layer type")
+            out[kind] = spec.encoding
+        return out
+
     @classmethod
     def from_hf(cls, config: Any) -> Schedule:
         """The layer layout of a transformers config: Cohere 2 (Command A), Llama 4, SmolLM3, or any config
