@@ -421,7 +421,8 @@ def rope_directions(dim: int, axes: int = 2, directions: Any = "golden", base: f
     ``A(u) = ⊕ R(−ω_k ⟨d_k, u⟩)``. ``directions``: ``"golden"`` (2 axes: ``d_k = (cos kφ, sin kφ)`` with the
     golden angle φ = π(3 − √5)), ``"random"`` (uniform on the sphere, from ``seed``), or a tensor
     ``(planes, axes)`` (normalised). The axes' generators are diagonal in the same planes, so they commute:
-    exactly relative in every axis, without axial RoPE's "cross" of planes that see one axis only.
+    exactly relative in every axis, without axial RoPE's "cross" of planes that see one axis only. The
+    default base 100 is the scale of 2-D vision RoPE (image coordinates of tens, not thousands, of patches).
 
     >>> import torch
     >>> w = rope_directions(8).generator.freqs  # (axes, planes)

@@ -34,7 +34,8 @@ import torch
 from liepos._checks import check_real, check_real_tensor, describe
 from liepos.masks import visible
 
-__all__ = ["Temperature", "ScalableSoftmax", "Llama4Temperature", "TEMPERATURES", "visible_counts", "scaled_queries"]
+__all__ = ["Temperature", "ScalableSoftmax", "Llama4Temperature", "TEMPERATURES", "check_temperature", "visible_counts",
+           "scaled_queries"]
 
 
 class Temperature:

@@ -108,9 +108,9 @@ def _check(cfg, encodings: list[str], world: int) -> None:
     try:
         for e in encodings:
             if e.startswith("schedule:"):  # a per-layer schedule (liepos.schedule), built as the decoder will
-                from liepos.explore.model import ModelConfig, _schedule
+                from liepos.explore.model import ModelConfig, resolve_schedule
 
-                _schedule(e, ModelConfig(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads))
+                resolve_schedule(e, ModelConfig(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads))
                 continue
             for a, b, g in split_heads(e, cfg.heads):
                 SpecEncoding(g, cfg.d_model // cfg.heads, b - a)

@@ -29,7 +29,7 @@ from liepos.schedule import LayerSpec, Schedule, build_schedule, window_mask
 # an evaluation-time change of an encoding (a context-extension map): (encoding, sequence length) -> encoding
 Transform = Callable[[Encoding, int], Encoding]
 
-__all__ = ["ModelConfig", "Decoder", "Block", "Transform"]
+__all__ = ["ModelConfig", "Decoder", "Block", "Transform", "resolve_schedule"]
 
 
 @dataclass
@@ -124,7 +124,7 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def _schedule(encoding, config: ModelConfig):
+def resolve_schedule(encoding, config: ModelConfig):
     """``"schedule:<name>[:key=value…]"`` or a :class:`~liepos.Schedule` -> one LayerSpec per layer; else as given."""
     if isinstance(encoding, str) and encoding.startswith("schedule:"):
         name, *fields = encoding.split(":")[1:]
@@ -153,7 +153,7 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig, encoding="rope") -> None:
         super().__init__()
         self.config = config
-        encoding = _schedule(encoding, config)
+        encoding = resolve_schedule(encoding, config)
         per_layer = list(encoding) if isinstance(encoding, (list, tuple)) else [encoding] * config.layers
         if len(per_layer) != config.layers:
             raise ValueError(f"got {len(per_layer)} per-layer encodings for {config.layers} layers")

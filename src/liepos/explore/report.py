@@ -113,10 +113,10 @@ def _schedule_layers(base: str, cfg: dict) -> list | None:
     """Every layer's encoding of a ``"schedule:…"`` row (:mod:`liepos.schedule`), else ``None``."""
     if not base.startswith("schedule:"):
         return None
-    from liepos.explore.model import ModelConfig, _schedule
+    from liepos.explore.model import ModelConfig, resolve_schedule
 
     mc = ModelConfig(d_model=cfg["d_model"], layers=cfg["layers"], heads=cfg["heads"])
-    return [spec.encoding for spec in _schedule(base, mc)]
+    return [spec.encoding for spec in resolve_schedule(base, mc)]
 
 
 def _pyplot():
