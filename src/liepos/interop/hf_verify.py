@@ -73,6 +73,18 @@ class Upstream:
     rotary: type
     apply: Callable[..., Any]
 
+    @property
+    def per_tensor(self) -> bool:
+        """The apply rotates one tensor, ``apply(x, cos, sin)`` (Gemma 4), not ``apply(q, k, cos, sin)``."""
+        names = list(inspect.signature(self.apply).parameters)
+        return len(names) > 1 and names[1] == "cos"
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any]:
+        """Upstream's apply on q and k ``(B, H, S, dims)``."""
+        if self.per_tensor:
+            return self.apply(q, cos, sin), self.apply(k, cos, sin)
+        return self.apply(q, k, cos, sin)[:2]
+
     def rotary_for(self, layer_type: str | None) -> Callable[[torch.Tensor, torch.Tensor], Any]:
         """``(x, position_ids) -> (cos, sin)`` of a fresh rotary module (its dynamic state starts anew)."""
         module = self.rotary(self.config)
@@ -157,14 +169,15 @@ def _encoder(up: Upstream, layer_type: str | None, dims: int) -> Callable[[torch
         ids = positions.reshape(1, -1).to(torch.long)  # (seq,) -> (1, seq)
         cos, sin = rotary(x, ids)
         head, rest = x[..., :dims], x[..., dims:]
-        q, _ = up.apply(head, head, cos, sin)
+        q, _ = up.rotate(head, head, cos, sin)
         return torch.cat((q.to(x.dtype), rest), dim=-1)  # (…, dims) + (…, d − dims)
 
     return encode
 
 
-def _matrices(up: Upstream, layer_type: str | None, head_dim: int) -> tuple[torch.Tensor, bool]:
-    """``F(t)`` ``(T, d, d)`` (``F[t, j, i]``) at :data:`_TIMES`, and whether the apply takes only the rotated dims."""
+def _matrices(up: Upstream, layer_type: str | None, head_dim: int) -> tuple[torch.Tensor, bool, int]:
+    """``F(t)`` ``(T, d, d)`` (``F[t, j, i]``) at :data:`_TIMES`, whether the apply takes only the rotary
+    module's dims (the attention cuts the head), and those dims (the last dim of cos and sin)."""
     times = torch.tensor(_TIMES)
     x = torch.zeros(1, 1, 1, head_dim)
     cos, _ = up.rotary_for(layer_type)(x, times[None, :1])
@@ -180,7 +193,7 @@ def _matrices(up: Upstream, layer_type: str | None, head_dim: int) -> tuple[torc
             if splits or rdim == head_dim:
                 raise ValueError(f"{up.modeling.__name__}.{_APPLY} does not run on probe vectors: {err}") from None
             continue
-        return rows.permute(1, 2, 0), splits  # (d, T, d) -> (T, d_out, d_in)
+        return rows.permute(1, 2, 0), splits, rdim  # (d, T, d) -> (T, d_out, d_in)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -200,37 +213,51 @@ def _pairs(F: torch.Tensor) -> dict[int, int]:
     return partner
 
 
+def _layout(partner: dict[int, int], r: int) -> str:
+    """``"half"`` when every moved dim i of the first ``r`` pairs with i ± r/2, ``"interleaved"`` with i xor 1."""
+    beyond = sorted(i for i in partner if i >= r)
+    if beyond:
+        raise ValueError(f"the apply rotates dims {beyond[:4]}… past the {r} dims of the rotary module's cos and sin")
+    if all(j == (i + r // 2 if i < r // 2 else i - r // 2) for i, j in partner.items()):
+        return "half"
+    if all(j == i ^ 1 for i, j in partner.items()):
+        return "interleaved"
+    raise ValueError(f"the apply pairs dims {sorted((i, j) for i, j in partner.items() if i < j)[:4]}…: "
+                     "neither rotate_half pairs (k, k + r/2) nor interleaved pairs (2k, 2k + 1)")
+
+
 def structure(up: Upstream, layer_type: str | None, head_dim: int) -> Structure:
-    """Probe upstream's apply at :data:`_TIMES`: the layout, partial slice, direction, frequencies, temperature."""
-    F, splits = _matrices(up, layer_type, head_dim)
+    """Probe upstream's apply at :data:`_TIMES`: the layout, partial slice, direction, frequencies, temperature.
+
+    The rotated dims are the first ``r`` (the dims of the rotary module's cos and sin); a plane of
+    frequency 0 among them (``proportional``) stays in place and is still one of them.
+    """
+    F, splits, r = _matrices(up, layer_type, head_dim)
     partner = _pairs(F)
-    r = len(partner)
-    if not r:
+    if not partner:
         raise ValueError("the apply rotates no dim")
-    if sorted(partner) != list(range(r)):
-        raise ValueError(f"the apply rotates dims {sorted(partner)}, not the first {r} of the head")
-    half = all(partner[i] == i + r // 2 for i in range(r // 2))
-    inter = all(partner[i] == i + 1 for i in range(0, r, 2))
-    if not (half or inter):
-        raise ValueError(f"the apply pairs dims {sorted((i, j) for i, j in partner.items() if i < j)[:4]}…: "
-                         "neither rotate_half pairs (k, k + r/2) nor interleaved pairs (2k, 2k + 1)")
-    lows = list(range(r // 2)) if half else list(range(0, r, 2))
+    layout = _layout(partner, r)
+    lows = sorted(i for i, j in partner.items() if i < j)
     F1 = F[0]
     sines = torch.tensor([float(F1[partner[i], i]) for i in lows], dtype=torch.float64)
     coses = torch.tensor([float(F1[i, i]) for i in lows], dtype=torch.float64)
     small = F[:_SMALL]  # (3, d, d): the planes whose sines clear the zero there tell the direction
     signs = {int(torch.sign(small[:, partner[i], i]).sum()) for i in lows
              if float(small[:, partner[i], i].abs().min()) > _ZERO}
-    if len(signs) != 1 or abs(signs.pop()) != _SMALL:
+    if len(signs) != 1 or abs(next(iter(signs))) != _SMALL:
         raise ValueError("the planes do not all turn the same way at every probe time")
-    direction = 1 if float(sines[sines.abs().argmax()]) > 0 else -1
-    return Structure(head_dim, r, "half" if half else "interleaved", direction, splits,
+    direction = 1 if next(iter(signs)) > 0 else -1
+    return Structure(head_dim, r, layout, direction, splits,
                      tuple(torch.atan2(sines.abs(), coses).tolist()), tuple((sines**2 + coses**2).tolist()))
 
 
 # ---------------------------------------------------------------------- the family row
-def _head_dim(cfg: Any) -> int:
-    hd = getattr(cfg, "head_dim", None)
+def _head_dim(cfg: Any, layer_type: str | None) -> int:
+    """The config's head dim (of ``layer_type`` on a heterogeneous config), as the attention reads it."""
+    try:
+        hd = getattr(cfg, "head_dim", None)
+    except (RuntimeError, ValueError):  # a per-layer attribute of a heterogeneous config
+        hd = getattr(cfg.per_layer_config[layer_type], "head_dim", None)
     if hd is None:
         hd = cfg.hidden_size // cfg.num_attention_heads
     return int(hd)
@@ -253,7 +280,7 @@ def verified_family(config: Any, model_type: str, *, model: Any = None) -> Famil
     up = upstream_of(config, model_type)
     lt = _layer_types(up)[0]
     try:
-        s = structure(up, lt, _head_dim(up.config))
+        s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}")) from None
     if s.splits and model is None:
@@ -280,6 +307,9 @@ def patch_family(model: Any, config: Any) -> Family:
     """:func:`verified_family` plus the attention classes of ``model`` that call the module's apply."""
     model_type = getattr(config, "model_type", None)
     family = verified_family(config, model_type, model=model)
+    if upstream_of(config, model_type).per_tensor:
+        raise ValueError(_refusal(model_type, f"its attention calls {_APPLY} once per tensor (x, cos, sin), and "
+                                              "patch_model's dispatcher replaces the (q, k, cos, sin) form only"))
     modeling = importlib.import_module(family.modeling)
     classes = sorted({type(m).__name__ for m in model.modules()
                       if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
@@ -323,7 +353,7 @@ def _upstream_scores(up: Upstream, lt: str | None, q: torch.Tensor, k: torch.Ten
                      dims: int) -> torch.Tensor:
     rotary = up.rotary_for(lt)
     cos, sin = rotary(q, pos[None, :])
-    qh, kh = up.apply(q[..., :dims], k[..., :dims], cos, sin)
+    qh, kh = up.rotate(q[..., :dims], k[..., :dims], cos, sin)
     qe = torch.cat((qh.to(torch.float64), q[..., dims:].to(torch.float64)), dim=-1)
     ke = torch.cat((kh.to(torch.float64), k[..., dims:].to(torch.float64)), dim=-1)
     return qe @ ke.transpose(-1, -2)  # (1, H, S, S)
@@ -331,8 +361,6 @@ def _upstream_scores(up: Upstream, lt: str | None, q: torch.Tensor, k: torch.Ten
 
 def _prove_one(up: Upstream, lt: str | None, read: Any, s: Structure, L0: int) -> str | None:
     """None when ``read`` reproduces upstream at every probe pair, else what did not match."""
-    if s.rotated != read.rotary_dim:
-        return f"upstream rotates {s.rotated} of {s.head_dim} dims, liepos' reading of the config {read.rotary_dim}"
     gen = torch.Generator().manual_seed(0)
     omega_max = max(s.omega) if s.omega else 0.0
     tau2 = max(s.tau2) if s.tau2 else 1.0
