@@ -24,8 +24,8 @@ written here once:
   :func:`liepos.from_hf` as ALiBi), ``"absolute"`` (GPT-2, OPT: refused by name) or ``"refused"``
   (a rope liepos does not reproduce yet: ``why`` says what it is);
 * ``direction``: +1, or -1 for a rotation that runs the other way (``ω < 0`` in liepos' sense);
-* ``rotary_dims``: with ``splits_rotary``, the dims the attention passes to the rope, when known
-  (a verified row; table rows read the attention's ``rotary_ndims``);
+* ``rotary_dims``: the dims the attention passes to the rope, when known (a verified row: the probed
+  head, or with ``splits_rotary`` the rotated dims; table rows read them from the attention module);
 * ``verified``: the row was probed from the modeling code and proven (:mod:`liepos.interop.hf_verify`),
   not written here.
 """

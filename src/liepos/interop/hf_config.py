@@ -613,7 +613,7 @@ def _mrope(params: Mapping[str, Any], src: _Source, head_dim: int, where: str) -
     return enc.replace(name="hf:mrope")
 
 
-def _checked_family(src: _Source, family: Family | None) -> tuple[str, Family | None]:
+def _checked_family(src: _Source, family: Family | None, ignore: frozenset[str]) -> tuple[str, Family | None]:
     """The kind of positions and the family row of a config: the table's, or one verified against the
     modeling code (:mod:`liepos.interop.hf_verify`) for a ``model_type`` the table lacks."""
     model_type = src.get("model_type")
@@ -636,7 +636,7 @@ def _checked_family(src: _Source, family: Family | None) -> tuple[str, Family | 
     if family is None and model_type is not None:
         from liepos.interop.hf_verify import verified_family
 
-        family = verified_family(src.obj, str(model_type))  # refuses with what to pass
+        family = verified_family(src.obj, str(model_type), ignore_axes="mrope_section" in ignore)  # or refuses
     return kind, family
 
 
@@ -659,7 +659,7 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     ignore = frozenset((ignore_keys,) if isinstance(ignore_keys, str) else ignore_keys)
     src = _Source(config)
-    kind, family = _checked_family(src, family_of(src.get("model_type")) if family is None else family)
+    kind, family = _checked_family(src, family_of(src.get("model_type")) if family is None else family, ignore)
     if kind == "alibi":
         enc = _alibi(src, family)
         return HFRope(enc, 0, 1.0, 1.0, family)

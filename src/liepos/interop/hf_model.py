@@ -516,8 +516,10 @@ def _fixed(enc: Encoding) -> bool:
 
 
 def _rotated_dims(module: Any, family: Family, config: Any) -> int:
+    if family.rotary_dims:  # a verified row: the dims its probe passed to the rope
+        return family.rotary_dims
     if family.splits_rotary:
-        return family.rotary_dims or int(module.rotary_ndims)
+        return int(module.rotary_ndims)
     return int(getattr(config, "qk_rope_head_dim", None) or getattr(module, "head_dim", None) or module.head_size)
 
 

@@ -26,6 +26,7 @@ transformers is imported inside the functions only.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import math
@@ -86,8 +87,16 @@ class Upstream:
         return self.apply(q, k, cos, sin)[:2]
 
     def rotary_for(self, layer_type: str | None) -> Callable[[torch.Tensor, torch.Tensor], Any]:
-        """``(x, position_ids) -> (cos, sin)`` of a fresh rotary module (its dynamic state starts anew)."""
-        module = self.rotary(self.config)
+        """``(x, position_ids) -> (cos, sin)`` of a fresh rotary module (its dynamic state starts anew).
+
+        A layer type of the rope parameters that no layer of the config has is still built: the
+        rotary module is made from a copy of the config whose ``layer_types`` include it."""
+        config = self.config
+        types = getattr(config, "layer_types", None)
+        if layer_type is not None and isinstance(types, list | tuple) and layer_type not in types:
+            config = copy.deepcopy(config)
+            config.layer_types = [*types, layer_type]
+        module = self.rotary(config)
         takes = inspect.signature(module.forward).parameters
         if layer_type is not None and "layer_type" in takes:
             return lambda x, ids: module(x, ids, layer_type=layer_type)
@@ -270,7 +279,20 @@ def _layer_types(up: Upstream) -> list[str | None]:
     return [None]
 
 
-def verified_family(config: Any, model_type: str, *, model: Any = None) -> Family:
+def _reads_axes(up: Upstream, layer_type: str | None) -> bool:
+    """Whether the rotary module turns (3, batch, seq) position_ids, one row per axis, into one rotation
+    that differs from the first axis's: M-RoPE (a 1-D rotary module fails on them or answers another shape)."""
+    t = torch.arange(5)
+    x = torch.zeros(1, 1, 5, 2)
+    try:
+        one = up.rotary_for(layer_type)(x, t[None, :])[0]
+        axes = up.rotary_for(layer_type)(x, torch.stack((t, 2 * t + 1, 3 * t + 2))[:, None, :])[0]
+    except Exception:  # noqa: BLE001 - a 1-D rotary module on 3-axis positions
+        return False
+    return tuple(axes.shape) == tuple(one.shape) and not torch.equal(axes, one)
+
+
+def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_axes: bool = False) -> Family:
     """The facts of an unknown family, probed from its modeling code (a :class:`Family` row marked verified).
 
     Raises a ValueError that says what to pass when the code is not there or does not have the
@@ -283,13 +305,17 @@ def verified_family(config: Any, model_type: str, *, model: Any = None) -> Famil
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}")) from None
+    if _reads_axes(up, lt) and not ignore_axes:
+        raise ValueError(_refusal(
+            model_type, "its rotary module reads one position per axis ((3, batch, seq) position_ids: M-RoPE), "
+            "whose sections are its model's wiring; pass ignore_keys={'mrope_section'} for its 1-D text positions"))
     if s.splits and model is None:
         raise ValueError(_refusal(
             model_type, f"its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
             "ones is the attention's code, not the rope's; patch_model(model) verifies it with the model at hand"))
     module = up.modeling.__name__.split(".")[-2]
     return Family(model_type, module, (), layout=s.layout, default_partial=s.rotated < s.head_dim,
-                  splits_rotary=s.splits, direction=s.direction, rotary_dims=s.rotated if s.splits else 0,
+                  splits_rotary=s.splits, direction=s.direction, rotary_dims=s.rotated if s.splits else s.head_dim,
                   verified=True)
 
 
@@ -318,8 +344,12 @@ def patch_family(model: Any, config: Any) -> Family:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward"))
     own = [c for c in classes if not _calls(getattr(modeling, c), "ALL_ATTENTION_FUNCTIONS")]
-    why = f"{', '.join(own)} computes attention itself, not through ALL_ATTENTION_FUNCTIONS" if own else ""
-    return replace(family, attention=tuple(classes), raw_keys=not own, why=why)
+    both = sorted({type(m).__name__ for m in model.modules()
+                   if type(m).__name__ in classes and getattr(m, "is_causal", True) is False})
+    why = (f"{', '.join(own)} computes attention itself, not through ALL_ATTENTION_FUNCTIONS" if own else
+           f"{', '.join(both)} attends both ways (is_causal=False), and liepos' raw-key attention is causal" if both
+           else "")
+    return replace(family, attention=tuple(classes), raw_keys=not (own or both), why=why)
 
 
 # ---------------------------------------------------------------------- the proof
