@@ -221,8 +221,11 @@ def _worker(conn: Any) -> None:
     import torch
     import transformers
 
+    import liepos.interop.hf_model  # noqa: F401 - imported before the first model's clock starts
+
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
+    conn.send("ready")
     while True:
         model_type = conn.recv()
         if model_type is None:
@@ -241,6 +244,8 @@ class Pool:
         self.conn, child = self.ctx.Pipe()
         self.proc = self.ctx.Process(target=_worker, args=(child,), daemon=True)
         self.proc.start()
+        if not self.conn.poll(600) or self.conn.recv() != "ready":  # imports (torch, transformers) untimed
+            raise RuntimeError("the worker process did not start")
 
     def run(self, model_type: str, timeout: float) -> dict[str, Any]:
         if self.proc is None or not self.proc.is_alive():

@@ -531,7 +531,8 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     (Llama, Mistral, Mixtral, Qwen2/3 and their MoE, Gemma 1–3, OLMo 1–2, Granite, Starcoder2,
     Cohere, GLM, GLM4, StableLM, Phi, Phi-3, GPT-NeoX, Falcon, DeepSeek-V3, GPT-OSS, SmolLM3,
     Llama 4 text, Qwen2-VL/2.5-VL text with M-RoPE; ALiBi: Bloom, MPT, Falcon with ``alibi=True``).
-    Any other model is refused with the reason.
+    A family outside the table is probed in its modeling code and proven on the spot
+    (:mod:`liepos.interop.hf_verify`); any other model is refused with the reason.
 
     * ``encoding=None``: what the config means (:func:`liepos.interop.read_hf`, ``precision``
       passed on), so the patched model computes what the unpatched one does; the temperature is

@@ -54,14 +54,19 @@ _HEADS = 2
 _EPS32 = 2.0**-24
 
 
-def _refusal(model_type: Any, why: str) -> str:
-    return (
-        f"model_type {model_type!r} is not a family of liepos' table (liepos.interop.families) and it "
-        f"cannot be verified against its modeling code: {why}. liepos refuses rather than assume Llama's "
-        "conventions; use a transformers that has this model type, or pass a config whose model_type is a "
-        "table family with the same conventions (e.g. 'llama': rotate_half pairs (k, k + d/2); 'cohere': "
-        "pairs (2k, 2k + 1); 'gpt_neox': the default rope reads partial_rotary_factor)"
-    )
+_CONVENTIONS = ("'llama': rotate_half pairs (k, k + d/2); 'cohere': pairs (2k, 2k + 1); 'gpt_neox': the default "
+                "rope reads partial_rotary_factor")
+
+
+def _refusal(model_type: Any, why: str, missing: bool = True) -> str:
+    """The refusal of a family outside the table: why, and what to pass (``missing``: no code to verify against)."""
+    where = ("cannot be verified against its modeling code" if missing
+             else "was probed in its modeling code, which liepos cannot reproduce")
+    todo = ("use a transformers that has this model type, or pass a config whose model_type is a table family "
+            f"with the same conventions (e.g. {_CONVENTIONS})" if missing else
+            f"if its rope has the conventions of a table family, pass that model_type in the config (e.g. {_CONVENTIONS})")
+    return (f"model_type {model_type!r} is not a family of liepos' table (liepos.interop.families) and it {where}: "
+            f"{why}. liepos refuses rather than assume Llama's conventions; {todo}")
 
 
 @dataclass(frozen=True)
@@ -304,15 +309,15 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
     try:
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
-        raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}")) from None
+        raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
     if _reads_axes(up, lt) and not ignore_axes:
         raise ValueError(_refusal(
             model_type, "its rotary module reads one position per axis ((3, batch, seq) position_ids: M-RoPE), "
-            "whose sections are its model's wiring; pass ignore_keys={'mrope_section'} for its 1-D text positions"))
+            "whose sections are its model's wiring; pass ignore_keys={'mrope_section'} for its 1-D text positions", False))
     if s.splits and model is None:
         raise ValueError(_refusal(
             model_type, f"its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
-            "ones is the attention's code, not the rope's; patch_model(model) verifies it with the model at hand"))
+            "ones is the attention's code, not the rope's; patch_model(model) verifies it with the model at hand", False))
     module = up.modeling.__name__.split(".")[-2]
     return Family(model_type, module, (), layout=s.layout, default_partial=s.rotated < s.head_dim,
                   splits_rotary=s.splits, direction=s.direction, rotary_dims=s.rotated if s.splits else s.head_dim,
@@ -335,14 +340,14 @@ def patch_family(model: Any, config: Any) -> Family:
     family = verified_family(config, model_type, model=model)
     if upstream_of(config, model_type).per_tensor:
         raise ValueError(_refusal(model_type, f"its attention calls {_APPLY} once per tensor (x, cos, sin), and "
-                                              "patch_model's dispatcher replaces the (q, k, cos, sin) form only"))
+                                              "patch_model's dispatcher replaces the (q, k, cos, sin) form only", False))
     modeling = importlib.import_module(family.modeling)
     classes = sorted({type(m).__name__ for m in model.modules()
                       if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
                       and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)})
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
-                                              f"{modeling.__name__}.{_APPLY} from its forward"))
+                                              f"{modeling.__name__}.{_APPLY} from its forward", False))
     own = [c for c in classes if not _calls(getattr(modeling, c), "ALL_ATTENTION_FUNCTIONS")]
     both = sorted({type(m).__name__ for m in model.modules()
                    if type(m).__name__ in classes and getattr(m, "is_causal", True) is False})
