@@ -115,7 +115,7 @@ def _model_class(config: Any, causal: bool) -> Any:
     import importlib
 
     from transformers import AutoModel, AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
     if causal:
         return AutoModelForCausalLM

@@ -184,3 +184,20 @@ def test_patch_model_runs_verified_families_exactly(model_type, kw):
 @pytest.mark.parametrize("model_type", ["apertus", "arcee", "bitnet", "exaone4", "olmoe", "granitemoe", "seed_oss"])
 def test_patch_model_more_verified_families(model_type):
     assert patched_worst(model_type) < 1e-4
+
+
+def test_the_coverage_script_rows():
+    """benchmarks/hf_coverage.py on one verified family, one table family and one refusal."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "hf_coverage.py"
+    spec = importlib.util.spec_from_file_location("hf_coverage", path)
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    assert {"helium", "cohere2", "llama", "bloom"} <= set(cov.model_types())
+    for model_type in ("helium", "llama"):
+        row = cov.run_one(model_type)
+        assert (row["status"], row["greedy"]) == ("exact", True) and row["rel"] <= cov.TOL
+    row = cov.run_one("gptj")
+    assert row["status"] == "refused" and "GPT-J rotates" in row["reason"]

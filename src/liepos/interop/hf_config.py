@@ -743,7 +743,11 @@ def from_hf(
             ``rope_interleave`` pair dims (2k, 2k+1)), whether the default rope reads
             ``partial_rotary_factor`` (Llama and Qwen2 ignore it, Phi and GPT-NeoX read it),
             DeepSeek's softmax multiplier; Bloom, MPT and Falcon(``alibi=True``) are ALiBi with
-            their own slopes; GPT-2 and OPT are refused by name.
+            their own slopes; GPT-2 and OPT are refused by name. A ``model_type`` outside the table
+            is probed in its transformers modeling code and the reading proven against it
+            (:mod:`liepos.interop.hf_verify`), or refused with the reason: never read with
+            another family's conventions. A config without a ``model_type`` is liepos' own
+            (what :func:`~liepos.interop.to_hf` writes).
         layer_type: for per-layer-type parameters (Gemma 3/4, ModernBERT, …) the layer type to
             return; without it such a config gives a dict ``{layer_type: Encoding}``. A layer
             type whose parameters are ``None`` is NoPE.

@@ -329,6 +329,13 @@ def _forward(cls: type) -> Any:
     return inspect.unwrap(getattr(cls, "forward", None))
 
 
+def _source(cls: type) -> str:
+    try:
+        return inspect.getsource(_forward(cls))
+    except (OSError, TypeError):  # no source to read: judged by its calls alone
+        return ""
+
+
 def _calls(cls: type, name: str) -> bool:
     code = getattr(_forward(cls), "__code__", None)
     return code is not None and name in code.co_names
@@ -348,6 +355,10 @@ def patch_family(model: Any, config: Any) -> Family:
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
+    seq_first = [c for c in classes if "unsqueeze_dim" in _source(getattr(modeling, c))]
+    if seq_first:
+        raise ValueError(_refusal(model_type, f"{', '.join(seq_first)} passes unsqueeze_dim to {_APPLY} (q and k "
+                                              "sequence-first, as Llama 4), which the dispatcher does not read", False))
     own = [c for c in classes if not _calls(getattr(modeling, c), "ALL_ATTENTION_FUNCTIONS")]
     both = sorted({type(m).__name__ for m in model.modules()
                    if type(m).__name__ in classes and getattr(m, "is_causal", True) is False})
