@@ -30,6 +30,7 @@ import copy
 import importlib
 import inspect
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -355,7 +356,7 @@ def patch_family(model: Any, config: Any) -> Family:
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
-    seq_first = [c for c in classes if "unsqueeze_dim" in _source(getattr(modeling, c))]
+    seq_first = [c for c in classes if re.search(r"unsqueeze_dim\s*=\s*(?!1\b)", _source(getattr(modeling, c)))]
     if seq_first:
         raise ValueError(_refusal(model_type, f"{', '.join(seq_first)} passes unsqueeze_dim to {_APPLY} (q and k "
                                               "sequence-first, as Llama 4), which the dispatcher does not read", False))
