@@ -57,6 +57,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     **{t: _MLA for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "glm4_moe_lite", "glm_moe_dsa",
                          "longcat_flash", "minicpm3", "mistral4", "mistral_large4", "mistral_large4_text", "youtu",
                          "kimi_k25")},
+    "dots1": dict(n_shared_experts=1),
+    "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+                 ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
     "qwen3_next": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"]),
 }
 # per-layer lists of the full-size config, dropped before shrinking (rebuilt for the new depth)
@@ -304,17 +307,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", help="these model types")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per model (default 60)")
     p.add_argument("--out", type=Path, default=None, help="results path without suffix")
+    p.add_argument("--update", action="store_true",
+                   help="with --only: rerun those rows of the full results and write the full results again")
     args = p.parse_args(argv)
     import torch
     import transformers
 
     types = args.only or (QUICK if args.quick else model_types())
-    default = "hf_coverage_quick" if (args.quick or args.only) else "hf_coverage"
+    default = "hf_coverage_quick" if (args.quick or args.only) and not args.update else "hf_coverage"
     out = args.out or HERE / "results" / default
+    kept: list[dict[str, Any]] = []
+    pool, rows, t0 = Pool(), [], time.time()
+    if args.update:
+        if not args.only:
+            p.error("--update needs --only MODEL_TYPE ...")
+        full = json.loads(out.with_suffix(".json").read_text())
+        kept, t0 = full["rows"], t0 - full["seconds"]  # the time of the full run, plus this one's
     meta = dict(command="OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_coverage.py" + (" --quick" if args.quick else ""),
                 transformers=transformers.__version__, torch=torch.__version__,
                 date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{platform.machine()}, {os.cpu_count()} cores")
-    pool, rows, t0 = Pool(), [], time.time()
     try:
         for i, mt in enumerate(types, 1):
             t = time.time()
@@ -323,10 +334,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             extra = f" {row['rel']:.2g}" if "rel" in row else f" — {row.get('reason', '')[:100]}"
             print(f"[{i}/{len(types)}] {mt}: {row['status']}{extra} ({row['seconds']:.1f} s)", flush=True)
-            if i % 20 == 0 or i == len(types):
+            if (i % 20 == 0 or i == len(types)) and not args.update:
                 write(rows, out, dict(meta, seconds=time.time() - t0))
     finally:
         pool.close()
+    if args.update:  # the full table, these rows rerun in place
+        fresh = {r["model_type"]: r for r in rows}
+        rows = [fresh.get(r["model_type"], r) for r in kept]
+        rows += [r for r in fresh.values() if r["model_type"] not in {k["model_type"] for k in kept}]
+        meta["command"] = full["command"].split(" (")[0] + f" (rows {' '.join(args.only)} rerun with --only … --update)"
     write(rows, out, dict(meta, seconds=time.time() - t0))
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     print(", ".join(f"{n} {s}" for s, n in counts.items()), f"({time.time() - t0:.0f} s)", flush=True)
