@@ -185,9 +185,18 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float) -> tuple[torch.Tensor, 
     D = q.shape[-1]
     if not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
         return q, k
-    tq, tk = delta / (2 * D * c * km), delta / (2 * D * c * qm)
-    zero = q.new_zeros(())
-    return torch.where(q.abs() < tq, zero, q), torch.where(k.abs() < tk, zero, k)
+    return _below(q, delta / (2 * D * c * km)), _below(k, delta / (2 * D * c * qm))
+
+
+def _below(x: torch.Tensor, tau: float) -> torch.Tensor:
+    """``x`` with its entries below ``tau`` in magnitude set to 0. Under autograd the gradient passes as
+    if nothing were cleared (``x − x = 0`` exactly): the flash backward forms every entry's gradient
+    from the other side's entries, and a raw entry that is merely small keeps its gradient."""
+    with torch.no_grad():
+        small = x.abs() < tau
+    if not x.requires_grad:
+        return x.masked_fill(small, 0)
+    return x - torch.where(small, x, 0).detach()
 
 
 def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float):

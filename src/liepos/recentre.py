@@ -220,16 +220,22 @@ def tile_plan(T: int, size: int) -> tuple[list[tuple[Rows, int]], list[tuple[Row
 FLASH_ROWS = 32
 
 
+# largest |λ|·|t − o| of a tiled diagonal block: a query factor e^{−λ(t − o)} and a key factor
+# e^{λ(s − o)} each ≥ e^{−22} ≈ 2^-31.7, so every product the kernel forms of them, e^{−λ(t − s)}, is at
+# least 2^-63.5 times the raw entries' product: a normal float32 / bfloat16 number (no microcode assist)
+DIAGONAL_EXPONENT = 22.0
+
+
 def _diagonal_budget(b: tuple[float, float, float], dtype: torch.dtype) -> tuple[float, float, float]:
-    """The budget of a tiled diagonal block: its factors ``e^{±λ|t − o|}`` may reach the square root of
-    the dtype's range (float32: e^{±44}; at most e^{±45}, as float32, in float64) instead of its cube
-    root. Only the causal kernel reads them, and it overwrites every masked score (``s > t``, where
-    ``F(t − o)ᵀ G(s − o)`` may overflow) before the softmax, while every visible product is at most the
-    true ``e^{−λ(t − s)}`` and a query factor ``≥ e^{−44}`` stays a normal number. The general path
-    adds its mask and keeps the cube root."""
+    """The budget of a tiled diagonal block: its factors ``e^{±λ|t − o|}`` may reach
+    :data:`DIAGONAL_EXPONENT` (at most the square root of the dtype's range) instead of the cube root of
+    the range. Only the causal kernel reads them, and it overwrites every masked score (``s > t``, where
+    ``F(t − o)ᵀ G(s − o)`` grows) before the softmax, while every visible product is at most the true
+    ``e^{−λ(t − s)}`` and at least ``e^{−44}``: neither factor nor product is a subnormal number. The
+    general path adds its mask and keeps the cube root."""
     rate, _, poly_span = b
     work = dtype if dtype in (torch.float16, torch.float64, torch.float32) else torch.float32
-    return rate, min(1.5 * MAX_EXPONENT, math.log(torch.finfo(work).max) / 2), poly_span
+    return rate, min(DIAGONAL_EXPONENT, math.log(torch.finfo(work).max) / 2), poly_span
 
 
 def _tile_size(allowed: float, T: int) -> int:
