@@ -373,3 +373,73 @@ def test_pieces_refuse_keys_and_values_of_different_head_counts():
         pieces(q, [(k, torch.randn(1, 2, 8, 16), True)], 0.25)
     with pytest.raises(ValueError, match="one head count"):
         pieces(q, [(torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16), True)], 0.25)
+
+
+def _spy_faded(monkeypatch) -> list:
+    """(heads, blocks of keys seen whole, rows per block) of every faded group."""
+    seen, real = [], recentre._faded
+    monkeypatch.setattr(recentre, "_faded", lambda call, m, n_b: seen.append((call.q.shape[1], m, n_b))
+                        or real(call, m, n_b))
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_faded_keys_score_zero_exactly_to_the_contract(dtype, monkeypatch):
+    """Heads that fade within the sequence see the keys of their last blocks and every earlier key as
+    score 0 (their count and mean value): per head windows (a fast and a slow head), a short last block,
+    times near 10⁶, learned sinks, grouped keys under a shared decay: fused == float64 reference."""
+    seen = _spy_faded(monkeypatch)
+    enc = lp.decay(torch.tensor([[0.3] * 16, [0.1] * 16], dtype=F64))  # float32: windows ~80 and ~230 keys
+    T = 1200
+    q, k, v = inputs(T, 2, 16, dtype, seed=21)
+    p = torch.arange(T) + 10**6 + 5
+    sinks = torch.tensor([0.5, -1.0], dtype=dtype)
+    fused = lp.attention(q, k, v, enc, p, p, sinks=sinks)
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p, sinks=sinks)
+    assert seen and all(h == 1 for h, _, _ in seen) and len({m for _, m, _ in seen}) == 2  # one group per head
+    assert float((fused.double() - ref).abs().max()) <= bound(dtype, 0, v, T)
+    seen.clear()
+    shared = lp.build("decay", 16, rate=0.2)
+    q, k, v = inputs(777, 4, 16, dtype, seed=22, kv_heads=2)
+    fused = lp.attention(q, k, v, shared)
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), shared)
+    assert seen == [(4, seen[0][1], seen[0][2])]
+    assert float((fused.double() - ref).abs().max()) <= bound(dtype, 0, v, 777)
+
+
+def test_faded_keys_follow_the_data_norms(monkeypatch):
+    """The window is a bound for any data: a far key that still scores (large norms) widens it, so the
+    output stays the reference's."""
+    seen = _spy_faded(monkeypatch)
+    enc = lp.build("decay", 16, rate=0.5)
+    T = 600
+    q, k, v = inputs(T, 1, 16, F64, seed=23)
+    lp.attention(q, k, v, enc)
+    k[:, :, 10] *= 1e12  # one huge early key: it scores above 2^-59 for ~55 lags more
+    fused = lp.attention(q, k, v, enc)
+    ref = lp.attention_reference(q, k, v, enc)
+    assert len(seen) == 2 and seen[1][1] > seen[0][1]  # more blocks seen whole
+    assert float((fused - ref).abs().max()) <= bound(F64, 0, v, T)
+
+
+def test_faded_heads_equal_the_tiled_triangle_with_gradients(monkeypatch):
+    """RetNet's fast heads faded, its slow ones tiled: the output and the gradients of q, k, v and the
+    learned rates equal the tiled path's (every head tiled)."""
+    seen = _spy_faded(monkeypatch)
+    T = 1600
+    enc = lp.retnet(3, 16)
+    g = torch.Generator().manual_seed(24)
+    leaves = [torch.randn(1, 3, T, 16, generator=g).requires_grad_() for _ in range(3)]
+    rates = enc.generator.rates.clone().requires_grad_()
+    enc = enc.replace(generator=enc.generator.with_params(rates=rates))
+    outs = []
+    for faded in (True, False):
+        if not faded:
+            monkeypatch.setattr(recentre, "_fade_plan", lambda *a: None)
+        out = lp.attention(*leaves, enc)
+        outs.append((out, torch.autograd.grad((out * torch.cos(out)).sum(), [*leaves, rates])))
+    assert seen and seen[0][0] == 1  # the first head alone
+    (a, ga), (b, gb) = outs
+    assert float((a - b).abs().max()) <= bound(torch.float32, 0, leaves[2], T)
+    for x, y in zip(ga, gb):
+        assert float((x - y).abs().max()) <= 1e-4 * max(1.0, float(y.abs().max()))
