@@ -4,13 +4,23 @@
     python benchmarks/attention.py --quick    # T = 2048, float32 and bfloat16 (< 2 minutes)
     python benchmarks/attention.py --breakdown --lengths 8192   # where the time of the re-centred ones goes
     python benchmarks/attention.py --memory --lengths 8192      # their peak memory without a gradient
+    python benchmarks/attention.py --quick --threads 2          # on two threads (default: torch's)
+    python benchmarks/attention.py --quick --backward           # forward + backward against SDPA's
+    python benchmarks/attention.py --quick --flush-denormal     # subnormals flushed (this process only)
 
 Shape: batch 1, 8 heads, head dim 64, causal self-attention over positions 0 … T − 1. Every round times
 every contender once, in one process, in an interleaved order (so a change in machine load hits all
 of them alike); the figure is the median over rounds of each contender's time divided by causal SDPA's
 time in the same round. FlexAttention's ALiBi is a compiled ``score_mod`` (``torch.compile`` of
-``flex_attention`` with a causal block mask), compiled once before timing.
-Writes ``benchmarks/results/attention[_quick].{json,md}``.
+``flex_attention`` with a causal block mask), compiled once before timing. ``--backward`` times forward +
+backward (q, k and v need a gradient) against SDPA's forward + backward.
+
+Nothing can flatter: every run records the CPU model and its instruction-set flags, the thread count,
+the dtype, the shape, forward or forward + backward, whether subnormals were flushed, and for every
+encoding the path that ran, observed on one untimed call and asserted (a fused encoding that fell back
+to the general path, ALiBi without its per-key mask, or a kernel in another dtype than asked stops the
+run instead of being timed as the fast path).
+Writes ``benchmarks/results/attention[_quick][_<threads>t][_bwd][_ftz].{json,md}``.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import torch
 import torch.nn.functional as Fn
 
 import liepos as lp
+from liepos import attention_pieces, recentre
 from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
 
 HEADS, DIM = 8, 64
@@ -65,22 +76,105 @@ def flex_alibi(T: int, dtype: torch.dtype):
     return lambda q, k, v: fn(q, k, v, score_mod=alibi, block_mask=mask)
 
 
-def contenders(T: int, dtype: torch.dtype, flex: bool) -> dict:
+def _inputs(T: int, dtype: torch.dtype, backward: bool):
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, HEADS, T, DIM, generator=g).to(dtype) for _ in range(3))
-    out = {"sdpa (causal)": lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=True)}
+    return tuple(torch.randn(1, HEADS, T, DIM, generator=g).to(dtype).requires_grad_(backward) for _ in range(3))
+
+
+def _step(f, qkv: tuple, backward: bool):
+    """One forward (no gradient) or one forward + backward of ``f(q, k, v)`` (gradients let go after)."""
+    if not backward:
+        return lambda: f(*qkv)
+
+    def both():
+        with torch.enable_grad():
+            out = f(*qkv)
+            out.backward(torch.ones_like(out))
+        for x in qkv:
+            x.grad = None
+
+    return both
+
+
+def contenders(T: int, dtype: torch.dtype, flex: bool, backward: bool = False) -> dict:
+    qkv = _inputs(T, dtype, backward)
+    out = {"sdpa (causal)": _step(lambda q, k, v: Fn.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                  qkv, backward)}
     for name, enc in encodings().items():
-        out[name] = lambda enc=enc: lp.attention(q, k, v, enc)
-    if flex:
+        out[name] = _step(lambda q, k, v, enc=enc: lp.attention(q, k, v, enc), qkv, backward)
+    if flex and not backward:
         f = flex_alibi(T, dtype)
-        out["flex alibi (compiled)"] = lambda: f(q, k, v)
+        out["flex alibi (compiled)"] = lambda: f(*qkv)
     return out
 
 
-def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool) -> dict[str, dict]:
-    times = interleaved(contenders(T, dtype, flex), rounds, number=1)
+# the path each encoding must take: "sdpa" (one SDPA call, no re-centring), "fused" (the flash pieces of
+# the re-centred fused path, never the general block loop), "fused+mask" (ALiBi: the per-key mask on
+# the content's head size)
+EXPECTED = {"nope": "sdpa", "rope": "sdpa", "rope_half": "sdpa", "xpos": "fused", "retnet": "fused",
+            "decay": "fused", "alibi": "fused+mask", "jordan": "fused"}
+# encodings whose half-precision call attends in float32 today (polynomial parts: Jordan blocks, ALiBi's
+# slots), asserted so, and named in the path column
+HALF_IN_FLOAT32 = {"jordan", "alibi"}
+
+
+def path(name: str, T: int, dtype: torch.dtype, backward: bool) -> str:
+    """The path one untimed call of ``name`` takes, observed (flash pieces, their dtypes and masks, the
+    general block loop) and asserted against :data:`EXPECTED`."""
+    enc = encodings()[name]
+    flash, general = [], []
+    real_flash, real_run = attention_pieces._flash, recentre._run
+
+    def spy_flash(q, k, v, *a, attn_mask=None, **kw):
+        flash.append((q.dtype, q.shape[-1], attn_mask is not None))
+        return real_flash(q, k, v, *a, attn_mask=attn_mask, **kw)
+
+    attention_pieces._flash = spy_flash
+    recentre._run = lambda *a, **kw: general.append(1) or real_run(*a, **kw)
+    try:
+        with torch.no_grad() if not backward else torch.enable_grad():
+            _step(lambda q, k, v: lp.attention(q, k, v, enc), _inputs(T, dtype, backward), backward)()
+    finally:
+        attention_pieces._flash, recentre._run = real_flash, real_run
+    kinds = sorted({str(d).replace("torch.", "") for d, _, _ in flash})
+    masked = bool(flash) and any(m for _, _, m in flash)
+    seen = "sdpa" if not flash and not general else "general" if general else "fused+mask" if masked else "fused"
+    want = EXPECTED[name]
+    asked = str(dtype).replace("torch.", "")
+    if dtype in (torch.bfloat16, torch.float16) and name in HALF_IN_FLOAT32:
+        asked = "float32"
+    if seen != want or (flash and kinds != [asked]) or (
+            want == "fused+mask" and any(d != DIM for _, d, _ in flash)):
+        raise SystemExit(f"{name} at T = {T}, {dtype}: expected the {want} path, ran {seen} "
+                         f"(flash calls {len(flash)}, dtypes {kinds}, head sizes {sorted({d for _, d, _ in flash})})")
+    return seen if not flash else f"{seen}: {len(flash)} flash calls in {'/'.join(kinds)}"
+
+
+def machine() -> dict:
+    """The CPU model, its vector / matrix instruction-set flags and torch's thread count."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name":
+                model = val.strip()
+            if key.strip() == "flags":
+                flags = sorted(f for f in val.split() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cpu_flags": flags, "threads": torch.get_num_threads()}
+
+
+PEERS = {"sdpa (causal)": "torch SDPA, is_causal", "flex alibi (compiled)": "torch.compile of flex_attention"}
+
+
+def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool, backward: bool = False) -> dict[str, dict]:
+    paths = {n: path(n, T, dtype, backward) for n in encodings()}
+    times = interleaved(contenders(T, dtype, flex, backward), rounds, number=1)
     base = times["sdpa (causal)"]
-    return {n: {"median_s": statistics.median(ts), "ratio": ratio(ts, base)} for n, ts in times.items()}
+    return {n: {"median_s": statistics.median(ts), "ratio": ratio(ts, base), "path": paths.get(n, PEERS.get(n, "?"))}
+            for n, ts in times.items()}
 
 
 # profiler op names counted as encoding q, k (and v): the one-pass kernels' elementwise work
@@ -165,16 +259,21 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def write(results: dict, name: str, rounds: int) -> None:
+def write(results: dict, name: str, rounds: int, setting: dict) -> None:
     text = table(results)
     RESULTS.mkdir(exist_ok=True)
     meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-            "shape": [1, HEADS, "T", DIM], "rounds": rounds, "load_average_after": list(os.getloadavg())}
+            **machine(), **setting, "shape": [1, HEADS, "T", DIM], "rounds": rounds,
+            "load_average_after": list(os.getloadavg())}
     (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    (RESULTS / f"{name}.md").write_text(f"`{meta['command']}` (torch {torch.__version__}, "
-                                        f"{meta['threads']} threads, load average after the run "
-                                        f"{', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n{text}\n")
+    paths = "\n".join(f"- {d} T = {T}: " + "; ".join(f"{n}: {r['path']}" for n, r in rs.items())
+                      for d, by_t in results.items() for T, rs in by_t.items())
+    (RESULTS / f"{name}.md").write_text(
+        f"`{meta['command']}` (torch {torch.__version__}, {meta['cpu']}, {meta['threads']} threads, "
+        f"{setting['pass']}, subnormals {'flushed' if setting['flush_denormal'] else 'kept'}, load average "
+        f"after the run {', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n\n"
+        f"CPU flags: {' '.join(meta['cpu_flags'])}\n{text}\n\npaths (observed on an untimed call, asserted):\n"
+        f"{paths}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +286,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="longest T FlexAttention runs at (its CPU bfloat16 kernel is ~27x SDPA at T = 8192)")
     p.add_argument("--breakdown", action="store_true", help="profile one call per re-centred encoding instead")
     p.add_argument("--memory", action="store_true", help="peak memory of one call per re-centred encoding instead")
+    p.add_argument("--threads", type=int, help="torch's thread count (default: as torch starts)")
+    p.add_argument("--backward", action="store_true", help="forward + backward (q, k, v need a gradient)")
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="flush subnormals to zero in this process (torch.set_flush_denormal) to show the difference")
+    p.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="dtypes (default float32 bfloat16)")
     a = p.parse_args(argv)
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
+    if a.flush_denormal and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormal: this CPU has no flush-to-zero mode torch can set")
     if a.breakdown or a.memory:
         for T in a.lengths or [8192]:
             print((breakdown if a.breakdown else memory)(T, torch.float32))
@@ -195,14 +303,17 @@ def main(argv: list[str] | None = None) -> int:
     Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
     rounds = a.rounds or (3 if a.quick else 5)
     results: dict[str, dict] = {}
-    name = "attention_quick" if a.quick else "attention"
-    for dtype in (torch.float32, torch.bfloat16):
+    name = ("attention_quick" if a.quick else "attention") + (f"_{a.threads}t" if a.threads else "") + (
+        "_bwd" if a.backward else "") + ("_ftz" if a.flush_denormal else "")
+    setting = {"pass": "forward + backward" if a.backward else "forward", "flush_denormal": a.flush_denormal,
+               "dtypes": a.dtypes}
+    for dtype in (getattr(torch, d) for d in a.dtypes):
         dname = str(dtype).replace("torch.", "")
         results[dname] = {}
         for T in Ts:
             print(f"{dname} T={T} ...", file=sys.stderr, flush=True)
-            results[dname][T] = measure(T, dtype, rounds, flex=not a.no_flex and T <= a.flex_max_length)
-            write(results, name, rounds)  # after every length: a run cut short keeps what it measured
+            results[dname][T] = measure(T, dtype, rounds, not a.no_flex and T <= a.flex_max_length, a.backward)
+            write(results, name, rounds, setting)  # after every length: a run cut short keeps what it measured
     print(table(results))
     return 0 if all(math.isfinite(r["ratio"]) for d in results.values() for t in d.values() for r in t.values()) else 1
 

@@ -310,21 +310,21 @@ def test_tiles_keep_a_query_whose_factor_underflows():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_diagonal_blocks_whose_masked_scores_overflow(dtype):
-    """The diagonal budget lets a block's factors reach e^{±44} (float32's square root): a masked pair
-    (the block's last key seen from its first query) then scores e^{87}·q_i k_i, past float32's range.
-    The causal kernel overwrites those scores before the softmax: the output is the reference's."""
-    rate = 1.38  # allowed 44.4 / 1.38 = 32 around the origin: blocks of 64 rows
+def test_diagonal_blocks_at_the_edge_of_their_budget(dtype):
+    """The diagonal budget lets a block's factors reach e^{±DIAGONAL_EXPONENT} (e^{±22}): a masked pair
+    (the block's last key seen from its first query) scores e^{1.38·30}·q_i k_i, far above every visible
+    one, and the causal kernel overwrites it before the softmax; the smallest factor stays a normal number
+    and so does every visible product (``e^{−λ(t − s)} ≥ e^{−44}``). The output is the reference's."""
+    rate = 1.38  # allowed 22 / 1.38 = 15.9 around the origin: blocks of 31 rows
     enc = lp.decay([rate, 0.5, 0.0])
     T = 512
     size = recentre._tile_size(recentre._allowed(recentre._diagonal_budget((rate, 0.0, math.inf), dtype)), T)
-    assert size == 64
+    assert size == 2 * math.floor(recentre.DIAGONAL_EXPONENT / rate) + 1 == 31
     q, k, v = inputs(T, 2, 3, dtype, seed=12)
     q, k = 8 * q, 8 * k
     o = size // 2
-    qe = enc.query(q[:, :, :1].float(), torch.tensor([-float(o)]))  # F(t − o) of the block's first query
-    ke = enc.key(k[:, :, size - 1 : size].float(), torch.tensor([float(size - 1 - o)]))  # G(s − o), its last key
-    assert not bool(torch.isfinite((qe * ke)[..., 0]).all())  # the rate-1.38 column overflows: e^{1.38·63}·64
+    qe = enc.query(torch.ones(1, 1, 1, 3), torch.tensor([float(size - 1 - o)]))  # F(t − o): the block's last query
+    assert float(qe[..., 0]) >= torch.finfo(torch.float32).tiny * 2.0**60
     p = torch.arange(T) + 10**6
     fused, general, ref = three_ways(enc, q, k, v, p)
     assert torch.isfinite(fused).all()
@@ -373,3 +373,73 @@ def test_pieces_refuse_keys_and_values_of_different_head_counts():
         pieces(q, [(k, torch.randn(1, 2, 8, 16), True)], 0.25)
     with pytest.raises(ValueError, match="one head count"):
         pieces(q, [(torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16), True)], 0.25)
+
+
+def _spy_faded(monkeypatch) -> list:
+    """(heads, blocks of keys seen whole, rows per block) of every faded group."""
+    seen, real = [], recentre._faded
+    monkeypatch.setattr(recentre, "_faded", lambda call, m, n_b: seen.append((call.q.shape[1], m, n_b))
+                        or real(call, m, n_b))
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_faded_keys_score_zero_exactly_to_the_contract(dtype, monkeypatch):
+    """Heads that fade within the sequence see the keys of their last blocks and every earlier key as
+    score 0 (their count and mean value): per head windows (a fast and a slow head), a short last block,
+    times near 10⁶, learned sinks, grouped keys under a shared decay: fused == float64 reference."""
+    seen = _spy_faded(monkeypatch)
+    enc = lp.decay(torch.tensor([[0.3] * 16, [0.1] * 16], dtype=F64))  # float32: windows ~80 and ~230 keys
+    T = 1200
+    q, k, v = inputs(T, 2, 16, dtype, seed=21)
+    p = torch.arange(T) + 10**6 + 5
+    sinks = torch.tensor([0.5, -1.0], dtype=dtype)
+    fused = lp.attention(q, k, v, enc, p, p, sinks=sinks)
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p, sinks=sinks)
+    assert seen and all(h == 1 for h, _, _ in seen) and len({m for _, m, _ in seen}) == 2  # one group per head
+    assert float((fused.double() - ref).abs().max()) <= bound(dtype, 0, v, T)
+    seen.clear()
+    shared = lp.build("decay", 16, rate=0.2)
+    q, k, v = inputs(777, 4, 16, dtype, seed=22, kv_heads=2)
+    fused = lp.attention(q, k, v, shared)
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), shared)
+    assert seen == [(4, seen[0][1], seen[0][2])]
+    assert float((fused.double() - ref).abs().max()) <= bound(dtype, 0, v, 777)
+
+
+def test_faded_keys_follow_the_data_norms(monkeypatch):
+    """The window is a bound for any data: a far key that still scores (large norms) widens it, so the
+    output stays the reference's."""
+    seen = _spy_faded(monkeypatch)
+    enc = lp.build("decay", 16, rate=0.5)
+    T = 600
+    q, k, v = inputs(T, 1, 16, F64, seed=23)
+    lp.attention(q, k, v, enc)
+    k[:, :, 10] *= 1e12  # one huge early key: it scores above 2^-59 for ~55 lags more
+    fused = lp.attention(q, k, v, enc)
+    ref = lp.attention_reference(q, k, v, enc)
+    assert len(seen) == 2 and seen[1][1] > seen[0][1]  # more blocks seen whole
+    assert float((fused - ref).abs().max()) <= bound(F64, 0, v, T)
+
+
+def test_faded_heads_equal_the_tiled_triangle_with_gradients(monkeypatch):
+    """RetNet's fast heads faded, its slow ones tiled: the output and the gradients of q, k, v and the
+    learned rates equal the tiled path's (every head tiled)."""
+    seen = _spy_faded(monkeypatch)
+    T = 1600
+    enc = lp.retnet(3, 16)
+    g = torch.Generator().manual_seed(24)
+    leaves = [torch.randn(1, 3, T, 16, generator=g).requires_grad_() for _ in range(3)]
+    rates = enc.generator.rates.clone().requires_grad_()
+    enc = enc.replace(generator=enc.generator.with_params(rates=rates))
+    outs = []
+    for faded in (True, False):
+        if not faded:
+            monkeypatch.setattr(recentre, "_fade_plan", lambda *a: None)
+        out = lp.attention(*leaves, enc)
+        outs.append((out, torch.autograd.grad((out * torch.cos(out)).sum(), [*leaves, rates])))
+    assert seen and seen[0][0] == 1  # the first head alone
+    (a, ga), (b, gb) = outs
+    assert float((a - b).detach().abs().max()) <= bound(torch.float32, 0, leaves[2].detach(), T)
+    for x, y in zip(ga, gb):
+        assert float((x - y).abs().max()) <= 1e-4 * max(1.0, float(y.abs().max()))

@@ -30,6 +30,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -168,10 +169,49 @@ def _rows_unit(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
-def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int):
+# the largest change of a logit that clearing q's and k's smallest entries may make (:func:`_cleared`):
+# 2^-7 of the working type's unit roundoff (float32 and bfloat16: 2^-30), far below any output rounding
+CLEAR_LOGIT = {torch.float32: 2.0**-30, torch.bfloat16: 2.0**-30, torch.float64: 2.0**-59}
+
+
+def _cleared(q: torch.Tensor, k: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` and ``k`` with every entry too small for any score to see set to exactly 0.
+
+    A score is ``c Σ_d q_d k_d``; an entry ``|q_d| < τ_q = δ / (2 D c ‖k‖_∞)`` moves every score by
+    less than ``δ / (2D)``, and likewise for ``k`` with ``τ_k = δ / (2 D c ‖q‖_∞)``, so clearing all of
+    them moves no logit by more than ``δ`` (:data:`CLEAR_LOGIT`, 2^-30 in float32 and bfloat16): a
+    relative change ``≤ δ`` of every weight. What stays is at least ``τ``, and every product the kernel
+    forms is 0 or at least ``τ_q τ_k = δ² / (4 D² c² ‖q‖_∞ ‖k‖_∞)``: the fades of re-centred tiles
+    (``e^{−λ(t − p)}`` on q, ``e^{−λ(p − s)}`` on k) underflow to exact zeros, never to subnormal
+    numbers, which cost x86 cores a microcode assist per operation. float16 (range 2^-14) is left as is.
+    """
+    delta = CLEAR_LOGIT.get(q.dtype)
+    if delta is None or q.numel() == 0 or k.numel() == 0:
+        return q, k
+    with torch.no_grad():
+        qm, km = float(q.detach().abs().amax()), float(k.detach().abs().amax())
+    D = q.shape[-1]
+    if not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
+        return q, k
+    return _below(q, delta / (2 * D * c * km)), _below(k, delta / (2 * D * c * qm))
+
+
+def _below(x: torch.Tensor, tau: float) -> torch.Tensor:
+    """``x`` with its entries below ``tau`` in magnitude set to 0. Under autograd the gradient passes as
+    if nothing were cleared (``x − x = 0`` exactly): the flash backward forms every entry's gradient
+    from the other side's entries, and a raw entry that is merely small keeps its gradient."""
+    with torch.no_grad():
+        small = x.abs() < tau
+    if not x.requires_grad:
+        return x.masked_fill(small, 0)
+    return x - torch.where(small, x, 0).detach()
+
+
+def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float):
     """One head count and one head size for the flash kernel: grouped keys repeated, the narrower of
-    q/k and v padded with zero columns (zeros change no score and no output column), every row of unit
-    stride (:func:`_rows_unit`)."""
+    q/k and v padded with zero columns (zeros change no score and no output column), the entries of q
+    and k no score can see cleared to exact zeros (:func:`_cleared`), every row of unit stride
+    (:func:`_rows_unit`)."""
     if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1]:
         # the flash kernel reads every head of k and v by q's strides: a mismatch would read past them
         raise ValueError(f"pieces need keys and values of one head count dividing the queries', got q "
@@ -183,7 +223,8 @@ def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int):
         v = Fn.pad(v, (0, D - Dv))  # (G, H, S, D)
     elif D < Dv:
         q, k = Fn.pad(q, (0, Dv - D)), Fn.pad(k, (0, Dv - D))  # (G, H, ·, Dv)
-    return _rows_unit(q), _rows_unit(k.to(q.dtype)), _rows_unit(v.to(q.dtype))
+    q, k = _cleared(q, k.to(q.dtype), c)
+    return _rows_unit(q), _rows_unit(k), _rows_unit(v.to(q.dtype))
 
 
 def tiles(shape: tuple[int, int, int], parts: list[Tile], c: float, sinks: torch.Tensor | None = None,
@@ -196,7 +237,7 @@ def tiles(shape: tuple[int, int, int], parts: list[Tile], c: float, sinks: torch
     """
     D, Dv = parts[0].q.shape[-1], parts[0].v.shape[-1]
     parts = [p for p in parts if p.k.shape[2] and p.q.shape[2] and p.q.shape[0]]
-    flat = [t for p in parts for t in _fit(p.q.to(dtype or p.q.dtype), p.k, p.v, D, Dv)]
+    flat = [t for p in parts for t in _fit(p.q.to(dtype or p.q.dtype), p.k, p.v, D, Dv, c)]
     out = _Tiles.apply((*shape, max(D, Dv)), tuple(p.rows for p in parts), tuple(p.causal for p in parts),
                        tuple(p.bias for p in parts), c, sinks, *flat)
     return out[..., :Dv] if Dv < D else out
@@ -241,7 +282,7 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
-    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv), 0.0, p.causal, attn_mask=p.bias, scale=c)
+    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv, c), 0.0, p.causal, attn_mask=p.bias, scale=c)
     r = p.rows
     if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
         state += [o, Li]  # the first tile holds every row: its output is the running state, not copied

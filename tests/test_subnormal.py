@@ -1,0 +1,128 @@
+"""No subnormal number reaches the flash kernel: every tensor the fused path hands it (q, k, v, the
+per-key mask) holds none, and every product of a q entry and a k entry is 0 or a normal number, for
+every block type that fades (decay, RetNet, xPos, Jordan, a damped rotation) and ALiBi, at T = 8192 and
+at times near 10⁶, in float32 and bfloat16. Subnormal operands cost x86 cores a microcode assist per
+operation; the count holds on any machine, whatever its penalty. Flush-to-zero is never set."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import liepos as lp
+from liepos import attention_pieces
+from liepos.catalogue import default_decay_rates
+
+F64 = torch.float64
+HEADS, DIM = 2, 64
+
+
+def _damped() -> lp.Encoding:
+    """A damped rotation: every plane rotates (RoPE's frequencies) and fades at rates 1/2 … 1/2048."""
+    P = DIM // 2
+    rates = default_decay_rates(P)
+    return lp.Encoding(lp.Generator(-rates, lp.rope_freqs(DIM), [1] * P), name="damped")
+
+
+ENCODINGS = {
+    "decay": lambda: lp.build("decay", DIM, HEADS),
+    "retnet": lambda: lp.retnet(HEADS, DIM),
+    "xpos": lambda: lp.xpos(DIM),
+    "jordan": lambda: lp.build("jordan", DIM),
+    "damped": _damped,
+    "alibi": lambda: lp.alibi(HEADS, DIM),
+}
+
+
+def _subnormal(x: torch.Tensor | None) -> int:
+    if x is None:
+        return 0
+    return int(((x != 0) & (x.abs() < torch.finfo(x.dtype).tiny)).sum())
+
+
+def _smallest(x: torch.Tensor) -> float:
+    a = x.detach().abs().double()
+    a = a[a > 0]
+    return float(a.min()) if a.numel() else math.inf
+
+
+@pytest.fixture
+def flash_inputs(monkeypatch) -> list[dict]:
+    """Per flash call of the fused path: the subnormal count of each input and a lower bound of every
+    nonzero product ``q_d k_d`` the kernel forms (the smallest nonzero |q| times the smallest nonzero |k|)."""
+    seen, real = [], attention_pieces._flash
+
+    def spy(q, k, v, *a, attn_mask=None, **kw):
+        seen.append({"q": _subnormal(q), "k": _subnormal(k), "v": _subnormal(v), "mask": _subnormal(attn_mask),
+                     "product": _smallest(q) * _smallest(k), "tiny": torch.finfo(q.dtype).tiny})
+        return real(q, k, v, *a, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(attention_pieces, "_flash", spy)
+    return seen
+
+
+def _run(name: str, dtype: torch.dtype, T: int, offset: int, grad: bool = False) -> None:
+    enc = ENCODINGS[name]()
+    g = torch.Generator().manual_seed(T + offset)
+    q, k, v = (torch.randn(1, HEADS, T, DIM, dtype=F64, generator=g).to(dtype) for _ in range(3))
+    if grad:
+        q.requires_grad_(True)
+    with torch.set_grad_enabled(grad):
+        out = lp.attention(q, k, v, enc, torch.arange(T) + offset)
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+
+
+def _assert_clear(seen: list[dict], name: str) -> None:
+    assert seen, f"{name}: the fused flash path did not run"
+    for i, s in enumerate(seen):
+        assert s["q"] == s["k"] == s["v"] == s["mask"] == 0, (name, i, s)
+        assert s["product"] >= s["tiny"], (name, i, s)
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_subnormal_near_a_million(name, dtype, flash_inputs):
+    _run(name, dtype, 2048, 10**6 + 17)
+    _assert_clear(flash_inputs, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_subnormal_at_8192(name, dtype, flash_inputs):
+    _run(name, dtype, 8192, 0)
+    _assert_clear(flash_inputs, name)
+
+
+def test_no_subnormal_with_a_gradient(flash_inputs):
+    """The autograd path (every tile made and merged at once) hands the kernel the same cleared tiles."""
+    _run("decay", torch.float32, 2048, 0, grad=True)
+    _assert_clear(flash_inputs, "decay")
+
+
+def test_the_count_sees_the_fades_without_clearing(flash_inputs, monkeypatch):
+    """Without the clearing the far tiles' fades underflow to subnormal numbers: the count above can fail."""
+    monkeypatch.setattr(attention_pieces, "_cleared", lambda q, k, c: (q, k))
+    _run("decay", torch.float32, 2048, 0)
+    assert sum(s["q"] + s["k"] for s in flash_inputs) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_clearing_moves_no_logit_past_its_bound(dtype):
+    """``_cleared``: every score ``c qᵀk`` moves by at most ``CLEAR_LOGIT`` (computed in float64 from the
+    same rounded entries), entries far below the scale become exact zeros, and no entry is subnormal."""
+    g = torch.Generator().manual_seed(5)
+    scale = torch.logspace(-45, 1, DIM, dtype=F64)  # entries from far below any score to the scale
+    q = (torch.randn(3, 2, 40, DIM, dtype=F64, generator=g) * scale).to(dtype)
+    k = (torch.randn(3, 2, 50, DIM, dtype=F64, generator=g) * scale.flip(0)).to(dtype)
+    c = DIM**-0.5
+    qc, kc = attention_pieces._cleared(q, k, c)
+    before = c * q.double() @ k.double().transpose(-1, -2)
+    after = c * qc.double() @ kc.double().transpose(-1, -2)
+    assert float((after - before).abs().max()) <= attention_pieces.CLEAR_LOGIT[dtype]
+    assert int((qc == 0).sum()) > int((q == 0).sum())  # something was cleared
+    assert bool(((qc == q) | (qc == 0)).all()) and bool(((kc == k) | (kc == 0)).all())  # nothing else changed
+    if dtype != torch.float64:
+        assert _subnormal(qc) == _subnormal(kc) == 0
