@@ -2,8 +2,8 @@
 
 RoPE, xPos, RetNet, ALiBi, NoPE, decay, Jordan blocks, several position axes and every
 context-extension trick are points of one space, chosen by one generator X. See the README for a
-tour and ARCHITECTURE.md for the map of the package. ``import liepos`` loads torch and numpy only:
-the Hugging Face bridge and the diagnosis load on first use.
+tour and ARCHITECTURE.md for the map of the package. ``import liepos`` loads nothing heavy: each public name loads
+its module (torch and numpy) on first use, the Hugging Face bridge and the diagnosis likewise.
 
 >>> import torch, liepos as lp
 >>> enc = lp.rope(8)
@@ -18,50 +18,66 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# the algebra
-from liepos.generator import Generator as Generator
-from liepos.generator import direct_sum as direct_sum
-from liepos.classify import Classification as Classification
-from liepos.classify import classify as classify
+# Every public name is loaded on first use, so that ``import liepos.cli`` (the command line's help)
+# loads no torch; ``import liepos`` then ``lp.rope`` loads what the name needs. The table (name -> the
+# module that defines it; None: the submodule of that name) is what runs; the imports below it are
+# what type checkers and the API reference read, and tests/test_public_api.py holds the two equal.
+_LAZY: dict[str, str | None] = {
+    **dict.fromkeys(["Generator", "direct_sum"], "liepos.generator"),
+    **dict.fromkeys(["Classification", "classify"], "liepos.classify"),
+    "Encoding": "liepos.encoding",
+    **dict.fromkeys(["nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth", "axial_rope",
+                     "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs"],
+                    "liepos.catalogue"),
+    **dict.fromkeys(["attention", "attention_reference", "KVCache"], "liepos.attention"),
+    **dict.fromkeys(["Clock", "LearnableGenerator", "LearnableEncoding"], "liepos.nn"),
+    "scaling": None,
+    # the ecosystem and the analysis (transformers, the diagnosis' probes)
+    "from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None, "Diagnosis": "liepos.diagnose",
+}
 
-# the catalogue
-from liepos.encoding import Encoding as Encoding
-from liepos.catalogue import nope as nope
-from liepos.catalogue import decay as decay
-from liepos.catalogue import rope as rope
-from liepos.catalogue import xpos as xpos
-from liepos.catalogue import retnet as retnet
-from liepos.catalogue import alibi as alibi
-from liepos.catalogue import jordan as jordan
-from liepos.catalogue import growth as growth
-from liepos.catalogue import axial_rope as axial_rope
-from liepos.catalogue import rope_mixed as rope_mixed
-from liepos.catalogue import mrope as mrope
-from liepos.catalogue import decay_axial_rope as decay_axial_rope
-from liepos.catalogue import CATALOGUE as CATALOGUE
-from liepos.catalogue import build as build
-from liepos.catalogue import alibi_slopes as alibi_slopes
-from liepos.catalogue import rope_freqs as rope_freqs
+if TYPE_CHECKING:
+    # the algebra
+    from liepos.generator import Generator as Generator
+    from liepos.generator import direct_sum as direct_sum
+    from liepos.classify import Classification as Classification
+    from liepos.classify import classify as classify
 
-# attention
-from liepos.attention import attention as attention
-from liepos.attention import attention_reference as attention_reference
-from liepos.attention import KVCache as KVCache
+    # the catalogue
+    from liepos.encoding import Encoding as Encoding
+    from liepos.catalogue import nope as nope
+    from liepos.catalogue import decay as decay
+    from liepos.catalogue import rope as rope
+    from liepos.catalogue import xpos as xpos
+    from liepos.catalogue import retnet as retnet
+    from liepos.catalogue import alibi as alibi
+    from liepos.catalogue import jordan as jordan
+    from liepos.catalogue import growth as growth
+    from liepos.catalogue import axial_rope as axial_rope
+    from liepos.catalogue import rope_mixed as rope_mixed
+    from liepos.catalogue import mrope as mrope
+    from liepos.catalogue import decay_axial_rope as decay_axial_rope
+    from liepos.catalogue import CATALOGUE as CATALOGUE
+    from liepos.catalogue import build as build
+    from liepos.catalogue import alibi_slopes as alibi_slopes
+    from liepos.catalogue import rope_freqs as rope_freqs
 
-# learned time and generators
-from liepos.nn import Clock as Clock
-from liepos.nn import LearnableGenerator as LearnableGenerator
-from liepos.nn import LearnableEncoding as LearnableEncoding
+    # attention
+    from liepos.attention import attention as attention
+    from liepos.attention import attention_reference as attention_reference
+    from liepos.attention import KVCache as KVCache
 
-# context extension
-from liepos import scaling as scaling
+    # learned time and generators
+    from liepos.nn import Clock as Clock
+    from liepos.nn import LearnableGenerator as LearnableGenerator
+    from liepos.nn import LearnableEncoding as LearnableEncoding
+
+    # context extension
+    from liepos import scaling as scaling
 
 __version__ = "0.1.0"
-
-# the ecosystem and the analysis, loaded on first use (transformers, the diagnosis' probes)
-_LAZY = {"from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None, "Diagnosis": "liepos.diagnose"}
 
 
 def __getattr__(name: str) -> Any:
