@@ -2,7 +2,7 @@
 
 * every ``docs/guide/*.md`` the nav does not list yet joins the Guides section (a new guide appears
   without an edit here);
-* the tour is written by ``liepos.tour.page.tour(..., inline=True)`` and added to the site as
+* the tour is written by ``liepos.tour.page.tour(...)`` (one file) and added to the site as
   ``tour/index.html``, one self-contained page (``$LIEPOS_DOCS_TOUR_DPI`` sets its figures' resolution,
   default 80).
 """
@@ -41,7 +41,7 @@ def on_files(files, config):
 
     dpi = int(os.environ.get("LIEPOS_DOCS_TOUR_DPI", DEFAULT_DPI))
     with tempfile.TemporaryDirectory(prefix="liepos-docs-tour-") as tmp:
-        written = tour(tmp, inline=True, dpi=dpi, quiet=True)
+        written = tour(Path(tmp) / "tour.html", dpi=dpi, quiet=True)
         if written.failed:
             raise RuntimeError(f"the tour's measured identities over their bounds: {written.failed}")
         html = written.index.read_text(encoding="utf-8")
