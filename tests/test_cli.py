@@ -195,3 +195,18 @@ def test_bench_writes_outside_the_checkout_and_exits_1_on_a_missed_target(tmp_pa
     fake["targets"] = targets[:1]
     assert main(["bench", "--quick"]) == 0
     assert bench_cli.default_out().resolve().is_relative_to(tmp_path)
+
+
+def test_the_messages_the_cli_guide_quotes_are_the_ones_printed():
+    """Each `$ liepos …` line of docs/guide/cli.md's bad-input block, run, prints the line quoted under it."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "cli.md").read_text(encoding="utf-8")
+    block = guide.split("## Bad input", 1)[1].split("```console\n", 1)[1].split("```", 1)[0]
+    pairs = re.findall(r"^\$ liepos (.*)\n(liepos .*)$", block, flags=re.M)
+    assert len(pairs) >= 4
+    for argv, quoted in pairs:
+        r = subprocess.run([sys.executable, "-m", "liepos.cli", *shlex.split(argv)], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.strip() == quoted, (argv, r.stderr)

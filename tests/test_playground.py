@@ -241,10 +241,21 @@ def test_the_page_checks_itself_against_liepos_for_every_preset(one_file_page, b
     page, errors, _ = _open(browser, one_file_page, 1280)
     worst = float(page.get_attribute("#pg-check", "data-worst"))
     names = page.eval_on_selector_all("#pg-preset option", "os => os.map(o => o.value).filter(Boolean)")
-    rows = {}
+    rows, collisions = {}, []
     for name in names:
         page.select_option("#pg-preset", name)
         rows[name] = page.eval_on_selector_all("#pg-rows li", "ls => ls.map(l => l.dataset.row)")
+        # no two tick labels of a plot overlap (the growth preset's used to run together)
+        collisions += page.evaluate("""name => [...document.querySelectorAll('#pg svg')].flatMap(svg => {
+            const boxes = [...svg.querySelectorAll('text.tick')].map(t => [t.getBBox(), t.textContent]);
+            const out = [];
+            for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+              const [a, ta] = boxes[i], [b, tb] = boxes[j];
+              if (a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height)
+                out.push(name + ' ' + svg.id + ': ' + ta + ' / ' + tb);
+            }
+            return out; })""", name)
     page.close()
     assert errors == [] and worst <= 1e-12
+    assert collisions == []
     assert rows == {name: PG.rows_of(blocks) for name, blocks in PG.PRESETS.items()}  # as lp.classify names them

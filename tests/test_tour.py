@@ -215,3 +215,16 @@ def test_the_command_writes_one_file_by_default_and_a_folder_on_request(tmp_path
     cli.configure(p)
     with pytest.raises(cli.UsageError, match="must end in .html"):
         cli.run(p.parse_args(["--out", "page.txt"]))
+
+
+def test_an_encoding_repr_is_compact_and_names_its_heads():
+    import liepos as lp
+
+    assert repr(lp.rope(128)) == "Encoding('rope', Generator(dim=128, blocks=[64×C1]), layout='interleaved')"
+    hf = lp.from_hf({"head_dim": 128, "rope_theta": 10000.0})
+    assert repr(hf).count("C1") == 1 and "64×C1" in repr(hf)
+    alibi = lp.build("alibi", 8, 4)
+    assert "heads=4" in repr(alibi) and repr(alibi) != repr(lp.build("alibi", 8, 2))
+    assert "heads=2" in repr(lp.build("retnet", 8, 2)) and repr(lp.build("retnet", 8, 2)).count("heads") == 1
+    g = lp.Generator([-0.1, -0.1, 0.0], [0.0, 0.0, 0.5], [1, 1, 2])
+    assert repr(g) == "Generator(dim=6, blocks=[2×R1,C2])"
