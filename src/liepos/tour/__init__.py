@@ -1,7 +1,8 @@
 """``liepos tour``: the theory walked on live numbers, as one HTML page.
 
 * :mod:`liepos.tour.sections`: each section's numbers, computed by liepos (plain data, no matplotlib);
-* :mod:`liepos.tour.playground`: every slider setting of the playground, computed ahead of time;
+* :mod:`liepos.tour.playground`: the playground's presets and the liepos values it checks itself against
+  (the page evaluates the reader's own X live, in its script);
 * :mod:`liepos.tour.kinds`: the figures' names and titles (light, for the help);
 * :mod:`liepos.tour.figures`: one matplotlib figure per picture (the ``plot`` extra);
 * :mod:`liepos.tour.page`: the HTML page (its CSS and scripts are package data in ``assets/``).
