@@ -259,3 +259,14 @@ def test_the_page_checks_itself_against_liepos_for_every_preset(one_file_page, b
     assert errors == [] and worst <= 1e-12
     assert collisions == []
     assert rows == {name: PG.rows_of(blocks) for name, blocks in PG.PRESETS.items()}  # as lp.classify names them
+
+
+def test_check_report_passes_on_the_page(one_file_page, tmp_path):
+    """scripts/check_report.py's check: every image loads, the playground draws, a screenshot is written."""
+    binary = _chromium()
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import check_report
+    finally:
+        sys.path.pop(0)
+    assert check_report.check(one_file_page, tmp_path / "shot.png", binary, 1280, 3000) == []
