@@ -210,3 +210,13 @@ def test_the_messages_the_cli_guide_quotes_are_the_ones_printed():
     for argv, quoted in pairs:
         r = subprocess.run([sys.executable, "-m", "liepos.cli", *shlex.split(argv)], capture_output=True, text=True)
         assert r.returncode == 2 and r.stderr.strip() == quoted, (argv, r.stderr)
+
+
+def test_a_facade_function_named_like_its_module_stays_the_function():
+    """`lp.classify`, `lp.attention`, `lp.diagnose` are functions even after their submodules are imported
+    (the lazy facade must not hand out the module the import system recorded)."""
+    code = ("import importlib, liepos as lp\n"
+            "for name in ('classify', 'attention', 'diagnose'):\n"
+            "    importlib.import_module('liepos.' + name)\n"
+            "    assert callable(getattr(lp, name)) and getattr(lp, name).__name__ == name, name\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

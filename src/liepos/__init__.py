@@ -93,20 +93,31 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | {"diagnose"})
 
 
-class _Package(types.ModuleType):
-    """``liepos.diagnose`` names both a submodule and its function: the attribute is always the function.
+class _Function:
+    """A facade name that is also the name of a submodule (``classify``, ``attention``, ``diagnose``): the
+    attribute is always the function, whatever was imported first.
 
-    (Importing the submodule makes the import system set the package attribute to the module; this
-    property keeps ``lp.diagnose(...)`` callable whatever was imported first.)
+    (Importing the submodule makes the import system set the package attribute to the module; this data
+    descriptor on the package's class ignores that and keeps ``lp.classify(...)`` callable.)
     """
 
-    @property
-    def diagnose(self) -> Any:
-        return importlib.import_module("liepos.diagnose").diagnose
+    def __init__(self, module: str) -> None:
+        self.module = module
 
-    @diagnose.setter
-    def diagnose(self, module: Any) -> None:  # the import system recording the submodule: the function wins
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def __set__(self, obj: Any, module: Any) -> None:  # the import system recording the submodule: the function wins
         pass
+
+
+class _Package(types.ModuleType):
+    classify = _Function("liepos.classify")
+    attention = _Function("liepos.attention")
+    diagnose = _Function("liepos.diagnose")
 
 
 sys.modules[__name__].__class__ = _Package
