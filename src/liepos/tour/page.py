@@ -331,7 +331,7 @@ TEXT = {
     "clocks": _text_clocks, "spectrum": _text_spectrum, "scaling": _text_scaling,
     "precision": _text_precision, "alibi": _text_alibi, "playground": _text_playground,
 }
-TITLES = {**{k: title for k, (title, _) in T.SECTIONS.items()}, "playground": "Playground: move X yourself"}
+TITLES = {**{k: title for k, (title, _) in T.SECTIONS.items()}, "playground": "Playground: write X yourself"}
 
 # a short glossary at the foot of the page: the words the tour leans on
 GLOSSARY = {
