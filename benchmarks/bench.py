@@ -16,8 +16,9 @@ every call, which is how LieRE-style learned generators are applied.
 
 This file is part of the source checkout, not of the wheel (it reads glibc and ``/proc`` and imports
 the peers). Run it with ``liepos bench`` (``--quick``: the target shape only, under a minute) or
-``python benchmarks/run.py``; both write ``results.{json,md}`` (``quick.{json,md}``) to
-``benchmarks/results/`` unless ``--out`` says otherwise.
+``python benchmarks/run.py``; both write ``results.{json,md}`` (``quick.{json,md}``) to the folder
+``--out`` names (default: ``liepos-bench`` in the user's cache folder, never inside the checkout), and
+exit with status 1 when a target is missed (its line says ``MISSED``).
 """
 
 from __future__ import annotations
@@ -467,7 +468,9 @@ def markdown(res: dict) -> str:
 
 # ---------------------------------------------------------------------- entry point
 def run(quick: bool, out: Path, threads: int | None = None, log: Callable[[str], None] = print) -> int:
-    """Run the suite (``quick``: the target shape only) and write ``out/{results|quick}.{json,md}``."""
+    """Run the suite (``quick``: the target shape only) and write ``out/{results|quick}.{json,md}``.
+
+    Returns 0 when every measured target is met, 1 when one is missed (each is printed, a miss as ``MISSED``)."""
     if threads:
         torch.set_num_threads(threads)
     res = run_suite(quick=quick, log=log)
@@ -476,7 +479,23 @@ def run(quick: bool, out: Path, threads: int | None = None, log: Callable[[str],
     (out / f"{name}.md").write_text(markdown(res))
     log("")
     for t in res["targets"]:
-        v = "n/a" if t["value"] is None else f"{t['value']:.2f}"
-        log(f"  {t['target']:52s} {v:>7s}  (bound {t['bound']}, met: {t['met']})")
+        log(target_line(t))
     log(f"\nwrote {out / (name + '.json')} and {out / (name + '.md')}")
+    return verdict(res["targets"], log)
+
+
+def target_line(t: dict) -> str:
+    """One target as the run prints it: ``met``, ``MISSED`` or ``not measured``."""
+    v = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+    word = {True: "met", False: "MISSED", None: "not measured"}[t["met"]]
+    return f"  {t['target']:52s} {v:>7s}  (bound {t['bound']}): {word}"
+
+
+def verdict(targets: list[dict], log: Callable[[str], None] = print) -> int:
+    """0 when no measured target is missed, else 1, saying plainly which were missed."""
+    missed = [t["target"] for t in targets if t["met"] is False]
+    if missed:
+        log(f"{len(missed)} of {len(targets)} targets MISSED on this machine: {'; '.join(missed)} "
+            "(timings depend on the load: see the threads and CPUs above)")
+        return 1
     return 0

@@ -4,7 +4,7 @@
 Usage::
 
     python scripts/check_report.py                      # runs `liepos tour` into a temp folder first
-    python scripts/check_report.py liepos-tour          # checks an existing report folder (or index.html)
+    python scripts/check_report.py liepos-tour.html     # checks an existing report (a file, or a --folder folder)
     python scripts/check_report.py --screenshot tour.png --width 1280 --height 9000
 
 Needs Debian's ``chromium`` package (``apt-get install chromium``) or ``$CHROMIUM`` pointing at a
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report is None:
         folder = Path(tempfile.mkdtemp(prefix="liepos-tour-"))
         print(f"running liepos tour into {folder}")
-        rc = subprocess.run([sys.executable, "-m", "liepos.cli", "tour", "--out", str(folder), "--quiet"]).returncode
+        rc = subprocess.run([sys.executable, "-m", "liepos.cli", "tour", "--out", str(folder / "index.html"),
+                             "--quiet"]).returncode
         if rc != 0:
             print(f"check_report: liepos tour exited {rc}", file=sys.stderr)
             return 1

@@ -108,9 +108,10 @@ def test_plot_help_lists_every_kind():
 def test_tour_refuses_an_output_that_is_a_file_or_cannot_be_created(tmp_path, under_a_file):
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    target = afile / "sub" if under_a_file else afile
-    status, message = cli(tour_cli, "--out", str(target), "--quiet")
-    assert status == 2 and ("cannot be created" if under_a_file else "is a file, not a folder") in message, message
+    # the page (one file) under a file cannot be created; a folder (--folder) where a file is, is refused
+    target, form = (afile / "sub.html", []) if under_a_file else (afile, ["--folder"])
+    status, message = cli(tour_cli, *form, "--out", str(target), "--quiet")
+    assert status == 2 and f"'{afile}' is a file, not a folder" in message, message
 
 
 def test_tour_refuses_bad_dpi(tmp_path):

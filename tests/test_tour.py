@@ -1,11 +1,11 @@
-"""`liepos tour`: one run into a temporary folder, shared by every test of this module."""
+"""`liepos tour --folder`: one run into a temporary folder, shared by every test of this module (the default
+one-file page is tested in tests/test_playground.py)."""
 
 from __future__ import annotations
 
 import html
 import json
 import re
-import struct
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -19,7 +19,6 @@ from liepos.tour import page  # noqa: E402
 from liepos.tour import sections as T  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PNG = b"\x89PNG\r\n\x1a\n"
 DPI = 50  # half the default: the same page, lighter figures, a quicker test
 
 
@@ -29,7 +28,7 @@ def tour_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tour")
     proc = subprocess.run([sys.executable, "-c", "import sys; from liepos.cli import tour as t; import argparse\n"
                            "p = argparse.ArgumentParser(); t.configure(p); sys.exit(t.run(p.parse_args(sys.argv[1:])))",
-                           "--out", str(out), "--dpi", str(DPI)], capture_output=True, text=True, timeout=600)
+                           "--folder", "--out", str(out), "--dpi", str(DPI)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, proc
 
@@ -44,11 +43,16 @@ def numbers(tour_dir):
     return json.loads((tour_dir / "numbers.json").read_text())
 
 
-def png_size(path: Path) -> tuple[int, int]:
-    data = path.read_bytes()
-    assert data[:8] == PNG, f"{path} is not a PNG"
-    assert data[12:16] == b"IHDR"
-    return struct.unpack(">II", data[16:24])
+def svg_size(path: Path) -> tuple[float, float]:
+    """The width and height (pt) of an SVG figure, after checking it parses and draws something."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    assert root.tag == "{http://www.w3.org/2000/svg}svg", f"{path} is not an SVG"
+    drawn = [e for e in root.iter() if e.tag.endswith(("path", "image", "use"))]
+    texts = [e for e in root.iter() if e.tag.endswith("text")]
+    assert len(drawn) > 10 and texts, f"{path} draws nothing"
+    return float(root.get("width").removesuffix("pt")), float(root.get("height").removesuffix("pt"))
 
 
 class _Refs(HTMLParser):
@@ -84,17 +88,13 @@ def test_progress_in_a_log_is_one_plain_line_per_step(tour_run):
     assert "\r" not in tour_run[1].stderr
 
 
-def test_every_figure_is_a_valid_nonempty_png(tour_dir, numbers):
-    import matplotlib.image as mpimg
-
+def test_every_figure_is_a_valid_nonempty_svg(tour_dir, numbers):
     figs = numbers["figures"]
     assert set(figs) == {k for ks in page.FIGURES.values() for k in ks}
     for kind, f in figs.items():
-        path = tour_dir / f["file"]
-        w, h = png_size(path)
-        assert w >= 8 * DPI and h >= 4 * DPI, (kind, w, h)  # every figure is at least 8 x 4 inches
-        assert mpimg.imread(path).std() > 0.01, f"{kind} is blank"
-    assert sorted(p.name for p in (tour_dir / "figures").iterdir()) == sorted(f"{k}.png" for k in figs)
+        w, h = svg_size(tour_dir / f["file"])
+        assert w >= 8 * 72 and h >= 4 * 72, (kind, w, h)  # every figure is at least 8 x 4 inches
+    assert sorted(p.name for p in (tour_dir / "figures").iterdir()) == sorted(f"{k}.svg" for k in figs)
 
 
 def test_every_image_and_link_of_the_page_exists(tour_dir, numbers):
@@ -103,7 +103,7 @@ def test_every_image_and_link_of_the_page_exists(tour_dir, numbers):
     assert len(parser.srcs) == len(numbers["figures"])
     for src in parser.srcs:
         assert not src.startswith(("http:", "https:", "/")), src
-        png_size(tour_dir / src)
+        svg_size(tour_dir / src)
     for href in parser.links:
         if not href.startswith("#"):
             assert (tour_dir / href).exists(), href
@@ -185,3 +185,46 @@ def test_core_never_imports_matplotlib():
             "liepos.tour.sections.spectrum(); "
             "assert 'matplotlib' not in sys.modules, sorted(m for m in sys.modules if 'matplotlib' in m)")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_command_writes_one_file_by_default_and_a_folder_on_request(tmp_path, monkeypatch, capsys):
+    """The paths `liepos tour` hands to the page writer (the writing itself is the fixture's run above)."""
+    import argparse
+
+    import liepos.cli.tour as cli
+    import liepos.tour.page as P
+
+    calls = []
+
+    def fake(out, *, folder, dpi, quiet):
+        calls.append((Path(out), folder))
+        index = Path(out) / "index.html" if folder else Path(out)
+        return P.Written(index, [], 0.0)
+
+    monkeypatch.setattr(P, "tour", fake)
+    monkeypatch.chdir(tmp_path)
+    for argv in ([], ["--folder"], ["--out", "x/page.html"]):
+        p = argparse.ArgumentParser()
+        cli.configure(p)
+        assert cli.run(p.parse_args(argv)) == 0
+    assert calls == [(tmp_path / "liepos-tour.html", False), (tmp_path / "liepos-tour", True),
+                     (tmp_path / "x" / "page.html", False)]
+    out = capsys.readouterr().out
+    assert "one self-contained file" in out
+    p = argparse.ArgumentParser()
+    cli.configure(p)
+    with pytest.raises(cli.UsageError, match="must end in .html"):
+        cli.run(p.parse_args(["--out", "page.txt"]))
+
+
+def test_an_encoding_repr_is_compact_and_names_its_heads():
+    import liepos as lp
+
+    assert repr(lp.rope(128)) == "Encoding('rope', Generator(dim=128, blocks=[64×C1]), layout='interleaved')"
+    hf = lp.from_hf({"head_dim": 128, "rope_theta": 10000.0})
+    assert repr(hf).count("C1") == 1 and "64×C1" in repr(hf)
+    alibi = lp.build("alibi", 8, 4)
+    assert "heads=4" in repr(alibi) and repr(alibi) != repr(lp.build("alibi", 8, 2))
+    assert "heads=2" in repr(lp.build("retnet", 8, 2)) and repr(lp.build("retnet", 8, 2)).count("heads") == 1
+    g = lp.Generator([-0.1, -0.1, 0.0], [0.0, 0.0, 0.5], [1, 1, 2])
+    assert repr(g) == "Generator(dim=6, blocks=[2×R1,C2])"

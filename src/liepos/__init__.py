@@ -2,8 +2,8 @@
 
 RoPE, xPos, RetNet, ALiBi, NoPE, decay, Jordan blocks, several position axes and every
 context-extension trick are points of one space, chosen by one generator X. See the README for a
-tour and ARCHITECTURE.md for the map of the package. ``import liepos`` loads torch and numpy only:
-the Hugging Face bridge and the diagnosis load on first use.
+tour and ARCHITECTURE.md for the map of the package. ``import liepos`` loads nothing heavy: each public name loads
+its module (torch and numpy) on first use, the Hugging Face bridge and the diagnosis likewise.
 
 >>> import torch, liepos as lp
 >>> enc = lp.rope(8)
@@ -18,59 +18,84 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-# the algebra
-from liepos.generator import Generator as Generator
-from liepos.generator import direct_sum as direct_sum
-from liepos.classify import Classification as Classification
-from liepos.classify import classify as classify
+# Every public name is loaded on first use, so that ``import liepos.cli`` (the command line's help)
+# loads no torch; ``import liepos`` then ``lp.rope`` loads what the name needs. The table (name -> the
+# module that defines it; None: the submodule of that name) is what runs; the imports below it are
+# what type checkers and the API reference read, and tests/test_public_api.py holds the two equal.
+_LAZY: dict[str, str | None] = {
+    **dict.fromkeys(["Generator", "direct_sum"], "liepos.generator"),
+    **dict.fromkeys(["Classification", "classify"], "liepos.classify"),
+    "Encoding": "liepos.encoding",
+    **dict.fromkeys(["nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth", "axial_rope",
+                     "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
+                     "p_rope", "rope_id", "cope_clipped", "string_google", "mrope_interleaved", "rope_directions",
+                     "mhrope"],
+                    "liepos.catalogue"),
+    "Mapped": "liepos.coordinates",
+    **dict.fromkeys(["attention", "attention_reference", "KVCache"], "liepos.attention"),
+    **dict.fromkeys(["ScalableSoftmax", "Llama4Temperature"], "liepos.temperature"),
+    **dict.fromkeys(["Schedule", "LayerSpec", "build_schedule"], "liepos.schedule"),
+    "PerRequest": "liepos.per_request",
+    **dict.fromkeys(["Clock", "LearnableGenerator", "LearnableEncoding"], "liepos.nn"),
+    "scaling": None,
+    # the ecosystem and the analysis (transformers, the diagnosis' probes)
+    "from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None, "Diagnosis": "liepos.diagnose",
+}
 
-# the catalogue
-from liepos.encoding import Encoding as Encoding
-from liepos.catalogue import nope as nope
-from liepos.catalogue import decay as decay
-from liepos.catalogue import rope as rope
-from liepos.catalogue import xpos as xpos
-from liepos.catalogue import retnet as retnet
-from liepos.catalogue import alibi as alibi
-from liepos.catalogue import jordan as jordan
-from liepos.catalogue import growth as growth
-from liepos.catalogue import axial_rope as axial_rope
-from liepos.catalogue import rope_mixed as rope_mixed
-from liepos.catalogue import mrope as mrope
-from liepos.catalogue import decay_axial_rope as decay_axial_rope
-from liepos.catalogue import p_rope as p_rope
-from liepos.catalogue import rope_id as rope_id
-from liepos.catalogue import cope_clipped as cope_clipped
-from liepos.catalogue import string_google as string_google
-from liepos.catalogue import mrope_interleaved as mrope_interleaved
-from liepos.catalogue import rope_directions as rope_directions
-from liepos.catalogue import mhrope as mhrope
-from liepos.coordinates import Mapped as Mapped
-from liepos.catalogue import CATALOGUE as CATALOGUE
-from liepos.catalogue import build as build
-from liepos.catalogue import alibi_slopes as alibi_slopes
-from liepos.catalogue import rope_freqs as rope_freqs
+if TYPE_CHECKING:
+    # the algebra
+    from liepos.generator import Generator as Generator
+    from liepos.generator import direct_sum as direct_sum
+    from liepos.classify import Classification as Classification
+    from liepos.classify import classify as classify
 
-# attention
-from liepos.attention import attention as attention
-from liepos.attention import attention_reference as attention_reference
-from liepos.attention import KVCache as KVCache
-from liepos.temperature import ScalableSoftmax as ScalableSoftmax
-from liepos.temperature import Llama4Temperature as Llama4Temperature
-from liepos.schedule import Schedule as Schedule
-from liepos.schedule import LayerSpec as LayerSpec
-from liepos.schedule import build_schedule as build_schedule
-from liepos.per_request import PerRequest as PerRequest
+    # the catalogue
+    from liepos.encoding import Encoding as Encoding
+    from liepos.catalogue import nope as nope
+    from liepos.catalogue import decay as decay
+    from liepos.catalogue import rope as rope
+    from liepos.catalogue import xpos as xpos
+    from liepos.catalogue import retnet as retnet
+    from liepos.catalogue import alibi as alibi
+    from liepos.catalogue import jordan as jordan
+    from liepos.catalogue import growth as growth
+    from liepos.catalogue import axial_rope as axial_rope
+    from liepos.catalogue import rope_mixed as rope_mixed
+    from liepos.catalogue import mrope as mrope
+    from liepos.catalogue import decay_axial_rope as decay_axial_rope
+    from liepos.catalogue import CATALOGUE as CATALOGUE
+    from liepos.catalogue import build as build
+    from liepos.catalogue import alibi_slopes as alibi_slopes
+    from liepos.catalogue import rope_freqs as rope_freqs
+    from liepos.catalogue import p_rope as p_rope
+    from liepos.catalogue import rope_id as rope_id
+    from liepos.catalogue import cope_clipped as cope_clipped
+    from liepos.catalogue import string_google as string_google
+    from liepos.catalogue import mrope_interleaved as mrope_interleaved
+    from liepos.catalogue import rope_directions as rope_directions
+    from liepos.catalogue import mhrope as mhrope
+    from liepos.coordinates import Mapped as Mapped
 
-# learned time and generators
-from liepos.nn import Clock as Clock
-from liepos.nn import LearnableGenerator as LearnableGenerator
-from liepos.nn import LearnableEncoding as LearnableEncoding
+    # attention
+    from liepos.attention import attention as attention
+    from liepos.attention import attention_reference as attention_reference
+    from liepos.attention import KVCache as KVCache
+    from liepos.temperature import ScalableSoftmax as ScalableSoftmax
+    from liepos.temperature import Llama4Temperature as Llama4Temperature
+    from liepos.schedule import Schedule as Schedule
+    from liepos.schedule import LayerSpec as LayerSpec
+    from liepos.schedule import build_schedule as build_schedule
+    from liepos.per_request import PerRequest as PerRequest
 
-# context extension
-from liepos import scaling as scaling
+    # learned time and generators
+    from liepos.nn import Clock as Clock
+    from liepos.nn import LearnableGenerator as LearnableGenerator
+    from liepos.nn import LearnableEncoding as LearnableEncoding
+
+    # context extension
+    from liepos import scaling as scaling
 
 def _version() -> str:
     """The installed distribution's version (pyproject.toml is its one source); a bare source tree says so."""
@@ -83,9 +108,6 @@ def _version() -> str:
 
 
 __version__ = _version()
-
-# the ecosystem and the analysis, loaded on first use (transformers, the diagnosis' probes)
-_LAZY = {"from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None, "Diagnosis": "liepos.diagnose"}
 
 
 def __getattr__(name: str) -> Any:
@@ -101,20 +123,31 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY) | {"diagnose"})
 
 
-class _Package(types.ModuleType):
-    """``liepos.diagnose`` names both a submodule and its function: the attribute is always the function.
+class _Function:
+    """A facade name that is also the name of a submodule (``classify``, ``attention``, ``diagnose``): the
+    attribute is always the function, whatever was imported first.
 
-    (Importing the submodule makes the import system set the package attribute to the module; this
-    property keeps ``lp.diagnose(...)`` callable whatever was imported first.)
+    (Importing the submodule makes the import system set the package attribute to the module; this data
+    descriptor on the package's class ignores that and keeps ``lp.classify(...)`` callable.)
     """
 
-    @property
-    def diagnose(self) -> Any:
-        return importlib.import_module("liepos.diagnose").diagnose
+    def __init__(self, module: str) -> None:
+        self.module = module
 
-    @diagnose.setter
-    def diagnose(self, module: Any) -> None:  # the import system recording the submodule: the function wins
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def __set__(self, obj: Any, module: Any) -> None:  # the import system recording the submodule: the function wins
         pass
+
+
+class _Package(types.ModuleType):
+    classify = _Function("liepos.classify")
+    attention = _Function("liepos.attention")
+    diagnose = _Function("liepos.diagnose")
 
 
 sys.modules[__name__].__class__ = _Package

@@ -305,6 +305,8 @@ class Encoding:
     def __repr__(self) -> str:
         name = f"{self.name!r}, " if self.name else ""
         slots = f", slots={self.num_slots}" if self.num_slots else ""
+        if self.num_heads is not None and self.generator.num_heads is None:  # heads carried by the slots (ALiBi)
+            slots += f", heads={self.num_heads}"
         scale = f", logit_scale={self.logit_scale:g}" if self.logit_scale != 1.0 else ""
         if self.query_scale is not None:
             vals = sorted(set(self.query_scale.tolist()))

@@ -258,8 +258,15 @@ class Generator:
         axes = "" if self.num_axes is None else f", axes={self.num_axes}"
         heads = "" if self.num_heads is None else f", heads={self.num_heads}"
         basis = "" if self.basis is None else ", basis=P"
-        kinds = ",".join(f"{'C' if c else 'R'}{n}" for n, c in zip(self.sizes, self.complex))
-        return f"Generator(dim={self.dim}{axes}{heads}, blocks=[{kinds}]{basis})"
+        kinds = [f"{'C' if c else 'R'}{n}" for n, c in zip(self.sizes, self.complex)]
+        runs: list[list] = []  # consecutive equal kinds, printed once with their count: RoPE-64 is [32×C1]
+        for kind in kinds:
+            if runs and runs[-1][0] == kind:
+                runs[-1][1] += 1
+            else:
+                runs.append([kind, 1])
+        blocks = ",".join(kind if n == 1 else f"{n}×{kind}" for kind, n in runs)
+        return f"Generator(dim={self.dim}{axes}{heads}, blocks=[{blocks}]{basis})"
 
     # ------------------------------------------------------------------ several axes
     def axis_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,6 +4,11 @@ The suite is not in the wheel (it reads glibc and ``/proc`` and imports the peer
 finds it: ``--suite FILE`` when given, else ``benchmarks/bench.py`` of the checkout liepos is imported
 from (``src/liepos`` → ``benchmarks``), else of the current folder. From an installed wheel with no
 checkout around, it says so and what to do.
+
+The results go to ``--out DIR``, by default ``liepos-bench`` in the user's cache folder
+(``$XDG_CACHE_HOME``, else ``~/.cache``): never into the checkout, so a run leaves ``git status``
+clean. The exit status is 1 when a target is missed on this machine (each target's line says
+``met`` or ``MISSED``).
 """
 
 from __future__ import annotations
@@ -17,16 +22,19 @@ from types import ModuleType
 
 from liepos.cli._common import UsageError, int_at_least, out_dir
 
-HELP = "time the application of encodings against the peers (same process, same inputs; from a source checkout)"
+HELP = ("time the application of encodings against the peers (same process, same inputs; from a source "
+        "checkout); exit status 1 when a target is missed")
 EXAMPLES = ["liepos bench --quick", "python benchmarks/run.py --quick --threads 2"]
 
 _SUITE = Path("benchmarks") / "bench.py"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="the target shape only (under a minute)")
-    parser.add_argument("--out", default=None,
-                        help="folder for the results .json and .md (default: the suite's benchmarks/results)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the target shape only (about 2 minutes on two cores, longer under load)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="folder for the results .json and .md (default: liepos-bench in the user's cache "
+                             "folder, $XDG_CACHE_HOME or ~/.cache; never the checkout)")
     parser.add_argument("--threads", type=int_at_least(1), default=None,
                         help="torch.set_num_threads (default: all cores)")
     parser.add_argument("--suite", default=None, metavar="FILE",
@@ -62,7 +70,14 @@ def load_suite(suite: str | os.PathLike | None = None) -> ModuleType:
     return mod
 
 
+def default_out() -> Path:
+    """Where results go without ``--out``: ``liepos-bench`` in the user's cache folder, outside any checkout."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "liepos-bench"
+
+
 def run(args: argparse.Namespace) -> int:
     path = find_suite(args.suite)
-    out = out_dir("--out", args.out if args.out is not None else path.parent / "results")  # before any work
+    out = out_dir("--out", args.out if args.out is not None else default_out())  # before any work
+    print(f"liepos bench: results go to {out}", file=sys.stderr)
     return int(load_suite(path).run(args.quick, out, args.threads))

@@ -20,10 +20,10 @@ _PARAMS = {"base": "base", "factor": "factor", "dim": "dim"}
 MAX_DIM = 1024  # a head dim past any model's; the sections' cost grows with it
 
 
-def _kinds() -> dict[str, tuple[str, Any, str]]:
-    from liepos.tour.figures import KINDS
+def _kinds() -> dict[str, tuple[str, str]]:
+    from liepos.tour.kinds import KIND_TITLES  # names and titles only: no torch, no matplotlib
 
-    return KINDS
+    return KIND_TITLES
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", type=real_in(1.0, open_low=True), default=None, help="RoPE base > 1 (clocks, scaling, precision)")
     parser.add_argument("--factor", type=real_in(1.0), default=None, help="context-extension factor >= 1 (scaling)")
     parser.add_argument("--dim", type=int_at_least(2), default=None, help="head dim (attention, lookup, clocks, scaling, precision)")
-    lines = "\n".join(f"  {k:<13} {desc}" for k, (_, _, desc) in kinds.items())
+    lines = "\n".join(f"  {k:<13} {desc}" for k, (_, desc) in kinds.items())
     parser.epilog = ("kinds:\n" + lines + "\n\nexamples:\n" + "\n".join(f"  liepos plot {k} --out {k}.png" for k in kinds)
                      + "\n  " + EXAMPLES[-1])
     parser.formatter_class = argparse.RawDescriptionHelpFormatter

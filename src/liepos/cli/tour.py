@@ -1,4 +1,7 @@
-"""``liepos tour``: walk the whole theory on live numbers and write it as one HTML page."""
+"""``liepos tour``: walk the whole theory on live numbers and write it as one HTML page.
+
+By default the page is one self-contained file (``liepos-tour.html``: figures inline, numbers inline),
+to mail or copy alone; ``--folder`` writes ``index.html``, ``figures/`` and ``numbers.json`` instead."""
 
 from __future__ import annotations
 
@@ -6,12 +9,12 @@ import argparse
 import sys
 import webbrowser
 
-from liepos.cli._common import UsageError, int_at_least, need_extra, out_dir
+from liepos.cli._common import UsageError, int_at_least, need_extra, out_dir, out_file
 
 __all__ = ["HELP", "EXAMPLES", "configure", "run", "MAX_DPI", "dpi"]
 
-HELP = "walk the whole theory on live numbers and write a shareable HTML page"
-EXAMPLES = ["liepos tour", "liepos tour --out my-tour --open", "liepos tour --inline --out shareable"]
+HELP = "walk the whole theory on live numbers and write it as one self-contained HTML file"
+EXAMPLES = ["liepos tour", "liepos tour --out my-tour.html --open", "liepos tour --folder --out liepos-tour"]
 MAX_DPI = 600  # past this a figure of the tour is tens of megapixels: refused rather than slow
 
 
@@ -24,10 +27,12 @@ def dpi(text: str) -> int:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="liepos-tour", metavar="DIR", help="output folder (default: liepos-tour)")
+    parser.add_argument("--out", default=None, metavar="PATH",
+                        help="the page, one file (default: liepos-tour.html); with --folder, the folder "
+                             "(default: liepos-tour)")
+    parser.add_argument("--folder", action="store_true",
+                        help="write a folder instead: index.html, figures/*.svg and numbers.json")
     parser.add_argument("--open", action="store_true", help="open the page in a web browser when done")
-    parser.add_argument("--inline", action="store_true",
-                        help="write index.html alone: figures embedded, no figures/ and no numbers.json")
     parser.add_argument("--dpi", type=dpi, default=100, help=f"figure resolution, 1 to {MAX_DPI} (default 100)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
@@ -45,12 +50,16 @@ def run(args: argparse.Namespace) -> int:
     browser = _browser() if args.open else None
     if args.open and browser is None:
         raise UsageError("--open: no web browser found (set $BROWSER, or open the page yourself); nothing was run")
-    out = out_dir("--out", args.out)  # a file or an unwritable folder is refused before any work
+    # a file where a folder goes (or the reverse) and an unwritable place are refused before any work
+    if args.folder:
+        out = out_dir("--out", args.out or "liepos-tour")
+    else:
+        out = out_file("--out", args.out or "liepos-tour.html", (".html", ".htm"))
     from liepos.tour.page import tour
 
-    result = tour(out, inline=args.inline, dpi=args.dpi, quiet=args.quiet)
+    result = tour(out, folder=args.folder, dpi=args.dpi, quiet=args.quiet)
     index = result.index
-    extra = "one file, figures embedded" if args.inline else "figures/ and numbers.json beside it"
+    extra = "figures/ and numbers.json beside it" if args.folder else "one self-contained file: send it as it is"
     print(f"wrote {index} ({extra}) in {result.seconds:.1f} s")
     print(f"open it in a browser: {index.as_uri()}")
     if result.failed:

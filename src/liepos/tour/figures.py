@@ -24,6 +24,7 @@ from typing import Any
 
 from liepos.classify import ROW_COLORS  # one colour per row of the six, defined once with the rows
 import liepos.tour.sections as S
+from liepos.tour.kinds import KIND_TITLES
 
 __all__ = ["ROW_COLORS", "KINDS", "FORMATS", "require_matplotlib", "section_params", "figure", "save"]
 
@@ -447,18 +448,13 @@ def draw_alibi(d: dict[str, Any]):
 
 
 # kind -> (section of liepos.tour.sections, draw function, one-line description)
-KINDS: dict[str, tuple[str, Any, str]] = {
-    "attention": ("attention", draw_attention, "raw scores, RoPE-encoded scores and the causal mask of one head"),
-    "group": ("group", draw_group, "measured errors of A(0)=I, A(u)A(v)=A(u+v), F(t)^T G(s)=A(t-s)"),
-    "trajectories": ("rows", draw_trajectories, "the six rows: a fixed vector under A(u) as the lag grows"),
-    "fate": ("rows", draw_fate, "|A(u)v| against the lag for the six rows"),
-    "lookup": ("lookup", draw_lookup, "A(t-s) and scores over (t, s): constant diagonals, broken by absolute"),
-    "clocks": ("clocks", draw_clocks, "RoPE frequencies per base, score against gap, the worked example"),
-    "spectrum": ("spectrum", draw_spectrum, "rate against frequency of every catalogue entry"),
-    "scaling": ("scaling", draw_scaling, "frequencies before/after linear, NTK, YaRN, llama3"),
-    "precision": ("precision", draw_precision, "cos/sin error against position: liepos vs a float32 pipeline"),
-    "alibi": ("alibi", draw_alibi, "ALiBi's nilpotent block, slots and the bias they produce"),
+_DRAW = {
+    "attention": draw_attention, "group": draw_group, "trajectories": draw_trajectories, "fate": draw_fate,
+    "lookup": draw_lookup, "clocks": draw_clocks, "spectrum": draw_spectrum, "scaling": draw_scaling,
+    "precision": draw_precision, "alibi": draw_alibi,
 }
+# kind -> (section, drawing, title); the names and titles are liepos.tour.kinds' (light, for the help)
+KINDS: dict[str, tuple[str, Any, str]] = {k: (sec, _DRAW[k], title) for k, (sec, title) in KIND_TITLES.items()}
 
 
 def section_params(kind: str) -> set[str]:

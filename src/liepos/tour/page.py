@@ -4,8 +4,10 @@ Every number and picture in the report is computed by liepos when the tour runs
 (:mod:`liepos.tour.sections`, :mod:`liepos.tour.playground`), drawn by :mod:`liepos.tour.figures`,
 and written as::
 
-    OUT/index.html        the report (with inline=True the only file: figures embedded, no numbers.json)
-    OUT/figures/*.png     one PNG per figure
+    liepos-tour.html      by default: the report, one self-contained file (figures inline as SVG, every
+                          number in its ``numbers`` script; no reference to any other file)
+    OUT/index.html        with folder=True: the report,
+    OUT/figures/*.svg     one SVG per figure,
     OUT/numbers.json      every figure's data and every measured error with its bound
 
 The page's style and scripts are package data (``liepos/tour/assets``), read by :func:`asset`.
@@ -87,7 +89,7 @@ def _checks_table(errors: dict[str, dict[str, Any]]) -> str:
         mark = "—" if ok is None else ("✔ within bound" if ok else "✘ OVER BOUND")
         cls = "na" if ok is None else ("ok" if ok else "bad")
         rows.append(
-            f"<tr class='{cls}'><td>{_e(name)}</td><td class='n'>{_num(e['value'])}</td>"
+            f"<tr class='{cls}'><td>{_e(name).replace('_', '_<wbr>')}</td><td class='n'>{_num(e['value'])}</td>"
             f"<td class='n'>{_num(e.get('bound'))}</td><td>{mark}{(' — ' + _e(e['note'])) if e.get('note') else ''}</td></tr>"
         )
     return ("<table><thead><tr><th>measured</th><th>error</th><th>bound</th><th></th></tr></thead><tbody>"
@@ -257,36 +259,69 @@ softmax(qᵀk/√d − m<sub>h</sub>(t−s)):</p>
 {_checks_table(d['errors'])}"""
 
 
-def _slider(name: str, label: str, values: list, start: int) -> str:
-    return (f"<label>{label} <input type='range' id='pg-{name}' min='0' max='{len(values) - 1}' step='1' value='{start}'>"
-            f" <output id='pg-{name}-v'></output></label>")
+def _range(name: str, label: str, low: float, high: float, step: float, value: float) -> str:
+    return (f"<label for='pg-{name}'>{label}</label><span class='pg-range'><input type='range' id='pg-{name}' "
+            f"min='{low:g}' max='{high:g}' step='{step:g}' value='{value:g}'> <output id='pg-{name}-v' "
+            f"for='pg-{name}'>{value:g}</output></span>")
 
 
 def _text_playground(d: dict[str, Any]) -> str:
-    g = d["grid"]
-    options = "".join(f"<option value='{_e(p)}'{' selected' if p == 'RoPE' else ''}>{_e(p)}</option>" for p in d["presets"])
-    sliders = "".join((
-        _slider("rate", "rate λ", g["rate"], 0), _slider("freq", "frequency ω", g["freq"], 0),
-        _slider("size", "block size n", g["size"], 0), _slider("coupling", "coupling c", g["coupling"], 0),
-        _slider("lags", "lag range", g["lags"], len(g["lags"]) - 1),
-    ))
-    data = dict(d, colors=F.ROW_COLORS, labels=T.ROW_LABELS, pictures=T.ROW_PICTURES,
-                canonical_coupling=PG.CANONICAL_COUPLING)
+    data = dict(d, colors=F.ROW_COLORS, labels=T.ROW_LABELS, pictures=T.ROW_PICTURES)
     payload = json.dumps(json_safe(data), separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    y = d["yarn"]
     return f"""
-<p>Now move X yourself. One block (rate λ, frequency ω, size n, coupling c: the superdiagonal of a Jordan block)
-makes the generator; pick a preset or move a slider. Every curve is a number liepos computed when this page was
-written, for each of the {len(d['settings'])} settings of the sliders; the page only picks the setting and draws
-it, so it works offline from this one file. Left to right: the path of a fixed vector v under A(u) (its first two
-coordinates; the white dot is u = 0), the size ‖A(u)‖ of A(u) against the lag (log scale), the score
-vᵀA(t−s)v read from <code>Encoding.query</code> and <code>Encoding.key</code>, the eigenvalues λ ± iω with the
-row <code>classify</code> names, and the lookup table of encoded scores over (t, s), causal half.</p>
+<p>Now write X yourself. X is a sum of blocks, each <code>(rate λ, frequency ω, size n, coupling c)</code>: the
+coupling c is the superdiagonal of a Jordan block (leave it out for 1). The page evaluates
+<code>A(u) = exp(uX)</code> itself, in float64, from the closed form of each block,
+e<sup>λu</sup>(cu)<sup>m</sup>/m!·R(ωu), for whatever you type: nothing is looked up. Below the controls:
+the row <code>liepos.classify</code> gives each block, A(u) itself (in the layout you pick), the path of a fixed
+vector v, the size |A(u)v| and the score qᵀA(t−s)k against the lag, the theorem at work (shift both positions:
+the score stays), and the attention this X gives.</p>
 <div id='pg' class='pg'>
-<div class='pg-controls'><label>preset <select id='pg-preset'><option value=''>(sliders)</option>{options}</select></label>
-{sliders}<p id='pg-row'></p></div>
-<div class='pg-plots'><svg id='pg-traj' role='img' aria-label='trajectory'></svg><svg id='pg-norm' role='img' aria-label='norm'></svg>
-<svg id='pg-score' role='img' aria-label='score'></svg><svg id='pg-spectrum' role='img' aria-label='spectrum'></svg>
-<table id='pg-table' class='pg-table'></table></div></div>
+<div class='pg-controls'>
+<label for='pg-preset'>preset</label><select id='pg-preset'><option value=''>(your own X)</option></select>
+<label for='pg-x'>X, as blocks</label><input id='pg-x' type='text' spellcheck='false' autocomplete='off'
+ aria-describedby='pg-x-help pg-x-error'>
+<span></span><small id='pg-x-help'>e.g. <code>(-0.1, 0.5, 1) + (0, 0, 2, 0.5)</code>: a fading rotation plus
+ ALiBi's slide with coupling 0.5</small>
+<span></span><span id='pg-x-error' class='pg-error' role='alert'></span>
+<label for='pg-u'>u (for A(u))</label><input id='pg-u' type='number' step='0.1' value='1.5'>
+{_range('lags', 'lag range of the plots', 5, 80, 1, 40)}
+<span>layout</span><span role='radiogroup' aria-label='layout'><label><input type='radio' name='pg-layout'
+ value='interleaved' checked> interleaved</label> <label><input type='radio' name='pg-layout' value='half'> half
+ (Hugging Face)</label></span>
+</div>
+<ul id='pg-rows' class='pg-rows' aria-label='the row of each block'></ul>
+<div class='pg-wide'><table id='pg-A' class='pg-matrix'></table></div>
+<p id='pg-perm' class='sub'></p>
+<div class='pg-plots'><svg id='pg-traj' role='img' aria-label='the path of v under A(u)'></svg>
+<svg id='pg-norm' role='img' aria-label='the norm of A(u)v against the lag'></svg>
+<svg id='pg-score' role='img' aria-label='the score against the lag'></svg></div>
+<h3>The theorem at work: only the gap matters</h3>
+<div class='pg-controls'>{_range('t', 'query position t', 0, 30, 1, 9)}{_range('s', 'key position s', 0, 30, 1, 4)}
+{_range('shift', 'shift both by', -20, 40, 1, 0)}</div>
+<p id='pg-shift-out' aria-live='polite'></p>
+<h3>The attention this X gives</h3>
+<div class='pg-plots'><svg id='pg-attn' role='img' aria-label='attention weights of the chosen X'></svg></div>
+<h3>Two commuting axes: a 2-D similarity map</h3>
+<p>Two position axes (an image's x and y) need two commuting generators. Axial RoPE gives half the planes to x and
+half to y; "golden gate" RoPE turns each plane along its own direction, the golden angle apart, so no axis is
+preferred. 16 planes, base 100.</p>
+<div class='pg-controls'><label for='pg-map-mode'>directions</label><select id='pg-map-mode'>
+<option value='axial'>axial (x and y)</option><option value='golden'>golden gate</option></select></div>
+<div class='pg-plots'><svg id='pg-map' role='img' aria-label='2-D similarity map'></svg></div>
+<h3>Context extension: YaRN's bands, the temperature apart</h3>
+<p>YaRN keeps the planes that turn many times within the original context, divides the slow ones' frequency by the
+factor, and ramps in between; separately it raises the logit temperature. RoPE d = {y['dim']}, base {y['base']:g}.
+At factor {y['factor']:g} and original context {y['original']}, <code>liepos.scaling.yarn</code> gives the logit scale
+{y['logit_scale']:.6f}.</p>
+<div class='pg-controls'>{_range('factor', 'factor s', 1, 64, 1, y['factor'])}
+<label for='pg-orig'>original context</label><select id='pg-orig'><option>2048</option><option selected>4096</option>
+<option>8192</option></select></div>
+<div class='pg-plots'><svg id='pg-scale' role='img' aria-label='YaRN frequency ratio per plane'></svg></div>
+<p id='pg-temp'></p>
+<p id='pg-check' class='sub'></p>
+</div>
 <script id='pg-data' type='application/json'>{payload}</script>
 <script>{asset('playground.js')}</script>"""
 
@@ -296,7 +331,7 @@ TEXT = {
     "clocks": _text_clocks, "spectrum": _text_spectrum, "scaling": _text_scaling,
     "precision": _text_precision, "alibi": _text_alibi, "playground": _text_playground,
 }
-TITLES = {**{k: title for k, (title, _) in T.SECTIONS.items()}, "playground": "Playground: move X yourself"}
+TITLES = {**{k: title for k, (title, _) in T.SECTIONS.items()}, "playground": "Playground: write X yourself"}
 
 # a short glossary at the foot of the page: the words the tour leans on
 GLOSSARY = {
@@ -322,15 +357,19 @@ def _color(row: str) -> str:
 DRAWING_PROCESSES = 2  # the figures take most of the tour's time; two processes halve it on two cores
 
 
-def _png_bytes(fig, dpi: int) -> bytes:
+def _svg_bytes(fig, dpi: int) -> bytes:
+    """The figure as SVG: text stays text (sharp and selectable at any width); ``dpi`` sets heatmaps' pixels."""
+    import matplotlib
+
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=dpi, format="png", facecolor="white")
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, dpi=dpi, format="svg", facecolor="white")
     return buf.getvalue()
 
 
 def _draw(kind: str, data: dict[str, Any], dpi: int) -> bytes:
-    """The PNG of figure ``kind`` (run in a worker process)."""
-    return _png_bytes(F.KINDS[kind][1](data), dpi)
+    """The SVG of figure ``kind`` (run in a worker process)."""
+    return _svg_bytes(F.KINDS[kind][1](data), dpi)
 
 
 def _compute(key: str, bar) -> tuple[Any, float]:
@@ -350,16 +389,17 @@ class Written:
     seconds: float
 
 
-def tour(out: str | Path = "liepos-tour", *, inline: bool = False, dpi: int = 100, quiet: bool = False) -> Written:
+def tour(out: str | Path = "liepos-tour.html", *, folder: bool = False, dpi: int = 100, quiet: bool = False) -> Written:
     """Run every section, draw every figure, write the page (see :class:`Written`).
 
-    Without ``inline``: ``index.html``, ``figures/*.png`` and ``numbers.json`` in ``out``. With ``inline``:
-    ``index.html`` alone, the figures embedded as data URIs and no link to another file."""
-    import liepos
-
+    By default ``out`` is the page itself, one self-contained HTML file: every figure inline as SVG data,
+    every number (what the folder form puts in ``numbers.json``) in a ``<script type="application/json"
+    id="numbers">``, no reference to any other file. With ``folder``, ``out`` is a folder holding
+    ``index.html``, ``figures/*.svg`` and ``numbers.json``."""
     start = time.perf_counter()
     out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    index = out / "index.html" if folder else out
+    index.parent.mkdir(parents=True, exist_ok=True)
     n_fig = sum(len(v) for v in FIGURES.values())
     F.require_matplotlib()  # imported once here, inherited by the drawing processes
     with progress(len(SECTION_ORDER) + n_fig + 1, "liepos tour", enabled=not quiet) as bar:
@@ -372,36 +412,45 @@ def tour(out: str | Path = "liepos-tour", *, inline: bool = False, dpi: int = 10
         with ProcessPoolExecutor(max_workers=DRAWING_PROCESSES, mp_context=fork) as pool:
             jobs = {kind: pool.submit(_draw, kind, data[key], dpi) for key in SECTION_ORDER for kind in FIGURES[key]}
             data["playground"], timings["playground"] = _compute("playground", bar)
-            figures: dict[str, dict[str, str]] = {}
-            for kind, job in jobs.items():
-                png = job.result()
-                bar.describe(f"drawn: {kind}")
-                if inline:
-                    src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-                else:
-                    (out / "figures").mkdir(exist_ok=True)
-                    (out / "figures" / f"{kind}.png").write_bytes(png)
-                    src = f"figures/{kind}.png"
-                figures[kind] = {"src": src, "section": F.KINDS[kind][0], "title": F.KINDS[kind][2]}
-                bar.update(1)
+            figures = {kind: _place(kind, job.result(), out if folder else None, bar) for kind, job in jobs.items()}
         bar.describe("writing the page")
         errors = T.measured_errors(data)
         checked = {k: v for k, v in errors.items() if v.get("ok") is not None}
         failed = [k for k, v in checked.items() if not v["ok"]]
         elapsed = time.perf_counter() - start
-        if not inline:
-            numbers = {
-                "liepos_version": liepos.__version__, "python": platform.python_version(),
-                "torch": __import__("torch").__version__, "seconds": round(elapsed, 3),
-                "timings": {k: round(v, 4) for k, v in timings.items()}, "errors": errors, "failed": failed,
-                "figures": {k: {"file": f["src"], "section": f["section"], "title": f["title"]} for k, f in figures.items()},
-                "sections": data,
-            }
-            (out / "numbers.json").write_text(json.dumps(json_safe(numbers), indent=1, ensure_ascii=False, allow_nan=False))
-        index = out / "index.html"
-        index.write_text(_html(data, figures, checked, failed, elapsed, inline), encoding="utf-8")
+        numbers = _numbers(data, errors, failed, figures, timings, elapsed)
+        if folder:
+            (out / "numbers.json").write_text(json.dumps(numbers, indent=1, ensure_ascii=False, allow_nan=False))
+        index.write_text(_html(data, figures, checked, failed, elapsed, None if folder else numbers), encoding="utf-8")
         bar.update(1)
     return Written(index, failed, time.perf_counter() - start)
+
+
+def _place(kind: str, svg: bytes, folder: Path | None, bar) -> dict[str, str]:
+    """Where the page finds figure ``kind``: a data URI (one file), or ``figures/<kind>.svg`` written in ``folder``."""
+    bar.describe(f"drawn: {kind}")
+    if folder is None:
+        src = "data:image/svg+xml;base64," + base64.b64encode(svg).decode("ascii")
+    else:
+        (folder / "figures").mkdir(exist_ok=True)
+        (folder / "figures" / f"{kind}.svg").write_bytes(svg)
+        src = f"figures/{kind}.svg"
+    bar.update(1)
+    return {"src": src, "section": F.KINDS[kind][0], "title": F.KINDS[kind][2]}
+
+
+def _numbers(data, errors, failed, figures, timings, elapsed) -> dict[str, Any]:
+    """Every figure's data and every measured error with its bound (``numbers.json``, or inline)."""
+    import liepos
+
+    figs = {k: {"file": f["src"] if not f["src"].startswith("data:") else None, "section": f["section"],
+                "title": f["title"]} for k, f in figures.items()}
+    return json_safe({
+        "liepos_version": liepos.__version__, "python": platform.python_version(),
+        "torch": __import__("torch").__version__, "seconds": round(elapsed, 3),
+        "timings": {k: round(v, 4) for k, v in timings.items()}, "errors": errors, "failed": failed,
+        "figures": figs, "sections": data,
+    })
 
 
 def _section(i: int, key: str, data: dict[str, Any], figures: dict[str, dict[str, str]]) -> str:
@@ -414,14 +463,19 @@ def _section(i: int, key: str, data: dict[str, Any], figures: dict[str, dict[str
     return f"<section id='{key}'><h2>{i}. {_e(TITLES[key])}</h2>{TEXT[key](data[key])}{figs}</section>"
 
 
-def _html(data, figures, checked, failed, elapsed, inline: bool) -> str:
+def _html(data, figures, checked, failed, elapsed, numbers: dict[str, Any] | None) -> str:
+    """The page; ``numbers`` (the one-file form) are embedded in it, else they are in numbers.json beside it."""
     import liepos
 
     nav = " ".join(f"<a href='#{k}'>{_e(TITLES[k])}</a>" for k in SECTION_ORDER)
     sections = "".join(_section(i, key, data, figures) for i, key in enumerate(SECTION_ORDER, 1))
     ok = not failed
-    where = ("every number is in this page" if inline else
+    where = ("this one file holds every figure and, in its <code>numbers</code> script, every number"
+             if numbers is not None else
              "every number and figure is also in <a href='numbers.json'>numbers.json</a> beside this page")
+    embedded = ("" if numbers is None else "<script id='numbers' type='application/json'>"
+                + json.dumps(numbers, separators=(",", ":"), ensure_ascii=False, allow_nan=False).replace("</", "<\\/")
+                + "</script>")
     summary = (f"<div class='summary{'' if ok else ' bad'}'><b>{len(checked) - len(failed)} of {len(checked)} measured "
                f"identities within their bounds</b>{'' if ok else ': over bound: ' + _e(', '.join(failed))}. "
                f"Generated in {elapsed:.1f} s by liepos {liepos.__version__}; every number and figure here was "
@@ -443,5 +497,5 @@ walks that argument with liepos doing every computation.</p>
 <code>{_e(INSTALL)}</code>.
 The theory follows Alok Puranik, <i>Using group theory to explore the space of positional encodings for attention</i>
 (Jane Street blog), and the explanations built on it.</p>
-<script>{asset('check.js')}</script></body></html>
+{embedded}<script>{asset('check.js')}</script></body></html>
 """

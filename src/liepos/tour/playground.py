@@ -1,23 +1,24 @@
-"""The playground: one block of a generator, every slider setting computed by liepos ahead of time.
+"""The playground: the reader's own generator X, evaluated live in the page from the closed forms.
 
-The reader picks a rate λ, a frequency ω, a block size n, a coupling c and a lag range; the page shows
-what liepos computed for that setting when the tour was written (the page only selects and draws):
+X is a direct sum of blocks, each written ``(rate λ, frequency ω, size n, coupling c)``: the canonical
+block J (rate λ, frequency ω, size n) with its nilpotent part scaled by c, ``X = D J D⁻¹`` with
+``D = diag(1, c⁻¹, c⁻², …)`` (each power repeated over a rotation's plane), so c is the superdiagonal of
+X (c = 1: the canonical block). Its group is, block by block, with ``m = j − i ≥ 0``,
 
-* the trajectory of a fixed vector v under ``A(u) = exp(uX)`` (its first two coordinates),
-* the spectral norm ``‖A(u)‖₂`` against the lag,
-* the score ``vᵀ A(t − s) v`` against the lag, read from ``Encoding.query`` / ``Encoding.key``,
-* the lookup table of encoded scores over (t, s), causal half,
-* the eigenvalues λ ± iω on the spectrum plane with the row ``liepos.classify`` names.
+    A(u)[i, j] = e^{λu} (cu)^m / m! · R(ωu)    (R the 2×2 rotation of the plane; 1 for a real block)
 
-The generator of a setting is ``X = D J D⁻¹``: ``J`` the canonical block (rate λ, frequency ω, size n),
-``D = diag(1, c, c², …)`` (each power repeated over the plane of a rotation), so the coupling c is the
-superdiagonal of the nilpotent part (c = 1: the canonical block itself). Then
-``A(u) = D exp(uJ) D⁻¹``, with ``exp(uJ)`` from :meth:`liepos.Generator.exp`.
+which the page's script (``assets/playground.js``) evaluates in float64 for whatever X the reader
+types — no precomputed grid. This module gives the page what it cannot compute itself and the tests
+what they compare against: the presets, the liepos values of A(u) for each preset (the page prints
+its own distance to them), and YaRN's frequency ratios from :func:`liepos.scaling.yarn`.
 
 >>> import torch
->>> X, A = setting_matrices(-0.1, 0.5, 2, 2.0, torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64))
->>> bool(torch.allclose(A[2], torch.linalg.matrix_exp(3.0 * X), atol=1e-12))   # A(u) = exp(uX)
+>>> blocks = [(-0.1, 0.5, 2, 2.0), (0.0, 0.0, 2, 1.0)]
+>>> X = generator(blocks).matrix()
+>>> bool(torch.allclose(exp_blocks(blocks, 1.7), torch.linalg.matrix_exp(1.7 * X), atol=1e-12))  # A(u) = exp(uX)
 True
+>>> float(X[0, 2]), float(X[4, 5])          # the couplings: X's superdiagonal
+(2.0, 1.0)
 """
 
 from __future__ import annotations
@@ -28,122 +29,95 @@ from typing import Any
 import torch
 
 from liepos.classify import classify
-from liepos.encoding import Encoding
 from liepos.generator import Generator
 
-__all__ = ["GRID", "PRESETS", "LAG_STEP", "TABLE_SIZE", "setting_key", "setting_matrices", "setting", "playground"]
+__all__ = ["Block", "PRESETS", "CHECK_U", "YARN", "block_text", "parse_blocks", "generator", "exp_blocks",
+           "rows_of", "yarn_reference", "playground"]
 
 f64 = torch.float64
+Block = tuple[float, float, int, float]  # (rate, freq, size, coupling)
 
-# the slider grid: a few values each, so that the page stays lean (every setting is embedded)
-GRID: dict[str, tuple[float, ...]] = {
-    "rate": (-0.3, -0.1, -0.03, 0.0, 0.03, 0.1),
-    "freq": (0.0, 0.1, 0.25, 0.5, 1.0),
-    "size": (1, 2, 3),
-    "coupling": (0.5, 1.0, 2.0),
-    "lags": (10.0, 20.0, 40.0),
+# preset -> its blocks; each one-block preset lands on the row its name says, the sums show several at once
+PRESETS: dict[str, list[Block]] = {
+    "RoPE (two planes)": [(0.0, 0.5, 1, 1.0), (0.0, 0.125, 1, 1.0)],
+    "NoPE": [(0.0, 0.0, 1, 1.0)],
+    "decay": [(-0.1, 0.0, 1, 1.0)],
+    "xPos": [(-0.03, 0.5, 1, 1.0)],
+    "RetNet": [(-0.1, 0.25, 1, 1.0)],
+    "ALiBi's slide": [(0.0, 0.0, 2, 1.0)],
+    "Jordan-3, decaying": [(-0.1, 0.0, 3, 1.0)],
+    "growth": [(0.1, 0.0, 1, 1.0)],
+    "RoPE + slide": [(0.0, 0.5, 1, 1.0), (0.0, 0.0, 2, 0.5)],
+    "spiral + Jordan pair": [(-0.05, 0.3, 2, 2.0), (-0.2, 0.0, 1, 1.0)],
 }
-LAG_STEP = 0.5  # lag resolution of the curves (tokens); 1/LAG_STEP points per token
-TABLE_SIZE = 8  # the lookup table covers t, s = 0 … TABLE_SIZE − 1
-CANONICAL_COUPLING = 1.0  # the coupling of the canonical Jordan block; the only one a block of size 1 needs
-DIGITS = 3  # significant digits kept in the embedded numbers (the page draws at screen resolution)
-
-# preset -> slider values (rate, freq, size, coupling); each lands on the row its name says
-PRESETS: dict[str, dict[str, float]] = {
-    "NoPE": {"rate": 0.0, "freq": 0.0, "size": 1, "coupling": 1.0},
-    "decay": {"rate": -0.1, "freq": 0.0, "size": 1, "coupling": 1.0},
-    "RoPE": {"rate": 0.0, "freq": 0.5, "size": 1, "coupling": 1.0},
-    "xPos": {"rate": -0.03, "freq": 0.5, "size": 1, "coupling": 1.0},
-    "RetNet": {"rate": -0.1, "freq": 0.25, "size": 1, "coupling": 1.0},
-    "ALiBi": {"rate": 0.0, "freq": 0.0, "size": 2, "coupling": 1.0},
-    "growth": {"rate": 0.1, "freq": 0.0, "size": 1, "coupling": 1.0},
-    "Jordan-3": {"rate": -0.1, "freq": 0.0, "size": 3, "coupling": 1.0},
-}
+CHECK_U = 1.7  # the lag at which the page compares its A(u) with liepos's, for every preset
+# the scaling panel's default: the setting liepos.scaling.yarn is evaluated at for the page's check
+YARN = {"dim": 128, "base": 10000.0, "factor": 8.0, "original": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
 
 
-def setting_key(rate: float, freq: float, size: int, coupling: float) -> str:
-    """The key of a setting in the embedded data: its grid indices joined by ``_``."""
-    return "_".join(str(GRID[k].index(v)) for k, v in (("rate", rate), ("freq", freq), ("size", size), ("coupling", coupling)))
+def block_text(blocks: list[Block]) -> str:
+    """The blocks as the page's X field writes them: ``(λ, ω, n, c) + (λ, ω, n, c)``."""
+    return " + ".join(f"({r:g}, {w:g}, {n}, {c:g})" for r, w, n, c in blocks)
 
 
-def _generator(rate: float, freq: float, size: int) -> Generator:
-    """The canonical part J: one block (rate, freq, size); a 1-dim block is doubled so v moves in a plane."""
-    copies = 2 if freq == 0.0 and size == 1 else 1
-    return Generator([rate] * copies, [freq] * copies, [size] * copies, allow_growth=rate > 0)
+def parse_blocks(text: str) -> list[Block]:
+    """The inverse of :func:`block_text` (the coupling may be left out: 1). ValueError names a bad block.
+
+    >>> parse_blocks("(-0.1, 0.5, 2) + (0, 0, 2, 0.5)")
+    [(-0.1, 0.5, 2, 1.0), (0.0, 0.0, 2, 0.5)]
+    """
+    blocks = []
+    for piece in text.split("+"):
+        parts = [p for p in piece.strip().strip("()").split(",")]
+        try:
+            nums = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"a block must be (rate, frequency, size[, coupling]), got {piece.strip()!r}") from None
+        if len(nums) not in (3, 4) or nums[2] != int(nums[2]) or nums[2] < 1:
+            raise ValueError(f"a block must be (rate, frequency, size >= 1[, coupling]), got {piece.strip()!r}")
+        blocks.append((nums[0], nums[1], int(nums[2]), nums[3] if len(nums) == 4 else 1.0))
+    return blocks
 
 
-def _basis(size: int, coupling: float, freq: float) -> torch.Tensor:
-    """D = diag(1, c, c², …), each power repeated over a rotation's plane (I for a block of size 1)."""
-    if size == 1:
-        return torch.eye(2, dtype=f64)
-    powers = coupling ** torch.arange(size, dtype=f64)  # (size,)
-    return torch.diag(powers.repeat_interleave(2 if freq != 0.0 else 1))  # (dim, dim)
+def generator(blocks: list[Block]) -> Generator:
+    """X of ``blocks`` as a liepos Generator: the canonical blocks and the basis D of the couplings."""
+    diag = []
+    for _, freq, size, c in blocks:
+        if c == 0 and size > 1:
+            raise ValueError(f"a coupling must be non-zero for a block of size {size}, got {c}")
+        diag += [c ** -j for j in range(size) for _ in range(2 if freq != 0 else 1)]
+    growth = any(r > 0 for r, _, _, _ in blocks)
+    return Generator([b[0] for b in blocks], [b[1] for b in blocks], [b[2] for b in blocks],
+                     basis=torch.diag(torch.tensor(diag, dtype=f64)), allow_growth=growth)
 
 
-def _parts(rate: float, freq: float, size: int, coupling: float) -> tuple[Generator, torch.Tensor, torch.Tensor]:
-    """``(J as a Generator, D, D⁻¹)`` of a setting."""
-    D = _basis(size, coupling, freq)
-    return _generator(rate, freq, size), D, torch.linalg.inv(D)
+def exp_blocks(blocks: list[Block], u: float) -> torch.Tensor:
+    """``A(u) = exp(uX)`` computed by liepos (:meth:`Generator.exp`), float64, shape (d, d)."""
+    return generator(blocks).exp(torch.tensor([float(u)], dtype=f64))[0].to(f64)
 
 
-def setting_matrices(rate: float, freq: float, size: int, coupling: float, lags: torch.Tensor):
-    """``(X, A)`` of a setting: the dense generator and ``A(u) = D exp(uJ) D⁻¹`` at ``lags``, shape (L, d, d)."""
-    g, D, Dinv = _parts(rate, freq, size, coupling)
-    return D @ g.matrix().to(f64) @ Dinv, D @ g.exp(lags) @ Dinv
+def rows_of(blocks: list[Block]) -> list[str]:
+    """The row :func:`liepos.classify` names for each block, in order."""
+    return list(classify(generator(blocks)).names)
 
 
-def _vector(dim: int) -> torch.Tensor:
-    """The fixed vector v: (0.6, 0.8) in its first two coordinates, a little in the rest, |v| = 1."""
-    v = torch.full((dim,), 0.3, dtype=f64)
-    v[:2] = torch.tensor([0.6, 0.8], dtype=f64)
-    return v / v.norm()
+def yarn_reference() -> dict[str, Any]:
+    """YaRN at :data:`YARN` by :func:`liepos.scaling.yarn`: each plane's ω'/ω and the logit scale."""
+    import liepos as lp
 
-
-def _r(x: torch.Tensor) -> list:
-    """Rounded to :data:`DIGITS` significant digits, as nested lists of Python floats."""
-    def one(v: float) -> float:
-        return 0.0 if v == 0 or not math.isfinite(v) else float(f"{v:.{DIGITS}g}")
-    flat = [one(v) for v in x.reshape(-1).tolist()]  # row-major
-    if x.dim() == 1:
-        return flat
-    width = x.shape[-1]
-    return [flat[i:i + width] for i in range(0, len(flat), width)]  # (rows, width)
-
-
-def setting(rate: float, freq: float, size: int, coupling: float) -> dict[str, Any]:
-    """Everything the page draws for one setting, computed by liepos."""
-    lags = torch.arange(0.0, max(GRID["lags"]) + LAG_STEP / 2, LAG_STEP, dtype=f64)
-    g, D, Dinv = _parts(rate, freq, size, coupling)
-    _, A = setting_matrices(rate, freq, size, coupling, lags)  # (L, d, d)
-    v = _vector(g.dim)
-    traj = A @ v  # (L, d)
-    norm = torch.linalg.matrix_norm(A, ord=2)  # (L,)
-    # scores through the encoding: F(t) (Dᵀv) · G(s) (D⁻¹v) = vᵀ D exp((t−s)J) D⁻¹ v
-    enc = Encoding(g)
-    q = (D.T @ v).reshape(1, 1, 1, -1).expand(1, 1, len(lags), -1)  # (1, 1, L, d)
-    k = (Dinv @ v).reshape(1, 1, 1, -1)  # (1, 1, 1, d): the key at s = 0
-    score = (enc.query(q, lags) * enc.key(k, [0.0])).sum(-1)[0, 0]  # (L,)
-    pos = torch.arange(TABLE_SIZE, dtype=f64)
-    qt = (D.T @ v).expand(1, 1, TABLE_SIZE, -1)  # (1, 1, T, d)
-    kt = (Dinv @ v).expand(1, 1, TABLE_SIZE, -1)  # (1, 1, T, d)
-    table = (enc.query(qt, pos) @ enc.key(kt, pos).transpose(-1, -2))[0, 0]  # (t, s)
-    causal = [[float(x) for x in row[: t + 1]] for t, row in enumerate(_r(table))]  # lower triangle, s ≤ t
-    c = classify(g)
-    return {
-        "x": _r(traj[:, 0]), "y": _r(traj[:, 1]), "norm": _r(norm), "score": _r(score), "table": causal,
-        "eig": [{"rate": r, "freq": w, "size": n, "row": name} for (r, w, n), name in zip(c.blocks, c.names)],
-    }
+    y = YARN
+    enc = lp.rope(y["dim"], base=y["base"])
+    long = lp.scaling.yarn(enc, factor=y["factor"], original_max_position_embeddings=y["original"],
+                           beta_fast=y["beta_fast"], beta_slow=y["beta_slow"])
+    ratio = (long.generator.freqs / enc.generator.freqs).tolist()  # (planes,)
+    return dict(y, ratio=ratio, logit_scale=float(long.logit_scale))
 
 
 def playground() -> dict[str, Any]:
-    """The slider grid, the presets and every setting's data: what the page's playground embeds."""
-    settings = {}
-    for rate in GRID["rate"]:
-        for freq in GRID["freq"]:
-            for size in GRID["size"]:
-                for coupling in GRID["coupling"]:
-                    if size == 1 and coupling != CANONICAL_COUPLING:
-                        continue  # a block of size 1 has no coupling: one setting stands for all
-                    settings[setting_key(rate, freq, size, coupling)] = setting(rate, freq, size, coupling)
-    return {"grid": {k: list(v) for k, v in GRID.items()}, "presets": PRESETS, "lag_step": LAG_STEP,
-            "table_size": TABLE_SIZE, "settings": settings}
+    """What the page's playground embeds: presets, their rows and liepos's A(CHECK_U), the YaRN check."""
+    presets = {}
+    for name, blocks in PRESETS.items():
+        A = exp_blocks(blocks, CHECK_U)
+        assert all(math.isfinite(v) for v in A.reshape(-1).tolist())
+        presets[name] = {"text": block_text(blocks), "rows": rows_of(blocks), "A": A.tolist()}
+    return {"presets": presets, "check_u": CHECK_U, "yarn": yarn_reference()}

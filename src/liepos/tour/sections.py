@@ -39,13 +39,15 @@ f64 = torch.float64
 # the theory's six rows, in the order of its table (defined once, in liepos.classify)
 ROWS = NAMES
 # the tour's words for each row: a name a reader knows, and the picture of A(u)v as the lag grows
+# each row as the page labels it: the name liepos.classify gives it first, then what it is known as
+# (a decaying Jordan block is "polynomial", like ALiBi's slide, not "ALiBi")
 ROW_LABELS = {
     "growth": "growth",
-    "nope": "NoPE",
+    "nope": "nope (NoPE)",
     "decay": "decay",
-    "rotation": "RoPE",
-    "damped_rotation": "damped RoPE / xPos",
-    "polynomial": "ALiBi / slide",
+    "rotation": "rotation (RoPE)",
+    "damped_rotation": "damped_rotation (xPos, RetNet)",
+    "polynomial": "polynomial (the slide: ALiBi, Jordan)",
 }
 ROW_PICTURES = {
     "growth": "the explosion",
