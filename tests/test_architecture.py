@@ -85,7 +85,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos.encoding", "liepos._graph"),
     ("liepos.catalogue", "liepos.scaling", "liepos.nn"),
     ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.attention_call", "liepos.attention_sdpa",
-     "liepos.attention_pieces"),
+     "liepos.attention_pieces", "liepos.attention_flex"),
     ("liepos.attention",),
     ("liepos", "liepos.interop", "liepos.diagnose", "liepos.explore", "liepos.tour", "liepos.cli"),
 ]
