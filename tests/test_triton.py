@@ -121,6 +121,9 @@ def test_refuses_what_it_does_not_cover(monkeypatch):
     assert _triton.apply(x.to(torch.int32), ft) is None  # not a float
     jenc, jx, _, jft, _ = _case("jordan", "query")
     assert _triton.apply(jx, jft, terms=None) is None  # coupled without its terms
+    monkeypatch.setenv("LIEPOS_TRITON", "0")
+    assert _triton.apply(x, ft) is None  # turned off
+    monkeypatch.delenv("LIEPOS_TRITON")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert _triton.apply(x, ft) is None  # CPU tensors without the interpreter
 

@@ -18,8 +18,8 @@ rounded once on the store.
 
 :func:`apply` returns ``None`` where these kernels do not apply (in place, a dtype or device they do
 not take, a structure they do not cover, triton missing): the caller then takes the torch path.
-Triton is imported lazily, so ``import liepos`` never needs it; under ``TRITON_INTERPRET=1`` the same
-kernels run on CPU tensors (how the suite tests them without a GPU).
+Triton is imported lazily, so ``import liepos`` never needs it; ``LIEPOS_TRITON=0`` turns these kernels
+off; under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (how the suite tests them without a GPU).
 """
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ tl: Any = None
 
 
 def available() -> bool:
-    """Whether triton can be imported (without importing it)."""
+    """Whether these kernels may run: triton importable (checked without importing it) and not turned off
+    by ``LIEPOS_TRITON=0`` (read per call, so a benchmark can time the torch path beside them)."""
+    return os.environ.get("LIEPOS_TRITON", "1") != "0" and _importable()
+
+
+@functools.lru_cache(maxsize=1)
+def _importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 

@@ -10,6 +10,7 @@ slot columns and no (seq × seq) bias are ever formed. ``β`` and ``μ`` are rea
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -54,6 +55,11 @@ def alibi_score_mod(beta: torch.Tensor, mu: torch.Tensor, q_offset: int, causal:
     return score_mod
 
 
+@functools.lru_cache(maxsize=1)
+def _compiled(flex: Callable) -> Callable:
+    return torch.compile(flex)
+
+
 def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Encoding, causal: bool = True,
                    scale: float | None = None) -> torch.Tensor:
     """``softmax(c · qᵀ A(t − s) k + β_h + μ_h (t − s)) v`` through FlexAttention (``c = logit_scale · scale``).
@@ -64,6 +70,8 @@ def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Encod
     """
     from torch.nn.attention.flex_attention import flex_attention as flex
 
+    if q.is_cuda:
+        flex = _compiled(flex)  # one fused kernel on a GPU; eager (scores materialised) elsewhere
     beta, mu = lag_bias(enc)
     Sq, Sk = q.shape[-2], k.shape[-2]
     if not causal:  # a bias of the lag is not symmetric in it
