@@ -385,7 +385,8 @@ def _forward(
 ) -> torch.Tensor:
     """The transform (``conj``: its transpose) of ``x``'s first ``content`` columns, slots appended."""
     width = ft.width if not conj else ft.content
-    if x.is_cuda and not inplace and _triton.available():  # the Triton kernels (None: the torch ops below)
+    # the Triton kernels on CUDA (on the CPU only under TRITON_INTERPRET=1, as the tests run them); None: the ops below
+    if (x.is_cuda or _triton.interpreting()) and not inplace and _triton.available():
         terms = None if ft.terms is None else (_transposed_terms(ft) if conj else ft.terms)
         y = _triton.apply(x, ft, conj, out_dtype or x.dtype, terms)
         if y is not None:
