@@ -15,12 +15,15 @@ PUBLIC = [
     "Generator", "direct_sum", "classify", "Classification",
     "Encoding", "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
     "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
+    "p_rope", "rope_id", "cope_clipped", "string_google", "mrope_interleaved", "rope_directions", "mhrope",
+    "Mapped",
     "attention", "attention_reference", "KVCache",
+    "ScalableSoftmax", "Llama4Temperature", "Schedule", "LayerSpec", "build_schedule", "PerRequest",
     "Clock", "LearnableGenerator", "LearnableEncoding",
     "from_hf", "to_hf", "interop", "scaling",
     "diagnose", "Diagnosis",
 ]
-SCALING_MAPS = ["linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional"]
+SCALING_MAPS = ["linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional", "clipped", "factors"]
 
 
 def test_all_is_the_curated_list_in_design_order():

@@ -277,7 +277,8 @@ def test_scaled_attention_through_length_rule():
 
 # ---------------------------------------------------------------------- registry and errors
 def test_registry_one_signature():
-    assert set(SCALINGS) == {"linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional"}
+    assert set(SCALINGS) == {"linear", "ntk", "dynamic", "yarn", "longrope", "llama3", "proportional", "clipped",
+                             "factors"}
     enc = lp.rope(8)
     params = {
         "linear": dict(factor=2.0),
@@ -287,6 +288,8 @@ def test_registry_one_signature():
         "longrope": dict(short_factor=[1.0] * 4, long_factor=[2.0] * 4, original_max_position_embeddings=16, factor=2.0),
         "llama3": dict(factor=2.0, original_max_position_embeddings=16),
         "proportional": dict(partial_rotary_factor=0.5),
+        "clipped": dict(clip=2),
+        "factors": dict(factors=[1.0, 2.0, 3.0, 4.0]),
     }
     for name, fn in SCALINGS.items():
         out = fn(enc, **params[name])

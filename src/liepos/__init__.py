@@ -40,6 +40,14 @@ from liepos.catalogue import axial_rope as axial_rope
 from liepos.catalogue import rope_mixed as rope_mixed
 from liepos.catalogue import mrope as mrope
 from liepos.catalogue import decay_axial_rope as decay_axial_rope
+from liepos.catalogue import p_rope as p_rope
+from liepos.catalogue import rope_id as rope_id
+from liepos.catalogue import cope_clipped as cope_clipped
+from liepos.catalogue import string_google as string_google
+from liepos.catalogue import mrope_interleaved as mrope_interleaved
+from liepos.catalogue import rope_directions as rope_directions
+from liepos.catalogue import mhrope as mhrope
+from liepos.coordinates import Mapped as Mapped
 from liepos.catalogue import CATALOGUE as CATALOGUE
 from liepos.catalogue import build as build
 from liepos.catalogue import alibi_slopes as alibi_slopes
@@ -49,6 +57,12 @@ from liepos.catalogue import rope_freqs as rope_freqs
 from liepos.attention import attention as attention
 from liepos.attention import attention_reference as attention_reference
 from liepos.attention import KVCache as KVCache
+from liepos.temperature import ScalableSoftmax as ScalableSoftmax
+from liepos.temperature import Llama4Temperature as Llama4Temperature
+from liepos.schedule import Schedule as Schedule
+from liepos.schedule import LayerSpec as LayerSpec
+from liepos.schedule import build_schedule as build_schedule
+from liepos.per_request import PerRequest as PerRequest
 
 # learned time and generators
 from liepos.nn import Clock as Clock
@@ -112,8 +126,11 @@ __all__ = [
     # the catalogue
     "Encoding", "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
     "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
+    "p_rope", "rope_id", "cope_clipped", "string_google", "mrope_interleaved", "rope_directions", "mhrope",
+    "Mapped",
     # attention
     "attention", "attention_reference", "KVCache",
+    "ScalableSoftmax", "Llama4Temperature", "Schedule", "LayerSpec", "build_schedule", "PerRequest",
     # learned time and generators
     "Clock", "LearnableGenerator", "LearnableEncoding",
     # the ecosystem

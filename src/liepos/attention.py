@@ -36,6 +36,7 @@ from liepos.encoding import Encoding, as_positions
 from liepos.generator import Generator
 from liepos.masks import finish, visible
 from liepos.recentre import recentred
+from liepos.temperature import check_temperature, scaled_queries
 
 __all__ = ["attention", "attention_reference", "KVCache"]
 
@@ -47,6 +48,7 @@ def attention(
     document_ids: torch.Tensor | None = None, key_document_ids: torch.Tensor | None = None,
     cache: KVCache | None = None, scale: float | None = None, allow_bidirectional: bool = False,
     block_size: int = 256, sinks: torch.Tensor | None = None, value_encoding: Encoding | None = None,
+    temperature: Any = None,
 ) -> torch.Tensor:
     """Attention with a positional encoding: ``softmax(c · qᵀ A(t − s) k + b) v``, ``c = logit_scale/√d``.
 
@@ -84,6 +86,8 @@ def attention(
             softmax over the scores with a sink column appended and then dropped (differentiable).
         value_encoding: an :class:`~liepos.Encoding` of ``v_dim`` dims without slots: the output is
             ``o_t = Σ_s w_ts A_v(t − s) v_s``, exact and re-centred like the scores.
+        temperature: a :class:`liepos.temperature.Temperature`: row i's logits times ``τ(t_i, n_i)``
+            (``n_i`` its visible keys; Scalable-Softmax, Llama 4's temperature tuning), exact through a cache.
 
     Queries with no visible key return zeros. A key or value that is NaN or infinite reaches only the
     queries that see it.
@@ -108,11 +112,12 @@ def attention(
     x = prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                 key_document_ids, cache, scale, allow_bidirectional, block_size, sinks, value_encoding)
     B, H, Sq, _ = q.shape
+    temperature = check_temperature(temperature, enc, H)
     if B == 0 or Sq == 0 or (cache is None or not len(cache)) and k.shape[2] == 0:
         if cache is not None and B and k.shape[2]:
             cache.append(x.k, x.v, x.kpos, x.keep, x.kdocs)
         return v.new_zeros(B, H, Sq, v.shape[-1])  # nothing to attend to (or no one asking)
-    call = bind(x)
+    call = scaled_queries(bind(x), temperature)
     needs = call.enc.needs_recentring or (call.venc is not None and call.venc.needs_recentring)
     out = recentred(call) if needs else _plain(call)
     return out.to(v.dtype)

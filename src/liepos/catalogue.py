@@ -19,13 +19,14 @@ import torch
 from liepos._checks import check_bool, check_choice, check_int, check_ints, check_real, check_real_tensor
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
+from liepos.scaling import clipped
 from liepos.tables import LAYOUTS
 
 __all__ = [
     "CATALOGUE", "CatalogueEntry", "build",
     "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",
-    "axial_rope", "rope_mixed", "mrope", "decay_axial_rope",
-    "alibi_slopes", "default_decay_rates", "rope_freqs",
+    "axial_rope", "rope_mixed", "mrope", "decay_axial_rope", "p_rope", "rope_id", "cope_clipped",
+    "string_google", "mrope_interleaved", "rope_directions", "mhrope", "alibi_slopes", "default_decay_rates", "rope_freqs",
 ]
 
 
@@ -381,6 +382,184 @@ def decay_axial_rope(
     return Encoding(g, layout=layout, name="decay_axial_rope")
 
 
+# the golden angle π(3 − √5): consecutive planes' directions never line up (golden-gate RoPE)
+_GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
+
+
+def mrope_interleaved(dim: int, sections: Sequence[int] = (24, 20, 20), base: float = 10000.0,
+                      layout: str = "half") -> Encoding:
+    """MRoPE-Interleave (Qwen3-VL, arXiv 2510.23095): the axes t, h, w interleaved across the spectrum.
+
+    Plane k rotates at RoPE's ``ω_k`` along axis h when ``k ≡ 1 (mod 3)`` and ``k < 3·sections[1]``, along
+    w when ``k ≡ 2 (mod 3)`` and ``k < 3·sections[2]``, else along t — transformers'
+    ``Qwen3VLTextRotaryEmbedding``; every axis sees the whole frequency range (M-RoPE gives each a band).
+
+    >>> import torch
+    >>> w = mrope_interleaved(16, (4, 2, 2)).generator.freqs  # (axes, planes): which axis owns plane k
+    >>> (w != 0).int().argmax(0).tolist()
+    [0, 1, 2, 0, 1, 2, 0, 0]
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    sections = check_ints("sections", sections, min=0, length=3)
+    P = dim // 2
+    if sum(sections) != P:
+        raise ValueError(f"`sections` must sum to dim/2 = {P}, got {sections}")
+    w = rope_freqs(dim, base)
+    freqs = _zeros(3, P)
+    owner = torch.zeros(P, dtype=torch.long)
+    for axis, offset in ((1, 1), (2, 2)):
+        owner[offset : 3 * sections[axis] : 3] = axis
+    freqs[owner, torch.arange(P)] = w
+    return Encoding(_rotations(freqs, 3), layout=_layout(layout), name="mrope_interleaved")
+
+
+def rope_directions(dim: int, axes: int = 2, directions: Any = "golden", base: float = 100.0, seed: int = 0,
+                    layout: str = "interleaved") -> Encoding:
+    """N-D RoPE with one direction per plane (golden-gate / random-direction RoPE, "On N-dimensional RoPE").
+
+    Plane k rotates at ``ω_k = base^(−2k/dim)`` along the unit direction ``d_k`` of position space:
+    ``A(u) = ⊕ R(−ω_k ⟨d_k, u⟩)``. ``directions``: ``"golden"`` (2 axes: ``d_k = (cos kφ, sin kφ)`` with the
+    golden angle φ = π(3 − √5)), ``"random"`` (uniform on the sphere, from ``seed``), or a tensor
+    ``(planes, axes)`` (normalised). The axes' generators are diagonal in the same planes, so they commute:
+    exactly relative in every axis, without axial RoPE's "cross" of planes that see one axis only. The
+    default base 100 is the scale of 2-D vision RoPE (image coordinates of tens, not thousands, of patches).
+
+    >>> import torch
+    >>> w = rope_directions(8).generator.freqs  # (axes, planes)
+    >>> bool(torch.allclose(w.norm(dim=0), rope_freqs(8, 100.0)))  # |ω_k d_k| = ω_k
+    True
+    """
+    axes = check_int("axes", axes, min=1)
+    dim = check_int("dim", dim, min=2, even=True)
+    P = dim // 2
+    if isinstance(directions, str):
+        check_choice("directions", directions, ("golden", "random"))
+        if directions == "golden":
+            if axes != 2:
+                raise ValueError(f"directions='golden' is the 2-axis golden angle; for axes={axes} use 'random' "
+                                 f"or a tensor of directions")
+            phi = torch.arange(P, dtype=torch.float64) * _GOLDEN_ANGLE
+            d = torch.stack([torch.cos(phi), torch.sin(phi)], dim=-1)  # (P, 2)
+        else:
+            d = torch.randn(P, axes, generator=torch.Generator().manual_seed(check_int("seed", seed, min=0)),
+                            dtype=torch.float64)
+    else:
+        d = check_real_tensor("directions", directions, ndim=2)
+        if tuple(d.shape) != (P, axes):
+            raise ValueError(f"`directions` must have shape ({P}, {axes}) (planes, axes), got {tuple(d.shape)}")
+    norm = d.norm(dim=-1, keepdim=True)
+    if bool((norm == 0).any()):
+        raise ValueError("`directions` must not hold a zero vector (a plane needs a direction)")
+    freqs = (d / norm * rope_freqs(dim, base)[:, None]).T.contiguous()  # (P, axes) -> (axes, P)
+    return Encoding(_rotations(freqs, axes), layout=_layout(layout), name="rope_directions")
+
+
+def mhrope(dim: int, num_heads: int, axes: int = 3, base: float = 10000.0, head_axes: Any = None,
+           layout: str = "half") -> Encoding:
+    """Multi-Head RoPE (Qwen, arXiv 2510.23095): each head rotates all its planes along one axis.
+
+    Head h follows axis ``head_axes[h]`` (default ``h % axes``) with RoPE's full spectrum
+    ``ω_k = base^(−2k/dim)``: ``A_h(u) = ⊕ R(−ω_k u_{axis(h)})``. Per-head axis assignment, one plane
+    per direction, commuting axes.
+
+    >>> import torch
+    >>> w = mhrope(8, num_heads=3).generator.freqs  # (heads, axes, planes)
+    >>> [int(w[h].abs().sum(-1).argmax()) for h in range(3)]
+    [0, 1, 2]
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    num_heads = check_int("num_heads", num_heads, min=1)
+    axes = check_int("axes", axes, min=1)
+    own = [h % axes for h in range(num_heads)] if head_axes is None else check_ints("head_axes", head_axes, min=0,
+                                                                                     length=num_heads)
+    if any(a >= axes for a in own):
+        raise ValueError(f"`head_axes` must name axes below {axes}, got {own}")
+    freqs = _zeros(num_heads, axes, dim // 2)
+    for h, a in enumerate(own):
+        freqs[h, a] = rope_freqs(dim, base)
+    return Encoding(_rotations(freqs, axes), layout=_layout(layout), name="mhrope")
+
+
+# RoPE-ID (arXiv 2603.18017) rotates half of the channels at RoPE's high frequencies, the rest NoPE
+_ROPE_ID_FRACTION = 0.5
+# CoPE's reference code clips the last 20 of the 64 planes of a 128-dim head
+_COPE_CLIP, _COPE_PLANES = 20, 64
+
+
+def p_rope(dim: int, p: float = 0.75, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+    """p-RoPE (Barbero et al., "Round and round we go", arXiv 2410.06205): RoPE's highest frequencies only.
+
+    Of the ``dim/2`` planes the first ``r = ⌊p·dim/2⌋`` keep RoPE's ``ω_k = base^(−2k/dim)`` (the
+    exponent over the full head, not over the rotated dims); the other planes are zero-eigenvalue
+    (NoPE) planes, paired in place: ``A(u) = ⊕_{k<r} R(−ω_k u) ⊕ I``. In the half layout the zero
+    planes are the pairs ``(k, k + dim/2)``, as Gemma's proportional RoPE
+    (:func:`liepos.scaling.proportional`, which this equals).
+
+    >>> import torch
+    >>> w, w0 = p_rope(8, p=0.5).generator.freqs, rope_freqs(8)
+    >>> bool(torch.equal(w[:2], w0[:2])), bool(torch.equal(w[2:], torch.zeros(2, dtype=torch.float64)))
+    (True, True)
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    p = check_real("p", p, min=0.0, max=1.0)
+    w = rope_freqs(dim, base)
+    keep = (torch.arange(dim // 2) < int(p * dim // 2)).to(w.dtype)
+    return Encoding(Generator(torch.zeros_like(w), w * keep, [1] * (dim // 2), complex=[True] * (dim // 2)),
+                    layout=_layout(layout), name=f"p_rope({p:g})")
+
+
+def rope_id(dim: int, fraction: float = _ROPE_ID_FRACTION, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+    """RoPE-ID ("Frayed RoPE", Wertheimer et al., arXiv 2603.18017): high-frequency RoPE on a subset of channels.
+
+    ``fraction`` of the channels (half by default) rotate at RoPE's fastest frequencies
+    ``ω_k = base^(−2k/dim)``, the rest are NoPE: :func:`p_rope` with ``p = fraction`` (the paper's
+    code is not public; this is its stated construction).
+
+    >>> import torch
+    >>> bool(torch.equal(rope_id(16).generator.freqs, p_rope(16, 0.5).generator.freqs))
+    True
+    """
+    return p_rope(dim, fraction, base, layout).replace(name="rope_id")
+
+
+def cope_clipped(dim: int, clip: int | None = None, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+    """Clipped RoPE (CoPE, Li et al., arXiv 2602.05258): RoPE with its ``clip`` slowest planes Hann-tapered to 0.
+
+    :func:`liepos.scaling.clipped` of :func:`rope`; ``clip`` defaults to the reference code's 20 of
+    64 planes, scaled to ``dim/2`` (at least 1). Not contextual CoPE (Golovneva et al., 2024),
+    which is outside the family (``liepos.diagnose.outside``).
+
+    >>> import torch
+    >>> w = cope_clipped(128).generator.freqs  # 20 of 64 planes tapered, the slowest to 0
+    >>> bool(torch.equal(w[:44], rope_freqs(128)[:44])), float(w[-1])
+    (True, 0.0)
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    n = max(1, round(dim // 2 * _COPE_CLIP / _COPE_PLANES)) if clip is None else check_int("clip", clip, min=1)
+    return clipped(rope(dim, base, layout), clip=n).replace(name="cope_clipped")
+
+
+
+def string_google(dim: int, base: float = 10000.0, seed: int = 0, layout: str = "interleaved") -> Encoding:
+    """STRING (Schenck et al., Google, arXiv 2502.02562): RoPE in an orthogonal basis, ``X = P J Pᵀ``.
+
+    ``P`` is orthogonal (learned in the paper: :class:`liepos.LearnableGenerator` with
+    ``basis="orthogonal"``; here a fixed random one from ``seed``, the Q of a QR of a Gaussian matrix), so
+    ``A(u) = P exp(uJ) Pᵀ`` is still a one-parameter group: in the family. Not HKUNLP's STRING
+    (shifted RoPE, ``liepos.diagnose.outside``), which is outside.
+
+    >>> import torch
+    >>> enc, J = string_google(4), rope(4).generator
+    >>> P = enc.generator.basis
+    >>> bool(torch.allclose(enc.generator.exp(3.0), P @ J.exp(3.0) @ P.T))
+    True
+    """
+    dim = check_int("dim", dim, min=2, even=True)
+    g = torch.Generator().manual_seed(check_int("seed", seed, min=0))
+    P, _ = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=torch.float64))
+    return rope(dim, base, layout).replace(generator=rope(dim, base).generator.with_basis(P), name="string_google")
+
+
 # ---------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class CatalogueEntry:
@@ -453,7 +632,56 @@ CATALOGUE: dict[str, CatalogueEntry] = {
         ),
         "decay along one axis, rotation along all", "A(u) = e^{-r u_decay} ⊕ R(-ω_k u_{axis(k)})", "damped_rotation",
     ),
+    "p_rope": CatalogueEntry(
+        lambda head_dim, num_heads=1, p=0.75, base=10000.0, layout="interleaved": p_rope(head_dim, p, base, layout),
+        "Barbero et al., 2024 (p-RoPE, arXiv 2410.06205)", "A(u) = ⊕_{k<p·d/2} R(-ω_k u) ⊕ I", "rotation",
+    ),
+    "rope_id": CatalogueEntry(
+        lambda head_dim, num_heads=1, fraction=_ROPE_ID_FRACTION, base=10000.0, layout="interleaved": rope_id(
+            head_dim, fraction, base, layout
+        ),
+        "Wertheimer et al., 2026 (RoPE-ID, arXiv 2603.18017)", "A(u) = ⊕_{fast half} R(-ω_k u) ⊕ I", "rotation",
+    ),
+    "cope_clipped": CatalogueEntry(
+        lambda head_dim, num_heads=1, clip=None, base=10000.0, layout="interleaved": cope_clipped(
+            head_dim, clip, base, layout
+        ),
+        "Li et al., 2026 (clipped RoPE / CoPE, arXiv 2602.05258)", "A(u) = ⊕ R(-m_k ω_k u), m = Hann taper of the slowest",
+        "rotation",
+    ),
+    "string_google": CatalogueEntry(
+        lambda head_dim, num_heads=1, base=10000.0, seed=0, layout="interleaved": string_google(
+            head_dim, base, seed, layout
+        ),
+        "Schenck et al., 2025 (STRING, arXiv 2502.02562)", "A(u) = P exp(uJ) Pᵀ, P orthogonal", "rotation",
+    ),
+    "mrope_interleaved": CatalogueEntry(
+        lambda head_dim, num_heads=1, sections=None, base=10000.0, layout="half": mrope_interleaved(
+            head_dim, _interleaved_sections(head_dim) if sections is None else sections, base, layout
+        ),
+        "Qwen3-VL, 2025 (MRoPE-Interleave, arXiv 2510.23095)", "A(u) = ⊕ R(-ω_k u_{k mod 3})", "rotation",
+    ),
+    "rope_directions": CatalogueEntry(
+        lambda head_dim, num_heads=1, axes=2, directions="golden", base=100.0, seed=0, layout="interleaved": (
+            rope_directions(head_dim, axes, directions, base, seed, layout)
+        ),
+        "golden-gate / random-direction N-D RoPE (NovelAI; \"On N-dimensional RoPE\")",
+        "A(u) = ⊕ R(-ω_k ⟨d_k, u⟩)", "rotation",
+    ),
+    "mhrope": CatalogueEntry(
+        lambda head_dim, num_heads=1, axes=3, base=10000.0, head_axes=None, layout="half": mhrope(
+            head_dim, num_heads, axes, base, head_axes, layout
+        ),
+        "Qwen, 2025 (Multi-Head RoPE, arXiv 2510.23095)", "A_h(u) = ⊕ R(-ω_k u_{axis(h)})", "rotation",
+    ),
 }
+
+
+def _interleaved_sections(head_dim: int) -> list[int]:
+    """Qwen3-VL's (24, 20, 20) of 64 planes, scaled to ``head_dim`` (t gets the rest)."""
+    P = check_int("head_dim", head_dim, min=6, even=True) // 2
+    hw = (20 * P) // 64
+    return [P - 2 * hw, hw, hw]
 
 
 def _mrope_sections(head_dim: int) -> list[int]:

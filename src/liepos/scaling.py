@@ -1,4 +1,5 @@
-"""Context extension as maps on the spectrum: PI, NTK, dynamic NTK, YaRN, LongRoPE, Llama 3, proportional.
+"""Context extension as maps on the spectrum: PI, NTK, dynamic NTK, YaRN, LongRoPE, Llama 3, proportional,
+clipped RoPE and arbitrary per-eigenvalue (and per-head) factors.
 
 Every context-extension trick for RoPE changes the frequencies ω of the rotation blocks of the
 generator and, separately, a temperature on the logits. Here each one is a function
@@ -56,6 +57,9 @@ __all__ = [
     "longrope",
     "llama3",
     "proportional",
+    "clipped",
+    "factors",
+    "clip_taper",
     "rotation_freqs",
     "with_freqs",
     "map_spectrum",
@@ -599,6 +603,112 @@ def _proportional_at(p: float, s: float, e: Encoding, L: int | None) -> Encoding
     return with_freqs(e, w * keep / s, 1.0, f"proportional({p:g})")
 
 
+def clip_taper(n: int) -> torch.Tensor:
+    """The Hann taper of clipped RoPE: ``m_j = ½(1 + cos(π j/(n − 1)))``, j = 0 … n − 1 (``n = 1``: ``[1]``).
+
+    It falls from 1 to exactly 0 (``numpy.linspace(0, π, n)``'s end points, as CoPE's reference code).
+
+    >>> [round(float(m), 6) for m in clip_taper(3)]
+    [1.0, 0.5, 0.0]
+    """
+    n = check_int("n", n, min=1)
+    j = torch.arange(n, dtype=torch.float64)
+    theta = j * (math.pi / (n - 1)) if n > 1 else torch.zeros(1, dtype=torch.float64)
+    return 0.5 * (1.0 + torch.cos(theta))
+
+
+def clipped(enc: Encoding, *, clip: int | None = None, original_max_position_embeddings: int | None = None) -> Encoding:
+    """Clipped RoPE (CoPE, arXiv 2602.05258): a Hann taper of the ``n`` lowest frequencies down to zero.
+
+    With the planes in canonical order (for RoPE: fastest first, so the last ``n`` are the slowest)::
+
+        ω_{P−n+j} ↦ ω_{P−n+j} · ½(1 + cos(π j/(n − 1))),   j = 0 … n − 1
+
+    the last plane becomes a zero (NoPE) plane. ``n = clip``, or, given
+    ``original_max_position_embeddings = L0`` only, the number of planes whose period ``2π/|ω|``
+    exceeds ``L0`` (mlx-lm's sizing), measured on the spectrum it is given. Length independent; logit
+    scale unchanged. It composes with :func:`yarn` in either order, and sized by ``L0`` the orders
+    differ (after yarn more planes are slower than ``L0``); yarn after the clip needs ``base=``, the
+    tapered spectrum being no longer geometric. A fixed ``clip`` and yarn at a given base are both
+    per-plane multipliers, so they commute.
+
+    >>> import torch, liepos as lp
+    >>> w0 = lp.rope(16).generator.freqs
+    >>> w = clipped(lp.rope(16), clip=3).generator.freqs
+    >>> bool(torch.equal(w[:5], w0[:5])), bool(torch.allclose(w[5:], w0[5:] * clip_taper(3))), float(w[-1])
+    (True, True, 0.0)
+    """
+    if (clip is None) == (original_max_position_embeddings is None):
+        raise ValueError(
+            f"clipped needs exactly one of `clip` (a number of planes) or `original_max_position_embeddings` "
+            f"(clip the planes slower than it), got clip={clip!r}, "
+            f"original_max_position_embeddings={original_max_position_embeddings!r}"
+        )
+    P = len(_planes(enc))
+    if clip is not None:
+        clip = check_int("clip", clip, min=1, max=P)
+    L0 = None if original_max_position_embeddings is None else _positive(
+        original_max_position_embeddings, "original_max_position_embeddings")
+    return map_spectrum(enc, partial(_clipped_at, clip, L0))
+
+
+def _clipped_at(clip: int | None, L0: float | None, e: Encoding, L: int | None) -> Encoding:
+    w = rotation_freqs(e)
+    P = int(w.shape[-1])
+    n = clip
+    if n is None:
+        counts = {int(c) for c in (math.tau / w.abs() > L0).sum(-1).reshape(-1).tolist()}  # per head row
+        if len(counts) != 1:
+            raise ValueError(f"clipped: the heads have different numbers of planes slower than L0={L0:g} "
+                             f"({sorted(counts)}); pass clip= explicitly")
+        n = counts.pop()
+        if n == 0:
+            return with_freqs(e, w, 1.0, "clipped(0)")
+    m = torch.ones(P, dtype=torch.float64)
+    m[P - n :] = clip_taper(n)
+    return with_freqs(e, w * m, 1.0, f"clipped({n})")
+
+
+def factors(enc: Encoding, *, factors: Any) -> Encoding:
+    """Arbitrary rescale factors per eigenvalue and per head: ``ω_{h,i} ↦ ω_{h,i} / λ_{h,i}``.
+
+    ``factors`` ``(planes,)`` (LongRoPE2's searched per-dimension factors), ``(heads, planes)`` or
+    ``(heads, 1)`` (AdaRoPE's head-specific scaling): every ``λ > 0``. A per-head factor on an
+    encoding without heads gives it a heads axis. Length independent (the two-window switch of
+    LongRoPE/LongRoPE2 is :func:`longrope`, which takes arbitrary factor vectors too); logit scale
+    unchanged.
+
+    >>> import torch, liepos as lp
+    >>> lam = torch.tensor([[1.0, 2.0], [4.0, 8.0]], dtype=torch.float64)  # (heads, planes)
+    >>> w = factors(lp.rope(4), factors=lam).generator.freqs
+    >>> bool(torch.equal(w, lp.rope_freqs(4) / lam))
+    True
+    """
+    P = len(_planes(enc))
+    lam = check_real_tensor("factors", factors, ndim=(1, 2), positive=True)
+    if lam.shape[-1] not in (1, P) or (lam.dim() == 1 and lam.shape[0] != P):
+        raise ValueError(f"`factors` must have shape ({P},), (heads, {P}) or (heads, 1), got {tuple(lam.shape)}")
+    if lam.dim() == 2 and enc.num_heads not in (None, lam.shape[0]):
+        raise ValueError(f"`factors` has {lam.shape[0]} heads but the encoding has {enc.num_heads}")
+    return map_spectrum(enc, partial(_factors_at, lam))
+
+
+def _with_heads(e: Encoding, H: int) -> Encoding:
+    """``e`` with its generator's parameters given a heads axis of ``H`` (one copy per head)."""
+    g = e.generator
+    if g.num_heads is not None:
+        return e
+    rates = g.rates.expand(H, *g.rates.shape).clone()  # (blocks,) -> (H, blocks); with axes (H, axes, blocks)
+    freqs = g.freqs.expand(H, *g.freqs.shape).clone()
+    return e.replace(generator=g.with_params(rates=rates, freqs=freqs))
+
+
+def _factors_at(lam: torch.Tensor, e: Encoding, L: int | None) -> Encoding:
+    if lam.dim() == 2:
+        e = _with_heads(e, int(lam.shape[0]))
+    return with_freqs(e, rotation_freqs(e) / lam, 1.0, "factors")
+
+
 # ---------------------------------------------------------------------- the registry
 SCALINGS: dict[str, Callable[..., Encoding]] = {
     "linear": linear,
@@ -608,6 +718,8 @@ SCALINGS: dict[str, Callable[..., Encoding]] = {
     "longrope": longrope,
     "llama3": llama3,
     "proportional": proportional,
+    "clipped": clipped,
+    "factors": factors,
 }
 """Every map, one signature: ``SCALINGS[name](enc, **params) -> Encoding``."""
 

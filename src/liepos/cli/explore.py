@@ -107,6 +107,11 @@ def _check(cfg, encodings: list[str], world: int) -> None:
                          f"a multiple of the {world} processes")
     try:
         for e in encodings:
+            if e.startswith("schedule:"):  # a per-layer schedule (liepos.schedule), built as the decoder will
+                from liepos.explore.model import ModelConfig, resolve_schedule
+
+                resolve_schedule(e, ModelConfig(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads))
+                continue
             for a, b, g in split_heads(e, cfg.heads):
                 SpecEncoding(g, cfg.d_model // cfg.heads, b - a)
         for s in cfg.eval_scaling:

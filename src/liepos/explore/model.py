@@ -8,6 +8,9 @@ The encoding is pluggable per layer and per head: ``encoding`` is one spec (stri
 ``"rope"``, ``"rope+decay"``, or an :class:`~liepos.Encoding`) for every layer, or a list with one
 spec per layer; within a layer, a string ``"rope|alibi"`` or a tuple ``("rope", lp.alibi(2, 32))``
 splits the heads into contiguous equal groups (an Encoding in a tuple must be built for its group).
+A per-layer schedule (:mod:`liepos.schedule`) is the string ``"schedule:<name>[:key=value…]"`` (e.g.
+``"schedule:rnope_swa:window=64"``, ``"schedule:ssmax"``), a :class:`~liepos.Schedule`, or a
+:class:`~liepos.LayerSpec` per layer: each layer then gets its encoding, window and temperature.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 from liepos.explore.spec import SpecEncoding, split_heads
+from liepos.schedule import LayerSpec, Schedule, build_schedule, window_mask
 
 # an evaluation-time change of an encoding (a context-extension map): (encoding, sequence length) -> encoding
 Transform = Callable[[Encoding, int], Encoding]
 
-__all__ = ["ModelConfig", "Decoder", "Block", "Transform"]
+__all__ = ["ModelConfig", "Decoder", "Block", "Transform", "resolve_schedule"]
 
 
 @dataclass
@@ -60,6 +64,8 @@ class Block(nn.Module):
         if d_model % heads:
             raise ValueError(f"d_model {d_model} must be divisible by heads {heads}")
         self.heads, self.head_dim = heads, d_model // heads
+        self.layer = encoding if isinstance(encoding, LayerSpec) else None  # window and temperature of a schedule
+        encoding = encoding.encoding if isinstance(encoding, LayerSpec) else encoding
         if isinstance(encoding, Encoding):
             spans, specs = [(0, heads)], [encoding]
         elif isinstance(encoding, (list, tuple)):
@@ -86,6 +92,16 @@ class Block(nn.Module):
             nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
         )
 
+    def _schedule_kwargs(self, S: int, device: torch.device) -> dict:
+        """A schedule layer's window mask and temperature for positions 0 … S − 1 (nothing otherwise)."""
+        if self.layer is None:
+            return {}
+        kw: dict = {"temperature": self.layer.temperature}
+        if self.layer.window is not None or self.layer.chunk is not None:
+            t = torch.arange(S, dtype=torch.float64, device=device)[None]  # (1, S)
+            kw["attn_mask"] = window_mask(t, t, window=self.layer.window, chunk=self.layer.chunk)  # (1, 1, S, S)
+        return kw
+
     @property
     def groups(self) -> list[tuple[int, int, Encoding]]:
         """``(first head, end head, encoding)`` per head group, with the learned parts' current values."""
@@ -101,11 +117,34 @@ class Block(nn.Module):
             enc = transform(enc, S) if transform is not None else enc
             qg, kg = (q[:, a:b], k[:, a:b]) if p is None else (q[:, a:b] * p.to(q.dtype), k[:, a:b] / p.to(k.dtype))
             # positions default to arange(S) (bottom-right aligned, causal): the fast path of lp.attention
-            outs.append(lp.attention(qg, kg, v[:, a:b], enc, causal=True))
+            outs.append(lp.attention(qg, kg, v[:, a:b], enc, causal=True, **self._schedule_kwargs(S, x.device)))
         y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, H, S, hd)
         y = y.transpose(1, 2).reshape(B, S, D)  # (B, S, D)
         x = x + self.proj(y)
         return x + self.mlp(self.ln2(x))
+
+
+def resolve_schedule(encoding, config: ModelConfig):
+    """``"schedule:<name>[:key=value…]"`` or a :class:`~liepos.Schedule` -> one LayerSpec per layer; else as given."""
+    if isinstance(encoding, str) and encoding.startswith("schedule:"):
+        name, *fields = encoding.split(":")[1:]
+        options = {}
+        for f in fields:
+            key, sep, value = f.partition("=")
+            if not sep:
+                raise ValueError(f"{encoding!r}: a schedule option is key=value, got {f!r}")
+            options[key] = _number(value)
+        encoding = build_schedule(name, config.layers, config.d_model // config.heads, config.heads, **options)
+    return list(encoding) if isinstance(encoding, Schedule) else encoding
+
+
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 class Decoder(nn.Module):
@@ -114,6 +153,7 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig, encoding="rope") -> None:
         super().__init__()
         self.config = config
+        encoding = resolve_schedule(encoding, config)
         per_layer = list(encoding) if isinstance(encoding, (list, tuple)) else [encoding] * config.layers
         if len(per_layer) != config.layers:
             raise ValueError(f"got {len(per_layer)} per-layer encodings for {config.layers} layers")

@@ -95,11 +95,28 @@ def row_of(name: str, results: dict) -> str:
     row = results["summary"][name]
     if row.get("dominant"):
         return row["dominant"]
+    layers = _schedule_layers(row["base"], results["config"])
+    if layers is not None:  # a per-layer schedule: the blocks of every layer
+        counts: dict = {}
+        for enc in layers:
+            for r, n in lp.classify(enc.generator).counts.items():
+                counts[r] = counts.get(r, 0) + n
+        return max(counts, key=counts.get)
     c = lp.classify(from_spec(row["base"].split("|")[0], 16, 2))  # the first head group's encoding
     counts = dict(c.counts)
     if c.num_slots:  # ALiBi's bias rides on its polynomial slot block: that is its row
         return "polynomial"
     return max(counts, key=counts.get)
+
+
+def _schedule_layers(base: str, cfg: dict) -> list | None:
+    """Every layer's encoding of a ``"schedule:…"`` row (:mod:`liepos.schedule`), else ``None``."""
+    if not base.startswith("schedule:"):
+        return None
+    from liepos.explore.model import ModelConfig, resolve_schedule
+
+    mc = ModelConfig(d_model=cfg["d_model"], layers=cfg["layers"], heads=cfg["heads"])
+    return [spec.encoding for spec in resolve_schedule(base, mc)]
 
 
 def _pyplot():
@@ -207,6 +224,13 @@ def map_points(results: dict, scaled: tuple[str, ...] = ("rope",)) -> list[tuple
         run = next(r for r in results["runs"] if r["encoding"] == row["base"])
         if run.get("learned_generator"):
             blocks = [tuple(b) for g in run["learned_generator"]["final"] for head in g["blocks"] for b in head]
+        elif _schedule_layers(row["base"], cfg) is not None:
+            blocks = []
+            for enc in _schedule_layers(row["base"], cfg):
+                if row["scaling"]:
+                    enc = scaling_transform(row["scaling"], T)(enc, FAR * T)
+                g = enc.generator
+                blocks += [(float(r), float(f), n) for r, f, n in zip(g.rates.reshape(-1), g.freqs.reshape(-1), g.sizes)]
         else:
             blocks = []
             for a, b, spec in split_heads(row["base"], H):

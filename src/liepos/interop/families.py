@@ -21,7 +21,13 @@ written here once:
   attention lacks, so encodings that are not fixed rotations (xPos, ALiBi's slots, dynamic
   NTK, …) can run through it; ``why`` says what is missing when not;
 * ``positions``: ``"rope"``, ``"alibi"`` (Bloom, MPT, Falcon with ``alibi=True``: read by
-  :func:`liepos.from_hf` as ALiBi) or ``"absolute"`` (GPT-2, OPT: refused by name).
+  :func:`liepos.from_hf` as ALiBi), ``"absolute"`` (GPT-2, OPT: refused by name) or ``"refused"``
+  (a rope liepos does not reproduce yet: ``why`` says what it is);
+* ``direction``: +1, or -1 for a rotation that runs the other way (``ω < 0`` in liepos' sense);
+* ``rotary_dims``: the dims the attention passes to the rope, when known (a verified row: the probed
+  head, or with ``splits_rotary`` the rotated dims; table rows read them from the attention module);
+* ``verified``: the row was probed from the modeling code and proven (:mod:`liepos.interop.hf_verify`),
+  not written here.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class Family:
     why: str = ""
     positions: str = "rope"
     axes: int = 1
+    direction: int = 1
+    rotary_dims: int = 0
+    verified: bool = False
 
     @property
     def modeling(self) -> str:
@@ -106,7 +115,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),
     Family("opt", positions="absolute"),
-    Family("gptj", positions="absolute", why="GPT-J is rotary but patch_model does not reproduce its attention yet"),
+    Family("gptj", positions="refused",
+           why="GPT-J rotates the first rotary_dim dims of each head in pairs (2k, 2k + 1) with its own sin/cos "
+               "table and apply function, which neither from_hf nor patch_model reproduces yet"),
 )}
 # model types whose text decoder is one of the rows above
 _ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_vl": "qwen2_vl_text",

@@ -589,9 +589,16 @@ def _softmax_multiplier(params: Mapping[str, Any] | None, family: Family | None)
 def _layout(enc: Encoding, src: _Source, family: Family | None) -> Encoding:
     """The family's layout; a config of no known family says it with ``rope_interleave`` (what to_hf writes)."""
     layout = "rope_interleave" if family is None else family.layout
+    if family is not None and family.direction < 0:  # the rotation runs the other way: ω ↦ −ω
+        enc = scaling.map_spectrum(enc, _reversed)
     if layout == "half" or (layout == "rope_interleave" and not src.get("rope_interleave", False)):
         return enc
     return enc.replace(layout="interleaved")
+
+
+def _reversed(e: Encoding, length: int | None) -> Encoding:
+    """``e`` turning the other way: every frequency negated (module level, so encodings pickle)."""
+    return e.replace(generator=e.generator.with_params(freqs=-e.generator.freqs))
 
 
 def _mrope(params: Mapping[str, Any], src: _Source, head_dim: int, where: str) -> Encoding:
@@ -606,11 +613,40 @@ def _mrope(params: Mapping[str, Any], src: _Source, head_dim: int, where: str) -
     return enc.replace(name="hf:mrope")
 
 
+def _checked_family(src: _Source, family: Family | None, ignore: frozenset[str]) -> tuple[str, Family | None]:
+    """The kind of positions and the family row of a config: the table's, or one verified against the
+    modeling code (:mod:`liepos.interop.hf_verify`) for a ``model_type`` the table lacks."""
+    model_type = src.get("model_type")
+    kind = _position_kind(src, family)
+    if kind == "absolute":
+        raise ValueError(
+            f"{model_type!r} models use learned absolute position embeddings (added to the input), which are "
+            "not a relative encoding A(t − s): liepos has no encoding for them"
+            + (f"; {family.why}" if family is not None and family.why else "")
+        )
+    if kind == "refused":
+        raise ValueError(f"model_type {model_type!r}: {family.why}")
+    if model_type is not None and family is None and not any(
+        src.get(k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta")
+    ):
+        raise ValueError(
+            f"model_type {model_type!r} carries no rope parameters and liepos does not know the family: it may "
+            "use absolute positions or its own scheme; liepos refuses rather than assume RoPE"
+        )
+    if family is None and model_type is not None:
+        from liepos.interop.hf_verify import verified_family
+
+        family = verified_family(src.obj, str(model_type), ignore_axes="mrope_section" in ignore)  # or refuses
+    return kind, family
+
+
 def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "precise", head_dim: int | None = None,
-            ignore_keys: Iterable[str] = ()) -> HFRope | dict[str, HFRope]:
+            ignore_keys: Iterable[str] = (), family: Family | None = None) -> HFRope | dict[str, HFRope]:
     """Every position fact of a transformers config, per layer type: see :class:`HFRope`.
 
-    :func:`from_hf` is this, reduced to an :class:`~liepos.Encoding`. Arguments as there.
+    :func:`from_hf` is this, reduced to an :class:`~liepos.Encoding`. Arguments as there; ``family``:
+    the row to read the config with (default: the table's row of its ``model_type``, or one verified
+    against the modeling code; :func:`~liepos.interop.patch_model` passes the row it verified with the model).
 
     >>> r = read_hf({"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4,
     ...              "partial_rotary_factor": 0.5, "max_position_embeddings": 128,
@@ -623,25 +659,20 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     ignore = frozenset((ignore_keys,) if isinstance(ignore_keys, str) else ignore_keys)
     src = _Source(config)
-    model_type = src.get("model_type")
-    family = family_of(model_type)
-    kind = _position_kind(src, family)
-    if kind == "absolute":
-        raise ValueError(
-            f"{model_type!r} models use learned absolute position embeddings (added to the input), which are "
-            "not a relative encoding A(t − s): liepos has no encoding for them"
-            + (f"; {family.why}" if family is not None and family.why else "")
-        )
+    kind, family = _checked_family(src, family_of(src.get("model_type")) if family is None else family, ignore)
     if kind == "alibi":
         enc = _alibi(src, family)
         return HFRope(enc, 0, 1.0, 1.0, family)
-    if model_type is not None and family is None and not any(
-        src.get(k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta")
-    ):
-        raise ValueError(
-            f"model_type {model_type!r} carries no rope parameters and liepos does not know the family: it may "
-            "use absolute positions or its own scheme; liepos refuses rather than assume RoPE"
-        )
+    out = _read_layers(src, layer_type, precision, head_dim, ignore, family)
+    if family is not None and family.verified:
+        from liepos.interop.hf_verify import prove
+
+        prove(src.obj, family.model_type, out, layer_type)  # the reading equals upstream's rope, or a ValueError
+    return out
+
+
+def _read_layers(src: _Source, layer_type: str | None, precision: str, head_dim: int | None,
+                 ignore: frozenset[str], family: Family | None) -> HFRope | dict[str, HFRope]:
     dicts, nested = _rope_dicts(src)
 
     def read(lt: str | None, params: dict[str, Any] | None) -> HFRope:
@@ -650,6 +681,12 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
             return HFRope(_nope(hd, "hf:nope" + ("" if lt is None else f"[{lt}]")), 0, 1.0, 1.0, family)
         where = "" if lt is None else f" for layer type {lt!r}"
         if "mrope_section" in params and "mrope_section" not in ignore:
+            if family is not None and family.verified:
+                raise ValueError(
+                    f"model_type {family.model_type!r} is not in liepos' table and has M-RoPE sections{where}: "
+                    "the sections are wired by its model, not its rope, so liepos cannot verify them; pass "
+                    "ignore_keys={'mrope_section'} for its 1-D text positions"
+                )
             return HFRope(_mrope(params, src, hd, where), hd, 1.0, 1.0, family)
         enc, rotated = _one(dict(params), src=src, layer_type=lt, nested=nested, head_dim=hd,
                             precision=precision, ignore_keys=ignore, family=family)
@@ -706,7 +743,11 @@ def from_hf(
             ``rope_interleave`` pair dims (2k, 2k+1)), whether the default rope reads
             ``partial_rotary_factor`` (Llama and Qwen2 ignore it, Phi and GPT-NeoX read it),
             DeepSeek's softmax multiplier; Bloom, MPT and Falcon(``alibi=True``) are ALiBi with
-            their own slopes; GPT-2 and OPT are refused by name.
+            their own slopes; GPT-2 and OPT are refused by name. A ``model_type`` outside the table
+            is probed in its transformers modeling code and the reading proven against it
+            (:mod:`liepos.interop.hf_verify`), or refused with the reason: never read with
+            another family's conventions. A config without a ``model_type`` is liepos' own
+            (what :func:`~liepos.interop.to_hf` writes).
         layer_type: for per-layer-type parameters (Gemma 3/4, ModernBERT, …) the layer type to
             return; without it such a config gives a dict ``{layer_type: Encoding}``. A layer
             type whose parameters are ``None`` is NoPE.

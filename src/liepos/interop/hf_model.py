@@ -434,6 +434,10 @@ def _rotary_forward(self: Any, x: Any, position_ids: Any = None, *args: Any, **k
 def _family(model: Any, config: Any) -> Family:
     model_type = getattr(config, "model_type", None)
     family = family_of(model_type)
+    if family is None and isinstance(model_type, str):
+        from liepos.interop.hf_verify import patch_family
+
+        return patch_family(model, config)  # probed from the modeling code and proven, or refused with why
     if family is None or not family.attention:
         known = sorted(SUPPORTED_FAMILIES)
         why = "" if family is None or not family.why else f" ({family.why})"
@@ -512,6 +516,8 @@ def _fixed(enc: Encoding) -> bool:
 
 
 def _rotated_dims(module: Any, family: Family, config: Any) -> int:
+    if family.rotary_dims:  # a verified row: the dims its probe passed to the rope
+        return family.rotary_dims
     if family.splits_rotary:
         return int(module.rotary_ndims)
     return int(getattr(config, "qk_rope_head_dim", None) or getattr(module, "head_dim", None) or module.head_size)
@@ -525,7 +531,8 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     (Llama, Mistral, Mixtral, Qwen2/3 and their MoE, Gemma 1–3, OLMo 1–2, Granite, Starcoder2,
     Cohere, GLM, GLM4, StableLM, Phi, Phi-3, GPT-NeoX, Falcon, DeepSeek-V3, GPT-OSS, SmolLM3,
     Llama 4 text, Qwen2-VL/2.5-VL text with M-RoPE; ALiBi: Bloom, MPT, Falcon with ``alibi=True``).
-    Any other model is refused with the reason.
+    A family outside the table is probed in its modeling code and proven on the spot
+    (:mod:`liepos.interop.hf_verify`); any other model is refused with the reason.
 
     * ``encoding=None``: what the config means (:func:`liepos.interop.read_hf`, ``precision``
       passed on), so the patched model computes what the unpatched one does; the temperature is
@@ -555,7 +562,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     family = _family(model, config)
-    read = read_hf(config, precision=precision) if encoding is None else encoding
+    read = read_hf(config, precision=precision, family=family) if encoding is None else encoding
     modules = [m for m in model.modules() if type(m).__name__ in family.attention and getattr(m, "use_rope", True)]
     if not modules:
         raise ValueError(f"{type(model).__name__} has no attention layer of class {list(family.attention)}")
