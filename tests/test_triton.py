@@ -26,10 +26,19 @@ ENCODINGS = {
     "jordan": lambda: lp.build("jordan", 16),
     "alibi": lambda: lp.alibi(2, 16),
     "partial": lambda: lp.Encoding(lp.direct_sum(lp.rope(8).generator, lp.nope(8).generator)),
+    "runs": lambda: lp.Encoding(_runs_generator()),  # rotation, decay and NoPE runs side by side
+    "runs_half": lambda: lp.Encoding(_runs_generator(), layout="half"),
 }
+
+
+def _runs_generator() -> lp.Generator:
+    return lp.direct_sum(lp.rope(6).generator, lp.decay([0.02, 0.1, 0.0, 0.3, 0.05]).generator,
+                         lp.nope(5).generator)
+
 # the run kinds each encoding must put through the kernels (so a case cannot pass on copies alone)
 KINDS = {"rope": {"complex"}, "rope_half": {"halves"}, "xpos": {"complex"}, "xpos_half": {"halves"},
-         "retnet": {"complex"}, "decay": {"real"}, "partial": {"complex", "copy"}}
+         "retnet": {"complex"}, "decay": {"real"}, "partial": {"complex", "copy"},
+         "runs": {"complex", "real", "copy"}, "runs_half": {"halves", "real", "copy"}}
 
 
 @pytest.fixture(autouse=True)
