@@ -171,3 +171,16 @@ def test_the_fast_path_calls_the_kernels_forward_and_backward(name, monkeypatch)
     monkeypatch.setenv("LIEPOS_TRITON", "0")
     y0, g0 = run()
     assert torch.allclose(y, y0, rtol=1e-12, atol=1e-12) and torch.allclose(g, g0, rtol=1e-12, atol=1e-12)
+
+
+def test_import_liepos_does_not_import_triton():
+    """Triton is imported on the first kernel call only: ``import liepos`` works where it is not installed."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    code = "import sys, liepos, liepos._fast, liepos._triton; print('triton' in sys.modules)"
+    src = str(pathlib.Path(lp.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": src}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.stdout.strip() == "False", r.stderr[-2000:]
