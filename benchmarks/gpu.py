@@ -33,8 +33,10 @@ bank, up to rate 1/2, leaves float32 after 176 positions in one factorisation), 
 (the copy floor), HF's ``apply_rotary_pos_emb`` (or its formula, labelled, without transformers) with
 cos/sin built as HF does (``cat(freqs, freqs)``, here from float64 angles), and Liger's
 ``liger_rotary_pos_emb`` (or, without liger_kernel, ``torch.compile`` of the HF formula: one Triton kernel
-from Inductor on CUDA). Attention: (1, 8, 4096, 64) (quick: (1, 8, 128, 64)) bfloat16, ``lp.attention``
-per encoding against causal SDPA. On the CPU the times are a smoke run's, not measurements.
+from Inductor on CUDA). On CUDA the liepos rows run liepos' Triton kernels (:mod:`liepos._triton`); two more
+rows per layout time that kernel alone on given tables and the torch ops with it off (``LIEPOS_TRITON=0``).
+Attention: (1, 8, 4096, 64) (quick: (1, 8, 128, 64)) bfloat16, ``lp.attention``
+per encoding against causal SDPA, and on CUDA ALiBi through FlexAttention (``liepos.attention_flex``, compiled). On the CPU the times are a smoke run's, not measurements.
 
 **Bytes** of an apply row (the traffic no rotation avoids, the same count for every row): q and k read once
 and written once, ``4·B·H·S·D·e`` (``e`` the element size), plus a cos and a sin table of ``S × D`` float32
@@ -323,6 +325,8 @@ def apply_contenders(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
         "liepos xpos": lambda: (xpos.query(q, pos), xpos.key(k, pos)),
         "liepos decay (rate 1/8192)": lambda: (decay.query(q, pos), decay.key(k, pos)),
     }
+    if device.type == "cuda":  # the liepos rows above run the Triton kernels there; the kernel alone and the torch ops
+        fns.update(_triton_rows(q, k, pos, half, inter))
     dname = str(dtype).removeprefix("torch.")
     agree = {}
     for label, f in peers().items():
@@ -335,6 +339,28 @@ def apply_contenders(shape: tuple[int, ...], dtype: torch.dtype, device: torch.d
             return torch.stack((yq, yk)), torch.stack((rq, rk)).to("cpu", torch.float64)
         agree[label] = _row(label, f"agrees with liepos rope half on {tuple(shape)}", dname, both, TOL["apply"][dname])
     return fns, agree
+
+
+def _triton_rows(q, k, pos, half, inter) -> dict[str, Callable]:
+    """CUDA only: liepos' Triton kernel alone on given tables, and the torch ops with it off (``LIEPOS_TRITON=0``)."""
+    from liepos import _triton
+
+    if not _triton.available():
+        return {}
+    out: dict[str, Callable] = {}
+    for label, enc in (("half", half), ("interleaved", inter)):
+        fq, fk = (enc._fast_tables(pos.to(q.device), side, torch.float32, True) for side in ("query", "key"))
+        out[f"liepos rope {label}: Triton kernel alone (tables given)"] = (
+            lambda fq=fq, fk=fk: (_triton.apply(q, fq), _triton.apply(k, fk)))
+
+        def torch_ops(enc=enc):
+            os.environ["LIEPOS_TRITON"] = "0"
+            try:
+                return enc.query(q, pos), enc.key(k, pos)
+            finally:
+                os.environ.pop("LIEPOS_TRITON")
+        out[f"liepos rope {label}: torch ops (LIEPOS_TRITON=0)"] = torch_ops
+    return out
 
 
 def bytes_moved(shape: tuple[int, ...], dtype: torch.dtype) -> int:
@@ -372,6 +398,14 @@ def time_attention(shape, device, rounds: int, number: int) -> list[dict]:
     fns = {"sdpa (causal)": lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=True)}
     for name, enc in encodings(shape[1], shape[3]).items():
         fns[f"lp.attention {name}"] = lambda e=enc: lp.attention(q, k, v, e)
+    if device.type == "cuda":  # ALiBi's bias as a FlexAttention score_mod (compiled), where torch has it
+        try:
+            from liepos.attention_flex import flex_attention
+        except ImportError:
+            pass
+        else:
+            alibi = encodings(shape[1], shape[3])["alibi"]
+            fns["flex_attention alibi (score_mod)"] = lambda: flex_attention(q, k, v, alibi)
     times, failed = interleaved_events(fns, device, rounds, number)
     rows = []
     for n in fns:

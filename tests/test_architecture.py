@@ -81,11 +81,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos._jordan", "liepos.generator"),
     ("liepos.classify", "liepos.tables"),
     ("liepos.apply",),
-    ("liepos._fast", "liepos._kernels"),
+    ("liepos._fast", "liepos._kernels", "liepos._triton"),
     ("liepos.encoding", "liepos._graph"),
     ("liepos.catalogue", "liepos.scaling", "liepos.nn", "liepos.coordinates"),
     ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.attention_call", "liepos.attention_sdpa",
-     "liepos.attention_pieces", "liepos.temperature"),
+     "liepos.attention_pieces", "liepos.temperature", "liepos.attention_flex"),
     ("liepos.attention", "liepos.per_request"),
     ("liepos", "liepos.schedule", "liepos.interop", "liepos.diagnose", "liepos.explore", "liepos.tour", "liepos.cli"),
 ]
@@ -143,8 +143,9 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_positions_only_go_down_from_the_encoding_to_the_kernels():
-    assert GRAPH["liepos._fast"] <= {"liepos.tables", "liepos.apply", "liepos._kernels"}, GRAPH["liepos._fast"]
+    assert GRAPH["liepos._fast"] <= {"liepos.tables", "liepos.apply", "liepos._kernels", "liepos._triton"}, GRAPH["liepos._fast"]
     assert not GRAPH["liepos._kernels"], GRAPH["liepos._kernels"]  # the compiled kernels import torch only
+    assert not GRAPH["liepos._triton"], GRAPH["liepos._triton"]  # torch and (lazily) triton only
     assert GRAPH["liepos.apply"] <= {"liepos.tables", "liepos.generator", "liepos.structure"}, GRAPH["liepos.apply"]
     assert "liepos.encoding" not in GRAPH["liepos.tables"] | GRAPH["liepos.generator"]
 

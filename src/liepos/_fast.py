@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 import liepos._kernels as _kernels
+import liepos._triton as _triton
 from liepos.tables import Tables
 
 __all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast"]
@@ -384,6 +385,12 @@ def _forward(
 ) -> torch.Tensor:
     """The transform (``conj``: its transpose) of ``x``'s first ``content`` columns, slots appended."""
     width = ft.width if not conj else ft.content
+    # the Triton kernels on CUDA (on the CPU only under TRITON_INTERPRET=1, as the tests run them); None: the ops below
+    if (x.is_cuda or _triton.interpreting()) and not inplace and _triton.available():
+        terms = None if ft.terms is None else (_transposed_terms(ft) if conj else ft.terms)
+        y = _triton.apply(x, ft, conj, out_dtype or x.dtype, terms)
+        if y is not None:
+            return y
     y = _one_pass(x, ft, inplace, conj, x.dtype if inplace else (out_dtype or x.dtype))
     if y is not None:
         return y
