@@ -83,10 +83,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos.apply",),
     ("liepos._fast", "liepos._kernels"),
     ("liepos.encoding", "liepos._graph"),
-    ("liepos.catalogue", "liepos.scaling", "liepos.nn"),
+    ("liepos.catalogue", "liepos.scaling", "liepos.nn", "liepos._graph_key"),
     ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.attention_call", "liepos.attention_sdpa",
      "liepos.attention_pieces"),
-    ("liepos.attention",),
+    ("liepos.attention", "liepos.attention_graph"),
     ("liepos", "liepos.interop", "liepos.diagnose", "liepos.explore", "liepos.tour", "liepos.cli"),
 ]
 

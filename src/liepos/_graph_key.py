@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from liepos import _graph
+import liepos._graph as _graph
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 from liepos.scaling import LengthRule

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from liepos import _graph
-from liepos import _graph_key as _graph_key  # noqa: F401  (installs the structure writer/reader into _graph)
+import liepos._graph as _graph
+import liepos._graph_key  # noqa: F401  (installs the structure writer/reader into _graph)
 
 __all__ = ["OP", "OP_BACKWARD", "install", "routable", "run"]
 
@@ -159,10 +159,11 @@ def _live(key: str) -> Any:
     return enc
 
 
-def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Any, positions: Any, key_positions: Any, causal: bool,
-        masks: tuple, scale: Any, allow_bidirectional: bool, block_size: int, sinks: Any, venc: Any) -> torch.Tensor:
-    """The call as the op (``routable`` said yes)."""
+def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Any, positions: Any, key_positions: Any, masks: tuple,
+        scale: Any, flags: tuple, sinks: Any, venc: Any) -> torch.Tensor:
+    """The call as the op (``routable`` said yes): compiled, exported or on meta tensors."""
     attn_mask, key_padding_mask, document_ids, key_document_ids = masks
+    causal, allow_bidirectional, block_size = flags
     return torch.ops.liepos.attention(
         q, k, v, positions, key_positions, causal, attn_mask, key_padding_mask, document_ids, key_document_ids,
         None if scale is None else float(scale), allow_bidirectional, block_size, sinks,
