@@ -35,6 +35,7 @@ import liepos._graph_key  # noqa: F401  (installs the structure writer/reader in
 __all__ = ["OP", "OP_BACKWARD", "install", "routable", "run"]
 
 OP, OP_BACKWARD = "liepos::attention", "liepos::attention_backward"
+_EXCLUDED = torch._C._dispatch_tls_local_exclude_set()  # the dispatch keys excluded outside any op (autocast)
 _eager: dict[str, Callable] = {}
 
 
@@ -79,11 +80,14 @@ def _backward_impl(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                    key_padding_mask: torch.Tensor | None, document_ids: torch.Tensor | None,
                    key_document_ids: torch.Tensor | None, scale: float | None, allow_bidirectional: bool,
                    block_size: int, sinks: torch.Tensor | None, enc: str, venc: str | None) -> list[torch.Tensor]:
-    with torch.enable_grad():
+    # an op runs below autograd (its dispatch keys excluded): restore them, so that the eager call records
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), _EXCLUDED), torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (q, k, v, *(() if sinks is None else (sinks,)))]
         s = leaves[3] if sinks is not None else None
         out = _call(*leaves[:3], positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                     key_document_ids, scale, allow_bidirectional, block_size, s, enc, venc)
+        if not out.requires_grad:
+            raise RuntimeError("liepos: the recomputed attention recorded no graph; this is a bug")
         grads = torch.autograd.grad(out, leaves, g, allow_unused=True)
     return [torch.zeros_like(t) if d is None else d.contiguous() for t, d in zip(leaves, grads)]
 
