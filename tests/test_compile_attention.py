@@ -186,3 +186,15 @@ def test_torch_export_runs_in_a_fresh_process(name, tmp_path):
     r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "block.pt2"), str(tmp_path / "io.pt")],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "jordan", "mrope", "retnet"])
+def test_meta_tensors_through_query_and_key(name):
+    """Meta initialisation (FSDP, a model built on the meta device): the encoded shape, dtype and memory order."""
+    enc = _build(name)
+    q, _, _, pos = _inputs(enc, 9)
+    for x in (q.to("meta"), q.to("meta", torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)):
+        for side, f in (("query", enc.query), ("key", enc.key)):
+            real = f(torch.zeros(x.shape, dtype=x.dtype).as_strided(x.shape, x.stride()), pos)
+            got = f(x, pos)
+            assert got.is_meta and got.shape == real.shape and got.dtype == real.dtype and got.stride() == real.stride()

@@ -48,7 +48,7 @@ from liepos._fast import _empty, _forward, apply_fast
 from liepos.apply import LOW_PRECISION, work_dtype
 from liepos.tables import check_range
 
-__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "Positions", "apply", "deferrable", "graph_id", "install", "usable"]
+__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "Positions", "apply", "deferrable", "graph_id", "install", "meta", "usable"]
 
 OP, OP_TRANSPOSED, OP_INPLACE = "liepos::encode", "liepos::encode_transposed", "liepos::encode_"
 
@@ -249,3 +249,13 @@ def apply(enc: Any, x: torch.Tensor, pos: Any, side: str, with_slots: bool, inpl
             return x
         return x.copy_(torch.ops.liepos.encode(x, raw, origin, i, side, with_slots))
     return torch.ops.liepos.encode(x, raw, origin, i, side, with_slots)
+
+
+def meta(enc: Any, x: torch.Tensor, with_slots: bool, inplace: bool) -> torch.Tensor:
+    """F or G of a meta tensor: no values, the output's shape, dtype and strides as the op's fake gives them."""
+    width = _width(enc, x, with_slots)
+    if inplace:
+        if width != x.shape[-1]:
+            raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {width}")
+        return x
+    return _empty(x, width, _out_dtype(enc, x, with_slots))
