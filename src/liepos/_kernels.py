@@ -439,28 +439,19 @@ def _nofollow(path: str, flags: int) -> int:
 def _verified(lib: Path) -> bool | None:
     """Whether the cached ``lib`` may be loaded: None when there is none; True when it is a regular file of
     this user whose bytes hash to its sidecar (``lib.sha256``, written after the library's atomic rename);
-    False for anything else (a symlink, a truncated or foreign file, no sidecar): it is removed for a rebuild."""
+    False for anything else (a symlink, a truncated or foreign file, no sidecar): it is then rebuilt and
+    renamed over it (nothing is deleted first, so a process loading a good copy never finds it gone)."""
     if not os.path.lexists(lib):
         return None
     side = lib.with_suffix(".sha256")
     try:
         st = os.lstat(lib)
-        ok = stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not os.path.islink(side)
-        ok = ok and side.read_text(encoding="ascii").strip() == _sha256(lib)
+        if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()) or os.path.islink(side):
+            return False
+        with open(side, encoding="ascii", opener=_nofollow) as f:
+            return f.read().strip() == _sha256(lib)
     except (OSError, UnicodeDecodeError):
-        ok = False
-    if not ok:
-        for p in (lib, side):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-    return ok
-
-
-def _private_file(d: Path, suffix: str) -> Path:
-    """A fresh file in ``d`` (created O_EXCL with mode 0600: never a symlink or anyone's existing file)."""
-    fd, name = tempfile.mkstemp(suffix=suffix, prefix="build_", dir=d)
-    os.close(fd)
-    return Path(name)
+        return False
 
 
 def _build(name: str, source: str) -> Path:
@@ -478,26 +469,28 @@ def _build(name: str, source: str) -> Path:
         return lib
     if ok is False:
         _say_once(f"rebuilt:{lib.name}", f"liepos: the cached kernel {str(lib)!r} is not the library liepos built "
-                  f"(a truncated, foreign or unverifiable file): removed and rebuilt", True)
-    src = _private_file(d, ".c")
-    tmp = _private_file(d, ".so")
+                  f"(a truncated, foreign or unverifiable file): rebuilt", True)
+    # a fresh private directory (mkdtemp: 0700, created exclusively) for the source and the output: no name in
+    # it can be a planted symlink, and the source's fixed name keeps the built bytes the same in every process
+    work = Path(tempfile.mkdtemp(prefix="build_", dir=d))
+    src, tmp = work / f"{name}_{key}.c", work / f"{name}_{key}.so"
     errors = []
     try:
-        with open(src, "w", encoding="utf-8", opener=_nofollow) as f:
+        with open(src, "x", encoding="utf-8", opener=_nofollow) as f:
             f.write(source)
         for flags in _FLAGS:
             r = _run_compiler([cc, *flags, "-fPIC", "-shared", str(src), "-o", str(tmp)])
             if r.returncode == 0:
                 digest = _sha256(tmp)
                 os.replace(tmp, lib)  # atomic: concurrent processes compile the same bytes
-                side = _private_file(d, ".sha256")
-                side.write_text(digest, encoding="ascii")
-                os.replace(side, lib.with_suffix(".sha256"))  # the sidecar after the library: never a stale pair
+                side = work / "sha256"
+                with open(side, "x", encoding="ascii", opener=_nofollow) as f:
+                    f.write(digest)
+                os.replace(side, lib.with_suffix(".sha256"))  # the sidecar after the library
                 return lib
             errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-300:]}")
     finally:
-        for p in (src, tmp):
-            p.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
     raise RuntimeError(f"{cc} failed: " + " | ".join(errors))
 
 
