@@ -83,10 +83,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos.apply",),
     ("liepos._fast", "liepos._kernels", "liepos._triton"),
     ("liepos.encoding", "liepos._graph"),
-    ("liepos.catalogue", "liepos.scaling", "liepos.nn", "liepos.coordinates"),
+    ("liepos.catalogue", "liepos.scaling", "liepos.nn", "liepos.coordinates", "liepos._graph_key"),
     ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.attention_call", "liepos.attention_sdpa",
      "liepos.attention_pieces", "liepos.temperature", "liepos.attention_flex"),
-    ("liepos.attention", "liepos.per_request"),
+    ("liepos.attention", "liepos.attention_graph", "liepos.per_request"),
     ("liepos", "liepos.schedule", "liepos.interop", "liepos.diagnose", "liepos.explore", "liepos.tour", "liepos.cli"),
 ]
 

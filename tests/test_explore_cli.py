@@ -105,6 +105,20 @@ def test_resume_skips_finished_runs_and_redoes_a_removed_one_identically(tmp_pat
     assert after["eval"] == before["eval"] and after["train_loss"] == before["train_loss"]
 
 
+@pytest.mark.parametrize("content", ["[1, 2]", "3", "null", '"done"'])
+def test_resume_over_a_run_file_that_is_json_but_not_an_object_is_a_named_error(tmp_path, capsys, content):
+    argv = ["--task", "copy", "--encodings", "rope", "--steps", "2", "--batch-size", "8", "--d-model", "16",
+            "--layers", "1", "--heads", "2", "--train-len", "16", "--eval-lens", "16", "--eval-tokens", "64",
+            "--threads", "1", "--no-progress", "--out", str(tmp_path)]
+    path = run_path(tmp_path, "rope", 0)
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    code, err, _ = _main(argv, capsys)
+    assert code != 0 and "Traceback" not in err and "AttributeError" not in err
+    assert str(path) in err and "not a run's result" in err
+    assert path.read_text() == content  # left as it was: the user decides
+
+
 UNWRITABLE = "/proc/liepos-explore-test"  # nothing can be created under /proc, not even by root
 
 

@@ -393,13 +393,17 @@ def test_no_compiler_warns_once_and_falls_back(kernels_on_small_inputs, monkeypa
 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler: nothing is cached")
-def test_native_kernels_are_cached_on_disk_and_need_no_compiler_then(kernels_on_small_inputs, monkeypatch, tmp_path):
+def test_native_kernels_are_cached_on_disk_and_not_rebuilt(kernels_on_small_inputs, monkeypatch, tmp_path):
     monkeypatch.setenv(_kernels.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(_kernels, "_native", {})
     enc = lp.build("jordan", 16)
     x = torch.randn(2, 4, 9, 16)
     want = enc.key(x, torch.arange(9))
-    assert list(tmp_path.glob("terms_*.so"))
+    assert list(tmp_path.glob("terms_*.so")) and list(tmp_path.glob("terms_*.sha256"))
     monkeypatch.setattr(_kernels, "_native", {})
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))  # a cached library is loaded, not rebuilt
+
+    def no_compiler(cmd):
+        raise AssertionError(f"rebuilt: {cmd}")
+
+    monkeypatch.setattr(_kernels, "_run_compiler", no_compiler)  # a verified cached library is loaded, not rebuilt
     assert torch.equal(enc.key(x, torch.arange(9)), want) and _kernels.status()["native"]

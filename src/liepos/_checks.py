@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 __all__ = [
+    "DOUBLE_BACKWARD",
+    "DoubleBackwardError",
     "all_finite",
     "check_bool",
     "check_choice",
@@ -37,6 +39,19 @@ __all__ = [
     "check_tensor",
     "describe",
 ]
+
+
+class DoubleBackwardError(NotImplementedError):
+    """A second derivative (``create_graph=True``) through a computation liepos differentiates only once."""
+
+
+DOUBLE_BACKWARD = (
+    "liepos: a second derivative (create_graph=True) through lp.attention's fused kernel is not supported: it "
+    "serves re-centred encodings (decay, xPos, RetNet, ALiBi, Jordan blocks), sinks and per-key biases, and the "
+    "flash kernel's backward has no derivative of its own. Twice differentiable: enc.query / enc.key (every "
+    "encoding), lp.attention_reference, and lp.attention of rotations and NoPE without sinks under "
+    "torch.nn.attention.sdpa_kernel(SDPBackend.MATH)"
+)
 
 
 def describe(value: Any, limit: int = 80) -> str:
@@ -227,8 +242,8 @@ def all_finite(*xs: torch.Tensor) -> bool:
     (True, False)
     """
     for x in xs:
-        if x.numel() and not (x.is_floating_point() or x.is_complex()):
-            continue
+        if x.numel() and not (x.is_floating_point() or x.is_complex()) or x.is_meta:
+            continue  # a meta tensor has shapes and no values: nothing to find, the finite path's shapes
         with torch.no_grad():
             if x.numel() and not math.isfinite(abs(complex(x.detach().sum().item()))):
                 if not bool(torch.isfinite(x.detach()).all()):

@@ -468,8 +468,28 @@ def _one_pass(x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool, out_dt
     return _kernels.rotate_halves(x, cs, -sn if conj else sn, into=x if inplace else None)
 
 
+class _Transposed(torch.autograd.Function):
+    """``g ↦ Mᵀ g`` (the backward of :class:`_Apply`) as a differentiable op: its backward is ``M gg``
+    restricted to the content columns (``Mᵀ`` maps content to content; the slots' rows of ``M`` carry
+    constants, no dependence on ``g``)."""
+
+    @staticmethod
+    def forward(ctx, g: torch.Tensor, ft: FastTables, out_dtype) -> torch.Tensor:  # type: ignore[override]
+        ctx.ft, ctx.g_dtype = ft, g.dtype
+        return _forward(g, ft, False, conj=True, out_dtype=out_dtype)
+
+    @staticmethod
+    def backward(ctx, gg: torch.Tensor):  # type: ignore[override]
+        ft: FastTables = ctx.ft
+        y = apply_fast(gg, ft, out_dtype=ctx.g_dtype)  # differentiable again through _Apply when recorded
+        return y[..., : ft.content], None, None
+
+
 class _Apply(torch.autograd.Function):
-    """``y = M x`` with a backward ``Mᵀ g`` from the saved tables only (the input is never saved)."""
+    """``y = M x`` with a backward ``Mᵀ g`` from the saved tables only (the input is never saved).
+
+    The backward is itself differentiable (double backward, ``create_graph=True``): with a graph to
+    record it is :class:`_Transposed`, whose own backward is ``M`` again (the content columns)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, ft: FastTables, inplace: bool, out_dtype) -> torch.Tensor:  # type: ignore[override]
@@ -485,6 +505,8 @@ class _Apply(torch.autograd.Function):
         g = g[..., : ft.content]
         if g.dtype != ctx.in_dtype and g.dtype != ft.dtype:
             g = g.to(ft.dtype)
+        if torch.is_grad_enabled() and g.requires_grad:  # create_graph=True: record Mᵀ g as a differentiable op
+            return _Transposed.apply(g, ft, ctx.in_dtype), None, None, None
         return _forward(g, ft, False, conj=True, out_dtype=ctx.in_dtype), None, None, None
 
 

@@ -23,9 +23,10 @@ Why not tables from an op and the elementwise apply traced: an op may not hand t
 tables (Inductor may reuse an op's output buffers), and fresh copies of them cost more than the whole
 apply saves (measured 1.41-1.44x eager at (1, 32, 4096, 128) on the 2-core CPU).
 
-The encoding id is a Python int (:func:`graph_id`, an entry in a registry of live encodings held by
-weak reference), a constant of the graph: one graph per encoding, none per length (positions and x
-stay dynamic).
+The encoding is named by its structure (:func:`graph_id`: a JSON string of the generator, layout, slots,
+scales and length rule, :mod:`liepos._graph_key`), a constant of the graph: one graph per encoding, none
+per length (positions and x stay dynamic), and a program saved by ``torch.export`` runs in another
+process, which rebuilds the encoding from that string.
 
 Not taken (the traced readable path instead, differentiable in everything): learnable rates or
 frequencies (``requires_grad``), positions that require grad, a change of basis, a plane partner that
@@ -34,7 +35,7 @@ is a gather, complex inputs (:func:`usable`).
 
 from __future__ import annotations
 
-import itertools
+import functools
 import sys
 import threading
 import weakref
@@ -47,7 +48,7 @@ from liepos._fast import _empty, _forward, apply_fast
 from liepos.apply import LOW_PRECISION, work_dtype
 from liepos.tables import check_range
 
-__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "Positions", "apply", "deferrable", "graph_id", "usable"]
+__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "Positions", "apply", "deferrable", "graph_id", "install", "meta", "usable"]
 
 OP, OP_TRANSPOSED, OP_INPLACE = "liepos::encode", "liepos::encode_transposed", "liepos::encode_"
 
@@ -55,41 +56,75 @@ OP, OP_TRANSPOSED, OP_INPLACE = "liepos::encode", "liepos::encode_transposed", "
 def _constant(fn: Callable) -> Callable:
     """``torch.compiler.assume_constant_result(fn)`` without importing dynamo when liepos is imported
     (it costs a second): the decorator only sets this marker, which dynamo reads when it traces a
-    call (``tests/test_compile.py`` checks that the public decorator still sets the same marker)."""
+    call (``tests/test_compile.py`` checks that the public decorator still sets the same marker).
+    ``fn`` runs with torch's dispatch modes off: ``torch.export`` (non-strict) runs it under its fake and
+    proxy modes, and what it reads or memoises on the encoding (the plan, the structure) must be real."""
+
+    @functools.wraps(fn)
+    def real(*args: Any) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return fn(*args)
+
     if "torch._dynamo" in sys.modules:
-        return torch.compiler.assume_constant_result(fn)
-    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
-    return fn
+        return torch.compiler.assume_constant_result(real)
+    real._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return real
 
 
 _lock = threading.Lock()
-_ids = itertools.count(1)
-_registry: dict[int, weakref.ref] = {}
+_registry: dict[str, weakref.ref] = {}  # structure -> a live encoding of that structure
+_rebuilt: dict[str, Any] = {}  # structures met first in a graph (a loaded program): rebuilt once, kept
+_hooks: dict[str, Callable] = {}  # "key" / "rebuild": liepos._graph_key's, installed when liepos is imported
+
+
+def install(key: Callable[[Any], str], rebuild: Callable[[str], Any]) -> None:
+    """Install the writer and reader of an encoding's structure (:mod:`liepos._graph_key`, a higher layer)."""
+    _hooks.update(key=key, rebuild=rebuild)
 
 
 @_constant
-def graph_id(enc: Any) -> int:
-    """The encoding's id in the registry (assigned once; a graph constant, so one graph per encoding)."""
+def graph_id(enc: Any) -> str:
+    """The encoding as a graph constant: its structure written out (:func:`liepos._graph_key.key`), so one
+    graph per structure, none per length, and a saved program (``torch.export``) names the encoding itself,
+    never an id of one process. Written once per version of the encoding (a learned generator's step
+    changes it)."""
+    version = enc.version
+    memo = enc.__dict__.get("_graph_key")
+    if memo is not None and memo[0] == version:
+        key = memo[1]
+    else:
+        key = _hooks["key"](enc)
+        enc.__dict__["_graph_key"] = (version, key)
     with _lock:
-        i = enc.__dict__.get("_graph_id")
-        ref = _registry.get(i)
-        if ref is None or ref() is not enc:  # new, or a copy (copy/pickle carry the attribute along)
-            i = next(_ids)
-            enc.__dict__["_graph_id"] = i
-            _registry[i] = weakref.ref(enc, lambda _, i=i: _registry.pop(i, None))
-        return i
+        ref = _registry.get(key)
+        if ref is None or ref() is None:
+            _registry[key] = weakref.ref(enc, lambda _, k=key: _forget(k))
+    return key
 
 
-def _encoding(i: int) -> Any:
-    ref = _registry.get(i)
+def _forget(key: str) -> None:
+    with _lock:
+        ref = _registry.get(key)
+        if ref is not None and ref() is None:
+            del _registry[key]
+
+
+def _encoding(key: str) -> Any:
+    """A live encoding of the structure ``key``, else one rebuilt from it (a program saved elsewhere)."""
+    ref = _registry.get(key)
     enc = None if ref is None else ref()
     if enc is None:
-        raise RuntimeError(f"liepos: the encoding with graph id {i} no longer exists (a compiled graph outlived it)")
+        with _lock:
+            enc = _rebuilt.get(key)
+            if enc is None:
+                enc = _rebuilt[key] = _hooks["rebuild"](key)
     return enc
 
 
 @_constant
-def usable(i: int) -> bool:
+def usable(i: str) -> bool:
     """Whether the encoding's plan has a fast form (not a gather partner); the rest (grads, basis,
     complex x) the caller checks on the tensors it traces."""
     return _encoding(i).plan.partner != "gather"
@@ -139,7 +174,7 @@ def _relative(enc: Any, x: torch.Tensor, positions: torch.Tensor | None, origin:
     return pos
 
 
-def _encode_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: int,
+def _encode_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: str,
                  side: str, with_slots: bool) -> torch.Tensor:
     enc = _encoding(enc_id)
     pos = _relative(enc, x, positions, origin, side)
@@ -153,7 +188,7 @@ def _encode_fake(x, positions, origin, enc_id, side, with_slots):
     return _empty(x, _width(enc, x, with_slots), _out_dtype(enc, x, with_slots))
 
 
-def _transposed_impl(g: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: int,
+def _transposed_impl(g: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: str,
                      side: str, with_slots: bool, dtype: torch.dtype) -> torch.Tensor:
     enc = _encoding(enc_id)
     pos = _relative(enc, g, positions, origin, side, checked=False)  # the forward checked the same positions
@@ -168,7 +203,7 @@ def _transposed_fake(g, positions, origin, enc_id, side, with_slots, dtype):
     return _empty(g, g.shape[-1], dtype)
 
 
-def _inplace_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: int,
+def _inplace_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: str,
                   side: str) -> None:
     enc = _encoding(enc_id)
     ft = enc._fast_tables(_relative(enc, x, positions, origin, side), side, work_dtype(x.dtype), False)
@@ -214,3 +249,13 @@ def apply(enc: Any, x: torch.Tensor, pos: Any, side: str, with_slots: bool, inpl
             return x
         return x.copy_(torch.ops.liepos.encode(x, raw, origin, i, side, with_slots))
     return torch.ops.liepos.encode(x, raw, origin, i, side, with_slots)
+
+
+def meta(enc: Any, x: torch.Tensor, with_slots: bool, inplace: bool) -> torch.Tensor:
+    """F or G of a meta tensor: no values, the output's shape, dtype and strides as the op's fake gives them."""
+    width = _width(enc, x, with_slots)
+    if inplace:
+        if width != x.shape[-1]:
+            raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {width}")
+        return x
+    return _empty(x, width, _out_dtype(enc, x, with_slots))

@@ -23,8 +23,9 @@ column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables fr
 :func:`liepos._fast._terms`), and the half-layout rotation (in place and out of place; the Inductor loop
 runs it where the native kernels do not: CUDA, no C compiler). Each variant is a small C file
 generated with its constants (dtype, width, offsets, masks), compiled by the system C compiler at its
-first use (about 0.15 s; never at import), cached on disk (:data:`CACHE_ENV`) and called through
-``ctypes``; x of float32, float64, bfloat16 or float16 is read and written directly (half precision
+first use (about 0.15 s; never at import), cached on disk (:data:`CACHE_ENV`: a directory of this user
+that nobody else can write, created 0700; every library verified against its SHA-256 sidecar before it
+is loaded, a truncated or foreign file rebuilt with one warning) and called through ``ctypes``; x of float32, float64, bfloat16 or float16 is read and written directly (half precision
 computed in float32 in registers and rounded as torch rounds).
 
 Compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a
@@ -36,7 +37,8 @@ The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
 * ``LIEPOS_KERNELS=0`` (also ``false``/``off``/``no``) is set — logged once at INFO;
 * the device is neither CPU nor CUDA, or ``torch._dynamo``/``torch._inductor`` cannot be imported;
 * compiling a variant fails (no C/C++ compiler, no Triton, an unwritable cache, …) — warned once with
-  the reason, and that variant is never tried again;
+  the reason, and that variant is never tried again; a kernel cache others could write into (a symlink,
+  another owner, group- or world-writable) is refused with one warning, never used;
 * the input is small (under :data:`MIN_ELEMS` elements: a compiled call costs ~30 µs of guards and
   wrappers, more than the torch ops on a decode step; the terms kernel, whose fallback is one
   ``addcmul_`` per coupling pair, runs at any size, :data:`MIN_ELEMS_TERMS`) or not in a layout the
@@ -50,11 +52,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -357,19 +361,41 @@ _native: dict[str, Callable] = {}
 
 
 def _cache_dir() -> Path:
-    """The on-disk cache of compiled native kernels (created; a temporary directory if home is read-only)."""
+    """The on-disk cache of compiled native kernels: ``$LIEPOS_KERNEL_CACHE``, else
+    ``$XDG_CACHE_HOME/liepos/kernels`` (``~/.cache/…``), created with mode 0700 and checked before every use
+    (:func:`_check_private`). There is no fallback to a shared temporary directory: where the cache cannot be
+    made private, the native kernels are not built (one warning) and the torch ops run."""
     base = os.environ.get(CACHE_ENV)
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "liepos", "kernels")
-    for d in (Path(base), Path(tempfile.gettempdir()) / f"liepos-kernels-{os.getuid()}"):
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            if os.access(d, os.W_OK):
-                return d
-        except OSError:
-            continue
-    raise OSError(f"no writable directory for compiled kernels (tried {base!r} and the temporary directory)")
+    d = Path(base)
+    if not os.path.lexists(d):
+        d.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another process may create it first: checked below
+            os.mkdir(d, 0o700)
+    _check_private(d)
+    return d
+
+
+class UnsafeCacheError(OSError):
+    """The kernel cache is a directory another user could write into (or not a directory of this user)."""
+
+
+def _check_private(d: Path) -> None:
+    """Refuse (:class:`UnsafeCacheError`) a cache directory another user could write into: it must be a real directory (not a
+    symlink), owned by this user, writable by neither group nor others."""
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeCacheError(f"the kernel cache {str(d)!r} is a symbolic link: refused (set {CACHE_ENV} to a private directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeCacheError(f"the kernel cache {str(d)!r} is not a directory")
+    if st.st_uid != os.getuid():
+        raise UnsafeCacheError(f"the kernel cache {str(d)!r} is owned by uid {st.st_uid}, not by this user ({os.getuid()}): "
+                      f"refused")
+    if st.st_mode & 0o022:
+        raise UnsafeCacheError(f"the kernel cache {str(d)!r} has mode {stat.S_IMODE(st.st_mode):o}: others can write into it; "
+                      f"refused (chmod 700 it, or set {CACHE_ENV} to a private directory)")
 
 
 def _machine() -> str:
@@ -390,32 +416,86 @@ def _compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
+@functools.lru_cache(maxsize=8)
+def _compiler_id(cc: str) -> str:
+    """The compiler as the cache key knows it: its resolved path and the first line of ``--version``."""
+    try:
+        r = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+        version = (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr).strip() else ""
+    except (OSError, subprocess.SubprocessError) as err:
+        version = f"unknown ({err!r})"
+    return f"{os.path.realpath(cc)}\0{version}"
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb", opener=_nofollow) as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))
+
+
+def _verified(lib: Path) -> bool | None:
+    """Whether the cached ``lib`` may be loaded: None when there is none; True when it is a regular file of
+    this user whose bytes hash to its sidecar (``lib.sha256``, written after the library's atomic rename);
+    False for anything else (a symlink, a truncated or foreign file, no sidecar): it is then rebuilt and
+    renamed over it (nothing is deleted first, so a process loading a good copy never finds it gone)."""
+    if not os.path.lexists(lib):
+        return None
+    side = lib.with_suffix(".sha256")
+    try:
+        st = os.lstat(lib)
+        if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()) or os.path.islink(side):
+            return False
+        with open(side, encoding="ascii", opener=_nofollow) as f:
+            return f.read().strip() == _sha256(lib)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _build(name: str, source: str) -> Path:
-    """``source`` compiled to a shared library in the cache (reused when it exists); raises with the
-    compiler's message when no flag set compiles it."""
-    key = hashlib.sha256("\0".join((source, repr(_FLAGS), _machine())).encode()).hexdigest()[:20]
-    d = _cache_dir()
-    lib = d / f"{name}_{key}.so"
-    if lib.exists():
-        return lib
+    """``source`` compiled to a shared library in the cache (reused when it exists and its hash checks out;
+    rebuilt, with one warning, when it does not); raises with the compiler's message when no flag set
+    compiles it. The key covers the source, the flags, the CPU and the compiler (path and version)."""
     cc = _compiler()
     if cc is None:
         raise RuntimeError(f"no C compiler: CC={os.environ.get('CC')!r}, and no cc, gcc or clang on PATH")
-    src = d / f"{name}_{key}_{os.getpid()}_{threading.get_ident()}.c"
-    src.write_text(source)
+    key = hashlib.sha256("\0".join((source, repr(_FLAGS), _machine(), _compiler_id(cc))).encode()).hexdigest()[:20]
+    d = _cache_dir()
+    lib = d / f"{name}_{key}.so"
+    ok = _verified(lib)
+    if ok:
+        return lib
+    if ok is False:
+        _say_once(f"rebuilt:{lib.name}", f"liepos: the cached kernel {str(lib)!r} is not the library liepos built "
+                  f"(a truncated, foreign or unverifiable file): rebuilt", True)
+    # a fresh private directory (mkdtemp: 0700, created exclusively) for the source and the output: no name in
+    # it can be a planted symlink, and the source's fixed name keeps the built bytes the same in every process
+    work = Path(tempfile.mkdtemp(prefix="build_", dir=d))
+    src, tmp = work / f"{name}_{key}.c", work / f"{name}_{key}.so"
     errors = []
     try:
+        with open(src, "x", encoding="utf-8", opener=_nofollow) as f:
+            f.write(source)
         for flags in _FLAGS:
-            tmp = src.with_suffix(".so")
-            r = subprocess.run([cc, *flags, "-fPIC", "-shared", str(src), "-o", str(tmp)],
-                               capture_output=True, text=True, timeout=120)
+            r = _run_compiler([cc, *flags, "-fPIC", "-shared", str(src), "-o", str(tmp)])
             if r.returncode == 0:
+                digest = _sha256(tmp)
                 os.replace(tmp, lib)  # atomic: concurrent processes compile the same bytes
+                side = work / "sha256"
+                with open(side, "x", encoding="ascii", opener=_nofollow) as f:
+                    f.write(digest)
+                os.replace(side, lib.with_suffix(".sha256"))  # the sidecar after the library
                 return lib
             errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-300:]}")
     finally:
-        src.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
     raise RuntimeError(f"{cc} failed: " + " | ".join(errors))
+
+
+def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
 def _native_fn(name: str, dtype: torch.dtype, params: tuple, body: Callable[[], str], pointers: int) -> Callable | None:
@@ -433,10 +513,13 @@ def _native_fn(name: str, dtype: torch.dtype, params: tuple, body: Callable[[], 
         source = f"{_PRELUDE}typedef {xt} X;\ntypedef {wt} W;\n#define LD(v) {ld}(v)\n#define ST(v) {st}(v)\n{body()}"
         try:
             fn = ctypes.CDLL(str(_build(name, source))).run
-        except Exception as err:  # no compiler, a compiler error, an unwritable cache: the torch ops instead
+        except Exception as err:  # no compiler, a compiler error, an unsafe or unwritable cache: the torch ops
             _failed[key] = f"{name} {dtype}: {err!r}"[:500]
-            _say_once(f"native:{name}:{dtype}", f"liepos: building the native {name} kernel for {dtype} failed, "
-                      f"using the torch ops: {repr(err)[:300]}", True)
+            if isinstance(err, UnsafeCacheError):  # one warning for the cache, whatever the kernel
+                _say_once("cache", f"liepos: no native kernels, using the torch ops: {err}", True)
+            else:
+                _say_once(f"native:{name}:{dtype}", f"liepos: building the native {name} kernel for {dtype} failed, "
+                          f"using the torch ops: {repr(err)[:300]}", True)
             return None
         fn.argtypes, fn.restype = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * 15, None
         _native[key] = fn

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+import liepos.attention_graph as attention_graph
 from liepos.attention_call import Call, _expand_batch, bind, prepare
 from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
@@ -109,6 +110,9 @@ def attention(
     >>> bool(torch.allclose(out, ref))                      # = Σ_s w_ts exp((t − s) X_v) v_s
     True
     """
+    masks, flags = (attn_mask, key_padding_mask, document_ids, key_document_ids), (causal, allow_bidirectional, block_size)
+    if attention_graph.routable(q, k, v, enc, positions, key_positions, masks, cache, scale, sinks, value_encoding, flags):
+        return attention_graph.run(q, k, v, enc, positions, key_positions, masks, scale, flags, sinks, value_encoding)
     x = prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                 key_document_ids, cache, scale, allow_bidirectional, block_size, sinks, value_encoding)
     B, H, Sq, _ = q.shape
@@ -264,3 +268,6 @@ def attention_reference(
     for off, wd, A in _lag_blocks(value_encoding.generator, lags):
         out[..., off : off + wd] = torch.einsum("bhts,bhtsde,bhse->bhtd", w, A, vc[..., off : off + wd])
     return out.index_select(-1, value_encoding.plan.inv)
+
+
+attention_graph.install(attention)  # the eager call the compiled op runs

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as Fn
 
+from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
+
 __all__ = ["pieces", "available", "Rows", "Tile", "tiles", "made"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -125,8 +127,9 @@ class _Tiles(torch.autograd.Function):
         return O
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dO):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: the flash kernel's backward has no derivative of its own
+            raise DoubleBackwardError(DOUBLE_BACKWARD)
         O, L, *rest = ctx.saved_tensors
         sinks = rest.pop(0) if ctx.has_sinks else None
         dO = dO.contiguous()

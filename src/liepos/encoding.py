@@ -356,6 +356,8 @@ class Encoding:
             )
 
     def _relative(self, positions: Any, x: torch.Tensor, origin: Any, name: str, defer: bool = True) -> torch.Tensor:
+        if defer and not torch.compiler.is_compiling() and x.is_meta and _graph.deferrable(positions, origin):
+            return _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
         if defer and torch.compiler.is_compiling() and _graph.deferrable(positions, origin) and self._graph_structure(
             x, positions
         ):  # the opaque op converts and checks them on real data: no conversion kernel in the graph
@@ -411,6 +413,8 @@ class Encoding:
         (with its transpose as the backward), so the graph traces none of it; otherwise (tables
         that need a gradient) the readable path :func:`liepos.apply.apply_tables` gives the same values.
         """
+        if not torch.compiler.is_compiling() and x.is_meta:  # meta initialisation: shapes, dtypes, strides only
+            return _graph.meta(self, x, bool(slots), inplace)
         check_range(self.generator, pos, side, x.dtype, fade=fade)
         if torch.compiler.is_compiling() and self._graph_structure(x, pos):
             # the whole fast path as one opaque op (liepos._graph): nothing of it traced

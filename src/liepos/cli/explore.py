@@ -149,7 +149,7 @@ def _probe_write(folder) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from liepos.explore.sweep import sweep
+    from liepos.explore.sweep import RunFileError, sweep
 
     cfg = _config(args)
     encodings = _names(args.encodings or DEFAULT_ENCODINGS)
@@ -165,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         sweep(cfg, encodings, args.seed, out, device=args.device, progress=not args.no_progress,
               save_model=args.save_model)
+    except RunFileError as err:
+        raise UsageError(str(err)) from None
     except KeyboardInterrupt:
         print("liepos explore: interrupted; rerun the same command to resume from the finished runs",
               file=sys.stderr)

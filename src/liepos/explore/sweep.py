@@ -33,6 +33,10 @@ LEARNED_ACC = 0.9
 METRICS = ("loss", "acc", "loss_tail", "acc_tail")
 
 
+class RunFileError(ValueError):
+    """A file at a run's path that is not a run's result (resuming would misread it)."""
+
+
 def learned(task: Task, in_distribution: dict) -> bool:
     """Whether a run learned its task in distribution.
 
@@ -129,6 +133,9 @@ def sweep(
                         done = json.loads(path.read_text())
                     except (OSError, json.JSONDecodeError):
                         done = {}
+                    if not isinstance(done, dict):  # valid JSON, but not a run's result
+                        raise RunFileError(f"{path} holds a JSON {type(done).__name__}, not a run's result (an object): "
+                                         f"remove it to run {enc} seed {seed} again, or pass another output directory")
                     if done.get("key") == key:
                         if dist.main:
                             log(f"[{i}/{total}] {enc} seed {seed}: finished earlier, skipped ({path})")
