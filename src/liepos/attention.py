@@ -104,27 +104,34 @@ def attention(
     >>> ref = attention_reference(q, k, v, lp.xpos(8), torch.arange(5), torch.arange(5))
     >>> bool(torch.allclose(out, ref))                      # ... equals the lag reference at 0
     True
-    >>> venc = lp.xpos(8)                                  # values carried by a decaying rotation
-    >>> out = attention(q, k, v, lp.rope(8), far, far, value_encoding=venc)
-    >>> ref = attention_reference(q, k, v, lp.rope(8), far, far, value_encoding=venc)
-    >>> bool(torch.allclose(out, ref))                      # = Σ_s w_ts exp((t − s) X_v) v_s
+    >>> out = attention(q, k, v, lp.rope(8), far, far, value_encoding=lp.xpos(8))  # values carried by xPos
+    >>> bool(torch.allclose(out, attention_reference(q, k, v, lp.rope(8), far, far, value_encoding=lp.xpos(8))))
     True
     """
     masks, flags = (attn_mask, key_padding_mask, document_ids, key_document_ids), (causal, allow_bidirectional, block_size)
-    if attention_graph.routable(q, k, v, enc, positions, key_positions, masks, cache, scale, sinks, value_encoding, flags):
+    # one opaque op under torch.compile / export and on meta tensors; a temperature stays on the eager path
+    if temperature is None and attention_graph.routable(q, k, v, enc, positions, key_positions, masks, cache, scale,
+                                                         sinks, value_encoding, flags):
         return attention_graph.run(q, k, v, enc, positions, key_positions, masks, scale, flags, sinks, value_encoding)
     x = prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                 key_document_ids, cache, scale, allow_bidirectional, block_size, sinks, value_encoding)
-    B, H, Sq, _ = q.shape
-    temperature = check_temperature(temperature, enc, H)
-    if B == 0 or Sq == 0 or (cache is None or not len(cache)) and k.shape[2] == 0:
-        if cache is not None and B and k.shape[2]:
-            cache.append(x.k, x.v, x.kpos, x.keep, x.kdocs)
-        return v.new_zeros(B, H, Sq, v.shape[-1])  # nothing to attend to (or no one asking)
+    temperature = check_temperature(temperature, enc, q.shape[1])
+    if (empty := _nothing_to_attend(q, k, v, x, cache)) is not None:
+        return empty
     call = scaled_queries(bind(x), temperature)
     needs = call.enc.needs_recentring or (call.venc is not None and call.venc.needs_recentring)
     out = recentred(call) if needs else _plain(call)
     return out.to(v.dtype)
+
+
+def _nothing_to_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: Any, cache: KVCache | None):
+    """Zeros when there is nothing to attend to or no one asking (the keys still join a cache), else None."""
+    B, H, Sq, _ = q.shape
+    if B == 0 or Sq == 0 or (cache is None or not len(cache)) and k.shape[2] == 0:
+        if cache is not None and B and k.shape[2]:
+            cache.append(x.k, x.v, x.kpos, x.keep, x.kdocs)
+        return v.new_zeros(B, H, Sq, v.shape[-1])
+    return None
 
 
 def _encoded(call: Call, enc: Encoding, x: torch.Tensor, slot: str) -> torch.Tensor:
