@@ -60,10 +60,14 @@ class _Positions:
 
     ids: torch.Tensor | None = None
     tables: dict[Any, Any] = field(default_factory=dict)
+    lengths: list[_Length] = field(default_factory=list)  # the length-dependent ropes, one per layer type
 
-    def record(self, ids: torch.Tensor | None) -> None:
+    def record(self, ids: torch.Tensor | None, rotary: Any = None) -> None:
         self.ids = ids
         self.tables.clear()
+        if ids is not None and ids.numel():
+            for length in self.lengths:
+                length.update(ids, rotary)
 
     def fast(self, enc: Encoding, pos: torch.Tensor, side: str, key: Any, x: torch.Tensor) -> FastTables | None:
         """Fast tables of ``enc`` at ``pos`` ``(1|B, S)`` for inputs like ``x``; None: no fast form."""
@@ -92,6 +96,43 @@ class _Positions:
 
 
 @dataclass
+class _Length:
+    """The length a length-dependent rope of the config is computed at in each forward, as transformers'.
+
+    transformers' rotary module (``dynamic_rope_update``) recomputes its frequencies before each
+    forward and rotates that forward's q and k with them; the keys stay cached as they were
+    rotated. ``dynamic``: at the module's ``max_seq_len_cached``, the longest
+    ``max(position_ids) + 1`` seen so far, back to ``max_position_embeddings`` once a forward is
+    shorter than that; it is read off the module after its forward, so every reset and every
+    call outside liepos counts. ``longrope``: at this forward's ``max(position_ids) + 1`` (the
+    long factors past ``original_max_position_embeddings``). Layers with such a rope run as fixed
+    rotations at ``current`` and cache encoded keys, exactly like upstream.
+    """
+
+    rule: Encoding  # the encoding with its length_rule
+    attributes: tuple[str, ...]  # the rotary module's length attribute, first found (dynamic); (): this forward's
+    current: Encoding | None = None
+
+    def update(self, ids: torch.Tensor, rotary: Any) -> None:
+        need = int(ids.max()) + 1
+        length = need
+        if self.attributes:
+            name = next((a for a in self.attributes if hasattr(rotary, a)), None)
+            if name is None:
+                raise RuntimeError(
+                    f"dynamic NTK: the rotary module {type(rotary).__name__} has none of {list(self.attributes)}, so "
+                    "the length transformers computes this forward's frequencies at is unknown"
+                )
+            length = int(getattr(rotary, name))
+            if length < need:
+                raise RuntimeError(
+                    f"dynamic NTK: {type(rotary).__name__}.{name} = {length} is below this forward's "
+                    f"max(position_ids) + 1 = {need}"
+                )
+        self.current = self.rule.at_length(length)
+
+
+@dataclass
 class _Layer:
     """A patched attention module's state: its encoding and how the family hands it q and k."""
 
@@ -102,6 +143,7 @@ class _Layer:
     pad: int  # NoPE dims appended before encoding (families that pass only the rotated dims)
     positions: _Positions
     call: dict[str, Any] = field(default_factory=dict)
+    length: _Length | None = None  # a config's dynamic / longrope rope: the encoding of each forward
     # a rotation's F and G are the same tables (only rates and Jordan couplings tell the sides apart)
     sided: bool = True
 
@@ -151,10 +193,13 @@ class _Layer:
     def _encode(self, x: torch.Tensor, pos: torch.Tensor, side: str) -> torch.Tensor:
         if self.pad:
             x = torch.cat((x, x.new_zeros(*x.shape[:-1], self.pad)), dim=-1)  # (…, rot) -> (…, rot + pad)
+        enc = self.encoding if self.length is None else self.length.current
+        if enc is None:
+            raise RuntimeError(f"{self.family.model_type}: the rotary module did not run before the attention, so "
+                               "the length of this forward's dynamic rope is unknown")
         if self.positions.ids is None or pos.dim() != 2:  # no forward-wide positions: encode directly
-            out = getattr(self.encoding, side)(x, pos)
+            out = getattr(enc, side)(x, pos)
         else:
-            enc = self.encoding
             side = side if self.sided else "query"  # a rotation: F and G are the same tables
             key = (id(enc), side, x.dtype, x.device, tuple(pos.shape))
             m = None
@@ -427,8 +472,9 @@ def _text_rotary(module: Any, config: Any) -> bool:
 
 
 def _rotary_forward(self: Any, x: Any, position_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
-    self._liepos_positions.record(position_ids)
-    return type(self).forward(self, x, position_ids, *args, **kwargs)
+    out = type(self).forward(self, x, position_ids, *args, **kwargs)  # upstream's length update first
+    self._liepos_positions.record(position_ids, self)
+    return out
 
 
 def _family(model: Any, config: Any) -> Family:
@@ -445,13 +491,18 @@ def _family(model: Any, config: Any) -> Family:
     return family
 
 
-def _layer_read(read: Any, module: Any, config: Any) -> Any:
-    if not isinstance(read, Mapping):
-        return read
+def _layer_type(module: Any, config: Any) -> Any:
     lt = getattr(module, "layer_type", None)
     types = list(getattr(config, "layer_types", None) or ())
     if lt is None and module.layer_idx < len(types):
         lt = types[module.layer_idx]
+    return lt
+
+
+def _layer_read(read: Any, module: Any, config: Any) -> Any:
+    if not isinstance(read, Mapping):
+        return read
+    lt = _layer_type(module, config)
     if lt not in read:
         raise ValueError(f"layer {module.layer_idx} has layer type {lt!r} but the encodings are given for {sorted(read)}")
     return read[lt]
@@ -492,7 +543,15 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
         raise ValueError(
             f"the encoding has per-head parameters for {enc.num_heads} heads but the model has num_attention_heads={heads}"
         )
-    encoded = _fixed(enc)
+    encoded, length = _fixed(enc), None
+    if isinstance(item, HFRope) and enc.length_rule is not None and item.rope_type in ("dynamic", "longrope"):
+        # upstream's frequencies of each forward, keys cached as rotated: a fixed rotation per forward
+        nested = isinstance(getattr(config, "rope_parameters", None), Mapping) and isinstance(
+            config.rope_parameters.get(_layer_type(module, config)), Mapping)
+        attributes: tuple[str, ...] = () if item.rope_type == "longrope" else ("max_seq_len_cached",)
+        if attributes and nested:  # upstream reads the layer type's own, else the shared one
+            attributes = (f"{_layer_type(module, config)}_max_seq_len_cached",) + attributes
+        length, encoded = _Length(enc, attributes), True
     own = _own_forward(family, config) is not None
     if own:  # an ALiBi family's attention: liepos.attention, raw keys
         encoded, gain = False, 1.0
@@ -503,7 +562,7 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
         )
     if not encoded and family.splits_rotary:
         raise NotImplementedError(f"{family.model_type}: the raw-key path needs the whole head; this family rotates part")
-    return _Layer(enc, family, gain, encoded, pad, positions)
+    return _Layer(enc, family, gain, encoded, pad, positions, length=length)
 
 
 def _fixed(enc: Encoding) -> bool:
@@ -570,6 +629,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         return dataclasses.replace(states[key], call={})
 
     plan = [(m, state(m)) for m in modules]
+    lengths = {id(st.length): st.length for st in states.values() if st.length is not None}
     if _own_forward(family, config) is None:
         _install(family)  # validate everything before touching any layer
     for m in model.modules():
@@ -577,6 +637,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
             m._liepos_positions = positions
             m.forward = _rotary_forward.__get__(m, type(m))
     model.__dict__["_liepos_positions"] = positions
+    positions.lengths[:] = lengths.values()  # a repatched model follows only its new encodings
     forward = _own_forward(family, config) or _forward
     for m, state in plan:
         m._liepos = state
