@@ -47,6 +47,8 @@ from liepos.interop.hf_config import HFRope, _times_logit, read_hf
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
+# whether the decoder block running now returns its attention's weights (MPT's block does not tell its attention)
+_BLOCK_WEIGHTS: contextvars.ContextVar[bool] = contextvars.ContextVar("liepos_block_weights", default=False)
 _TIMES = "_liepos_times"
 _LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
 
@@ -390,14 +392,21 @@ def _mpt_forward(self: Any, hidden_states: torch.Tensor, position_bias: Any = No
         qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
     q, k, v = (x.reshape(B, S, self.n_heads, self.head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=2))  # (B, H, S, D)
     mask = None if attention_mask is None else ~attention_mask
-    out, weights = _alibi_attention(self, q, k, v, mask, cache, self.softmax_scale, _recording_attentions())
+    want = _recording_attentions() or _BLOCK_WEIGHTS.get()
+    out, weights = _alibi_attention(self, q, k, v, mask, cache, self.softmax_scale, want)
     return self.out_proj(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
 
 
 def _falcon_forward(self: Any, hidden_states: torch.Tensor, alibi: Any = None, attention_mask: Any = None,
                     position_ids: Any = None, layer_past: Any = None, use_cache: bool = False,
                     output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """Falcon's attention with ``alibi=True``, liepos in place of the alibi bias (HF adds it to the mask too)."""
+    """Falcon's attention with ``alibi=True``, liepos in place of the alibi bias, as upstream's branch of this call.
+
+    transformers adds ``alibi/√d`` to the mask in the model; its sdpa branch uses that mask as the
+    bias (once), its eager branch (any other backend, or ``output_attentions=True``) adds the alibi
+    to the scores as well, so the bias counts twice there: ``2·m_h/√d`` per position. The patched
+    layer takes the same branch per call, with the key slots doubled on the eager one.
+    """
     if self.training and self.attention_dropout.p:
         raise NotImplementedError(f"attention_dropout={self.attention_dropout.p} is not applied by the liepos attention path")
     q, k, v = self._split_heads(self.query_key_value(hidden_states))  # 3 × (B, S, H|Hk, D)
@@ -405,12 +414,35 @@ def _falcon_forward(self: Any, hidden_states: torch.Tensor, alibi: Any = None, a
     kv = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
     q = q.transpose(1, 2).reshape(B, self.num_heads, S, self.head_dim)  # (B, H, S, D)
     k, v = (x.transpose(1, 2).reshape(B, kv, S, self.head_dim) for x in (k, v))  # (B, Hk, S, D)
-    out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
-                                    output_attentions or _recording_attentions())
+    once = self.config._attn_implementation == "sdpa" and not output_attentions
+    state = self._liepos
+    if not once:  # upstream's eager branch: the bias of the scores and again that of the mask
+        twice = self.__dict__.get("_liepos_twice")
+        if twice is None or twice[0] is not state:
+            enc = state.encoding
+            twice = (state, dataclasses.replace(state, encoding=enc.replace(key_slots=2 * enc.key_slots)))
+            self.__dict__["_liepos_twice"] = twice
+        self._liepos = twice[1]
+    try:
+        out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
+                                        output_attentions or _recording_attentions())
+    finally:
+        self._liepos = state
     return self.dense(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
 
 
 _OWN_FORWARDS = {"bloom": _bloom_forward, "mpt": _mpt_forward}
+# decoder blocks that return their attention's weights without passing output_attentions to it
+_WEIGHT_BLOCKS = {"mpt": "MptBlock"}
+
+
+def _block_forward(self: Any, *args: Any, output_attentions: bool = False, **kwargs: Any) -> Any:
+    """A decoder block's upstream forward, with whether it returns the weights visible to its attention."""
+    token = _BLOCK_WEIGHTS.set(bool(output_attentions))
+    try:
+        return type(self).forward(self, *args, output_attentions=output_attentions, **kwargs)
+    finally:
+        _BLOCK_WEIGHTS.reset(token)
 
 
 def _own_forward(family: Family, config: Any) -> Any:
@@ -639,6 +671,10 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     model.__dict__["_liepos_positions"] = positions
     positions.lengths[:] = lengths.values()  # a repatched model follows only its new encodings
     forward = _own_forward(family, config) or _forward
+    for m in model.modules():
+        if type(m).__name__ == _WEIGHT_BLOCKS.get(family.model_type) and "_liepos_block" not in m.__dict__:
+            m._liepos_block = True
+            m.forward = _block_forward.__get__(m, type(m))
     for m, state in plan:
         m._liepos = state
         m.forward = forward.__get__(m, type(m))
@@ -648,7 +684,8 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
 def unpatch_model(model: Any) -> Any:
     """Undo :func:`patch_model`: every attention layer runs its upstream forward again."""
     for m in model.modules():
-        for attr in ("_liepos", "_liepos_positions"):
+        m.__dict__.pop("_liepos_twice", None)
+        for attr in ("_liepos", "_liepos_positions", "_liepos_block"):
             if attr in m.__dict__:
                 m.__dict__.pop("forward", None)
                 m.__dict__.pop(attr)
