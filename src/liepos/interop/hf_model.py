@@ -43,6 +43,7 @@ from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_decode import attend, checked_step_matrix, hf_visible, remember
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
+from liepos.interop.hf_packed import check_row, documents, per_document, restarted
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 
@@ -156,6 +157,19 @@ class _Layer:
         """Positions ``(1|B, S)`` or ``(1|B, S, axes)`` float64 of the current call."""
         pos = self.positions.ids
         S = like.shape[-2]
+        cu = self.call.get("cu")
+        if cu is not None:  # packed documents: each starts at time 0
+            out = self.positions.tables.get(("packed", like.device))
+            if out is None:
+                base = torch.arange(S, device=like.device)[None] if pos is None else self._converted(pos, like.device)
+                if base.dim() != 2 or base.shape[-1] != S:
+                    raise NotImplementedError(
+                        f"packed sequences take one position axis over the row's {S} tokens, got positions of shape "
+                        f"{tuple(base.shape)}"
+                    )
+                check_row(cu, like.shape[0], S, self.call.get("seen", 0))
+                out = self.positions.tables[("packed", like.device)] = restarted(base.to(torch.float64), cu)
+            return out
         if pos is None:
             seen = self.call.get("seen", 0)
             pos = torch.arange(seen, seen + S, device=like.device)
@@ -244,8 +258,12 @@ class _Interfaces:
     def get_interface(self, name: Any, default: Any) -> Any:
         module = _ACTIVE.get()
         if module is not None and not module._liepos.encoded:
-            return _raw_attention
-        return self._liepos_upstream.get_interface(name, default)
+            fn = _raw_attention
+        else:
+            fn = self._liepos_upstream.get_interface(name, default)
+        if module is not None and module._liepos.call.get("cu") is not None:
+            return functools.partial(_packed_attention, fn)
+        return fn
 
     def __getitem__(self, name: Any) -> Any:
         return self._liepos_upstream[name]
@@ -264,6 +282,39 @@ def _install(family: Family) -> None:
     table = getattr(mod, "ALL_ATTENTION_FUNCTIONS", None)
     if table is not None and not isinstance(table, _Interfaces):
         mod.ALL_ATTENTION_FUNCTIONS = _Interfaces(table)
+
+
+def _packed_attention(fn: Any, module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
+                      **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """The layer's attention ``fn`` once per packed document (:mod:`liepos.interop.hf_packed`)."""
+    state: _Layer = module._liepos
+    cu = state.call["cu"]
+    check_row(cu, q.shape[0], q.shape[2], state.call["seen"])
+    if state.length is not None:
+        raise NotImplementedError(
+            f"packed sequences with {state.length.rule!r}: transformers computes a dynamic or longrope rope at the "
+            "length of the whole row, so a packed document would not see the frequencies it sees alone"
+        )
+    pos, cache, raw = state.call.get("pos"), state.call["cache"], state.call.get("raw")
+    row = state.positions.tables
+    memos = row.setdefault(("documents",), {})  # what every layer reads at one document's times
+
+    def enter(a: int, b: int) -> None:
+        # the document alone: its times, its tables, and (raw keys) a cache of its own that the row's
+        # never sees, so that it takes the path of a prefill of its own
+        state.call["pos"] = None if pos is None else pos[:, a:b]
+        state.call["cache"], state.call["raw"] = (None if cache is None else _Scratch()), None
+        state.positions.tables = memos.setdefault((a, b), {})
+
+    try:
+        return per_document(fn, module, q, k, v, attention_mask, cu, kwargs, enter)
+    finally:
+        state.call["pos"], state.call["cache"], state.call["raw"] = pos, cache, raw
+        state.positions.tables = row
+
+
+class _Scratch:
+    """A packed document's stand-in for HF's cache on the raw-key path: only its ``__dict__`` is read (key times, stores)."""
 
 
 # ---------------------------------------------------------------------- the raw-key path
@@ -463,6 +514,7 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         "seen": int(cache.get_seq_length(self.layer_idx)) if cache is not None else 0,
         "weights": bool(kwargs.get("output_attentions", False)) or _recording_attentions(),
         "raw": None if cache is None or state.encoded else _raw_keys(cache, self.layer_idx),
+        "cu": documents(kwargs),
     }
     token = _ACTIVE.set(self)
     try:
