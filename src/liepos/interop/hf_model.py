@@ -649,6 +649,19 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
     return _Layer(enc, family, gain, encoded, pad, positions, length=length)
 
 
+def _lengths(states: Any, model: Any, config: Any, family: Family) -> dict[int, _Length]:
+    """The layers' length-dependent ropes of the config, each once; refused when the model keeps no dynamic length."""
+    lengths = {id(st.length): st.length for st in states if st.length is not None}
+    rotaries = [m for m in model.modules() if _text_rotary(m, config)]
+    for length in lengths.values():
+        if length.attributes and not any(hasattr(r, a) for r in rotaries for a in length.attributes):
+            raise NotImplementedError(
+                f"{family.model_type}: dynamic NTK from the config, but no rotary module of the model has "
+                f"{list(length.attributes)}, the length transformers computes each forward's frequencies at"
+            )
+    return lengths
+
+
 def _fixed(enc: Encoding) -> bool:
     """Pure rotations at a fixed generator: encoded keys are exact at absolute times, cache them."""
     return not enc.needs_recentring and enc.length_rule is None
@@ -675,6 +688,11 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
       applied to the rotated dims as upstream does, model-level multipliers stay upstream's.
     * Pure rotations with a fixed generator cache the *encoded* keys in HF's cache, exactly like
       upstream, and run the model's own attention backend.
+    * A config's dynamic NTK or longrope: each forward rotates at the length transformers'
+      rotary module computes that forward's frequencies at, keys cached as rotated (upstream's
+      model exactly); an explicit length-dependent Encoding means its rule (below).
+    * Packed documents (``cu_seq_lens_q/k``): times restart per document and the attention runs
+      per document, so a packed row equals its documents run alone (:mod:`liepos.interop.hf_packed`).
     * Every other encoding caches *raw* keys; their times are kept beside the cache, and beside
       them the keys encoded at a cache origin, so a decode step encodes its query and new key only
       (:mod:`liepos.interop.hf_decode`); otherwise :func:`liepos.attention` encodes them relative to
@@ -713,7 +731,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         return dataclasses.replace(states[key], call={})
 
     plan = [(m, state(m)) for m in modules]
-    lengths = {id(st.length): st.length for st in states.values() if st.length is not None}
+    lengths = _lengths(states.values(), model, config, family)
     if _own_forward(family, config) is None:
         _install(family)  # validate everything before touching any layer
     for m in model.modules():
