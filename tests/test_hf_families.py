@@ -228,13 +228,44 @@ def test_alibi_models_greedy_tokens(model_type):
     assert torch.equal(got, want)
 
 
-def test_falcon_alibi_eager_adds_its_bias_twice_upstream():
-    """Why the Falcon row follows sdpa: upstream's eager path adds alibi/√d in the mask and again
-    in the logits, so its two backends disagree; liepos is the sdpa one."""
-    x = ids()
+@pytest.mark.parametrize("attn, weights", [("eager", False), ("sdpa", True), ("sdpa", False)])
+def test_falcon_alibi_follows_upstream_on_both_branches(attn, weights):
+    """Upstream's eager branch (any backend but sdpa, and sdpa with ``output_attentions``) adds
+    alibi/√d in the mask and again in the scores, its sdpa branch once: the two disagree (by
+    ~0.1 of the logits here). The patched model takes the same branch per call: its logits,
+    weights and greedy tokens are upstream's on each."""
+    x = ids() % 127 + 1
+    ref, model = tiny_alibi("falcon", 4, attn), patch_model(tiny_alibi("falcon", 4, attn))
     with torch.no_grad():
-        sdpa, eager = (tiny_alibi("falcon", 4, attn)(x).logits for attn in ("sdpa", "eager"))
-    assert (sdpa - eager).abs().max() > 1e-2
+        once = tiny_alibi("falcon", 4, "sdpa")(x).logits
+        want, got = ref(x, output_attentions=weights), model(x, output_attentions=weights)
+        gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, output_attentions=weights,
+                   return_dict_in_generate=True)
+        tokens = ref.generate(x[:1, :40], **gen).sequences, model.generate(x[:1, :40], **gen).sequences
+    twice = attn == "eager" or weights
+    assert ((want.logits - once).abs().max() > 1e-2) == twice
+    assert (got.logits - want.logits).abs().max() <= 1e-5 * want.logits.abs().max()
+    assert torch.equal(*tokens)
+    if weights:
+        assert len(got.attentions) == len(want.attentions) == 2
+        for g, w in zip(got.attentions, want.attentions):
+            assert g.shape == w.shape and (g - w).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["mpt", "bloom"])
+def test_alibi_models_return_upstreams_attention_weights(model_type):
+    """``output_attentions=True``: MPT's block returns its attention's weights without telling the
+    attention it wants them; patched, every layer still returns upstream's weights (and none when
+    not asked)."""
+    x = ids() % 127 + 1
+    ref, model = tiny_alibi(model_type, 4, "eager"), patch_model(tiny_alibi(model_type, 4, "eager"))
+    with torch.no_grad():
+        want, got, plain = ref(x, output_attentions=True), model(x, output_attentions=True), model(x)
+    assert (got.logits - want.logits).abs().max() <= TOL * want.logits.abs().max()
+    assert len(got.attentions) == len(want.attentions) == 2
+    for g, w in zip(got.attentions, want.attentions):
+        assert g is not None and g.shape == w.shape and (g - w).abs().max() < 1e-5
+    assert plain.attentions is None
 
 
 # ---------------------------------------------------------------------- M-RoPE: three position axes, the same mechanism

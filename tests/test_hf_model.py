@@ -182,12 +182,59 @@ def test_unpatch_and_repatch():
     assert torch.equal(logits(model, x), ref)
 
 
+LENGTH_DEPENDENT = {
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(8)],
+                 "long_factor": [1.5 + 0.25 * i for i in range(8)], "original_max_position_embeddings": L0},
+}
+
+
+@pytest.mark.parametrize("precision", ["precise", "compat"])
+@pytest.mark.parametrize("rope", list(LENGTH_DEPENDENT))
+def test_length_dependent_ropes_follow_upstream_through_generate(rope, precision):
+    """``encoding=None`` on a dynamic-NTK or longrope config is upstream's model: its rotary module
+    recomputes the frequencies each forward (dynamic: at the longest length seen, back to the
+    original below it; longrope: at this forward's length) and the cache keeps every key as it was
+    rotated. Greedy generate from 40 to 100 tokens (past L0 = 64): every step's logits and every
+    token equal upstream's; then a forward of 80 (below the 100 seen: dynamic keeps its longest
+    length), one of 30 (the reset) and one of 80 again (growth from the reset)."""
+    ref, model = tiny(rope=LENGTH_DEPENDENT[rope], max_position_embeddings=L0), tiny(
+        rope=LENGTH_DEPENDENT[rope], max_position_embeddings=L0)
+    patch_model(model, precision=precision)
+    x = ids(batch=1, seq=100)
+    gen = dict(max_new_tokens=60, min_new_tokens=60, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        want, got = ref.generate(x[:, :40], **gen), model.generate(x[:, :40], **gen)
+    assert torch.equal(got.sequences, want.sequences)
+    assert len(got.logits) == 60
+    for g, w in zip(got.logits, want.logits):
+        assert (g - w).abs().max() < 2e-4 * w.abs().max()
+    for n in (80, 30, 80):
+        w, g = logits(ref, x[:, :n]), logits(model, x[:, :n])
+        assert (g - w).abs().max() < 2e-4 * w.abs().max(), n
+
+
+def test_a_length_dependent_rope_is_visible_in_generate():
+    """The test above can fail: re-encoding the cached keys at each step's length (what an explicit
+    length-dependent Encoding does, next test) changes upstream's tokens."""
+    ref = tiny(rope=LENGTH_DEPENDENT["dynamic"], max_position_embeddings=L0)
+    model = tiny(rope=LENGTH_DEPENDENT["dynamic"], max_position_embeddings=L0)
+    patch_model(model, from_hf(model.config))
+    x = ids(batch=1, seq=40)
+    gen = dict(max_new_tokens=60, min_new_tokens=60, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        want, got = ref.generate(x, **gen), model.generate(x, **gen)
+    gap = max(((g - w).abs().max() / w.abs().max()).item() for g, w in zip(got.logits, want.logits))
+    assert gap > 1e-2
+
+
 def test_dynamic_decoding_keeps_no_stale_keys():
-    """Dynamic NTK changes the generator with the length; upstream's cache keeps keys rotated
-    under the old base (transformers #25104), so its decode step differs from its own full
-    forward. Patched, the cache holds raw keys and every step encodes all of them under the
-    current generator. One layer, so that the keys do not depend on earlier layers' outputs
-    (in a deeper model those were computed, by design, under the generator of their time)."""
+    """An explicit dynamic-NTK Encoding means its rule: at every length L all keys rotate under the
+    generator of L. Upstream's cache keeps keys rotated under the old base (transformers #25104),
+    so its decode step differs from its own full forward (``encoding=None`` reproduces that, test
+    above). Patched with ``from_hf(config)``, the cache holds raw keys and every step encodes all of
+    them under the current generator. One layer, so that the keys do not depend on earlier layers'
+    outputs (in a deeper model those were computed, by design, under the generator of their time)."""
     model = tiny(rope={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=L0, num_hidden_layers=1)
     x = ids(batch=1, seq=110)
 
@@ -199,7 +246,7 @@ def test_dynamic_decoding_keeps_no_stale_keys():
         return full, (step - full[:, 100:]).abs().max()
 
     ref_full, upstream_gap = step_vs_full()
-    patch_model(model)
+    patch_model(model, from_hf(model.config))
     full, gap = step_vs_full()
     assert (full - ref_full).abs().max() < 1e-4  # one forward: the same as upstream
     assert gap < 1e-5 < 1e-2 < upstream_gap
@@ -349,7 +396,7 @@ def test_output_attentions_on_the_raw_key_path():
 
 
 def test_prefill_and_decode_with_two_layers_for_length_dependent_types():
-    """Where equality holds and where it cannot: dynamic NTK at 2 layers.
+    """Where equality holds and where it cannot: an explicit dynamic-NTK Encoding at 2 layers.
 
     Up to the original length the rotation is fixed, and prefill + decode equals the full
     forward. Past it, a length-dependent rotation changes every earlier token's hidden state
@@ -358,7 +405,7 @@ def test_prefill_and_decode_with_two_layers_for_length_dependent_types():
     ``test_dynamic_decoding_keeps_no_stale_keys``). Measured here: ~2e-2 of logits of ~4.
     """
     model = tiny(rope={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=L0)
-    patch_model(model)
+    patch_model(model, from_hf(model.config))  # the rule's meaning, not upstream's per-forward length
     x = ids(batch=1, seq=110)
 
     def gap(prefill):

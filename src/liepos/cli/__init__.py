@@ -10,7 +10,7 @@ that leaves (``liepos catalogue | head -1``) end it quietly with the shell's sta
 Anything else raised inside liepos, an ImportError included, is a bug and keeps its traceback.
 
 >>> parser = build_parser()
->>> list(SUBCOMMANDS) == ["tour", "classify", "catalogue", "plot", "bench", "diagnose", "explore"]
+>>> list(SUBCOMMANDS) == ["tour", "classify", "catalogue", "plot", "bench", "diagnose", "explore", "extend"]
 True
 >>> parser.parse_args(["catalogue", "--heads", "4"]).heads
 4
@@ -41,6 +41,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "liepos.cli.bench",
     "diagnose": "liepos.cli.diagnose",
     "explore": "liepos.cli.explore",
+    "extend": "liepos.cli.extend",
 }
 
 class _ParseError(Exception):

@@ -560,7 +560,9 @@ class HFRope:
     * ``rotary_scale``: ``attention_factor²``, the factor transformers applies to the rotated
       dims' part of qᵀk only (it multiplies cos and sin);
     * ``softmax_multiplier``: a model-level factor on the softmax scale (DeepSeek's
-      ``m(s, mscale_all_dim)²``), 1 for other families; never part of the rope's factor.
+      ``m(s, mscale_all_dim)²``), 1 for other families; never part of the rope's factor;
+    * ``rope_type``: the config's rope type (``"dynamic"`` and ``"longrope"`` tell a patched
+      model how transformers picks the length of each forward), None for ALiBi and NoPE.
     """
 
     encoding: Encoding
@@ -568,6 +570,7 @@ class HFRope:
     rotary_scale: float
     softmax_multiplier: float
     family: Family | None
+    rope_type: str | None = None
 
     @property
     def exact_encoding(self) -> bool:
@@ -693,7 +696,8 @@ def _read_layers(src: _Source, layer_type: str | None, precision: str, head_dim:
         temperature = enc.logit_scale
         if rotated < hd and temperature != 1.0:
             enc = _times_logit(enc, 1.0 / temperature)  # the factor belongs to the rotated dims only
-        return HFRope(_layout(enc, src, family), rotated, temperature, _softmax_multiplier(params, family), family)
+        return HFRope(_layout(enc, src, family), rotated, temperature, _softmax_multiplier(params, family), family,
+                      _rope_type(params, where))
 
     if not nested:
         if layer_type is not None:

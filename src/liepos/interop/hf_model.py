@@ -43,10 +43,13 @@ from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_decode import attend, checked_step_matrix, hf_visible, remember
 from liepos.interop.hf_config import HFRope, _times_logit, read_hf
+from liepos.interop.hf_packed import check_row, documents, per_document, restarted
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 
 _ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
+# whether the decoder block running now returns its attention's weights (MPT's block does not tell its attention)
+_BLOCK_WEIGHTS: contextvars.ContextVar[bool] = contextvars.ContextVar("liepos_block_weights", default=False)
 _TIMES = "_liepos_times"
 _LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
 
@@ -60,10 +63,14 @@ class _Positions:
 
     ids: torch.Tensor | None = None
     tables: dict[Any, Any] = field(default_factory=dict)
+    lengths: list[_Length] = field(default_factory=list)  # the length-dependent ropes, one per layer type
 
-    def record(self, ids: torch.Tensor | None) -> None:
+    def record(self, ids: torch.Tensor | None, rotary: Any = None) -> None:
         self.ids = ids
         self.tables.clear()
+        if ids is not None and ids.numel():
+            for length in self.lengths:
+                length.update(ids, rotary)
 
     def fast(self, enc: Encoding, pos: torch.Tensor, side: str, key: Any, x: torch.Tensor) -> FastTables | None:
         """Fast tables of ``enc`` at ``pos`` ``(1|B, S)`` for inputs like ``x``; None: no fast form."""
@@ -92,6 +99,43 @@ class _Positions:
 
 
 @dataclass
+class _Length:
+    """The length a length-dependent rope of the config is computed at in each forward, as transformers'.
+
+    transformers' rotary module (``dynamic_rope_update``) recomputes its frequencies before each
+    forward and rotates that forward's q and k with them; the keys stay cached as they were
+    rotated. ``dynamic``: at the module's ``max_seq_len_cached``, the longest
+    ``max(position_ids) + 1`` seen so far, back to ``max_position_embeddings`` once a forward is
+    shorter than that; it is read off the module after its forward, so every reset and every
+    call outside liepos counts. ``longrope``: at this forward's ``max(position_ids) + 1`` (the
+    long factors past ``original_max_position_embeddings``). Layers with such a rope run as fixed
+    rotations at ``current`` and cache encoded keys, exactly like upstream.
+    """
+
+    rule: Encoding  # the encoding with its length_rule
+    attributes: tuple[str, ...]  # the rotary module's length attribute, first found (dynamic); (): this forward's
+    current: Encoding | None = None
+
+    def update(self, ids: torch.Tensor, rotary: Any) -> None:
+        need = int(ids.max()) + 1
+        length = need
+        if self.attributes:
+            name = next((a for a in self.attributes if hasattr(rotary, a)), None)
+            if name is None:
+                raise RuntimeError(
+                    f"dynamic NTK: the rotary module {type(rotary).__name__} has none of {list(self.attributes)}, so "
+                    "the length transformers computes this forward's frequencies at is unknown"
+                )
+            length = int(getattr(rotary, name))
+            if length < need:
+                raise RuntimeError(
+                    f"dynamic NTK: {type(rotary).__name__}.{name} = {length} is below this forward's "
+                    f"max(position_ids) + 1 = {need}"
+                )
+        self.current = self.rule.at_length(length)
+
+
+@dataclass
 class _Layer:
     """A patched attention module's state: its encoding and how the family hands it q and k."""
 
@@ -102,6 +146,7 @@ class _Layer:
     pad: int  # NoPE dims appended before encoding (families that pass only the rotated dims)
     positions: _Positions
     call: dict[str, Any] = field(default_factory=dict)
+    length: _Length | None = None  # a config's dynamic / longrope rope: the encoding of each forward
     # a rotation's F and G are the same tables (only rates and Jordan couplings tell the sides apart)
     sided: bool = True
 
@@ -112,6 +157,19 @@ class _Layer:
         """Positions ``(1|B, S)`` or ``(1|B, S, axes)`` float64 of the current call."""
         pos = self.positions.ids
         S = like.shape[-2]
+        cu = self.call.get("cu")
+        if cu is not None:  # packed documents: each starts at time 0
+            out = self.positions.tables.get(("packed", like.device))
+            if out is None:
+                base = torch.arange(S, device=like.device)[None] if pos is None else self._converted(pos, like.device)
+                if base.dim() != 2 or base.shape[-1] != S:
+                    raise NotImplementedError(
+                        f"packed sequences take one position axis over the row's {S} tokens, got positions of shape "
+                        f"{tuple(base.shape)}"
+                    )
+                check_row(cu, like.shape[0], S, self.call.get("seen", 0))
+                out = self.positions.tables[("packed", like.device)] = restarted(base.to(torch.float64), cu)
+            return out
         if pos is None:
             seen = self.call.get("seen", 0)
             pos = torch.arange(seen, seen + S, device=like.device)
@@ -151,10 +209,13 @@ class _Layer:
     def _encode(self, x: torch.Tensor, pos: torch.Tensor, side: str) -> torch.Tensor:
         if self.pad:
             x = torch.cat((x, x.new_zeros(*x.shape[:-1], self.pad)), dim=-1)  # (…, rot) -> (…, rot + pad)
+        enc = self.encoding if self.length is None else self.length.current
+        if enc is None:
+            raise RuntimeError(f"{self.family.model_type}: the rotary module did not run before the attention, so "
+                               "the length of this forward's dynamic rope is unknown")
         if self.positions.ids is None or pos.dim() != 2:  # no forward-wide positions: encode directly
-            out = getattr(self.encoding, side)(x, pos)
+            out = getattr(enc, side)(x, pos)
         else:
-            enc = self.encoding
             side = side if self.sided else "query"  # a rotation: F and G are the same tables
             key = (id(enc), side, x.dtype, x.device, tuple(pos.shape))
             m = None
@@ -197,8 +258,12 @@ class _Interfaces:
     def get_interface(self, name: Any, default: Any) -> Any:
         module = _ACTIVE.get()
         if module is not None and not module._liepos.encoded:
-            return _raw_attention
-        return self._liepos_upstream.get_interface(name, default)
+            fn = _raw_attention
+        else:
+            fn = self._liepos_upstream.get_interface(name, default)
+        if module is not None and module._liepos.call.get("cu") is not None:
+            return functools.partial(_packed_attention, fn)
+        return fn
 
     def __getitem__(self, name: Any) -> Any:
         return self._liepos_upstream[name]
@@ -217,6 +282,39 @@ def _install(family: Family) -> None:
     table = getattr(mod, "ALL_ATTENTION_FUNCTIONS", None)
     if table is not None and not isinstance(table, _Interfaces):
         mod.ALL_ATTENTION_FUNCTIONS = _Interfaces(table)
+
+
+def _packed_attention(fn: Any, module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
+                      **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """The layer's attention ``fn`` once per packed document (:mod:`liepos.interop.hf_packed`)."""
+    state: _Layer = module._liepos
+    cu = state.call["cu"]
+    check_row(cu, q.shape[0], q.shape[2], state.call["seen"])
+    if state.length is not None:
+        raise NotImplementedError(
+            f"packed sequences with {state.length.rule!r}: transformers computes a dynamic or longrope rope at the "
+            "length of the whole row, so a packed document would not see the frequencies it sees alone"
+        )
+    pos, cache, raw = state.call.get("pos"), state.call["cache"], state.call.get("raw")
+    row = state.positions.tables
+    memos = row.setdefault(("documents",), {})  # what every layer reads at one document's times
+
+    def enter(a: int, b: int) -> None:
+        # the document alone: its times, its tables, and (raw keys) a cache of its own that the row's
+        # never sees, so that it takes the path of a prefill of its own
+        state.call["pos"] = None if pos is None else pos[:, a:b]
+        state.call["cache"], state.call["raw"] = (None if cache is None else _Scratch()), None
+        state.positions.tables = memos.setdefault((a, b), {})
+
+    try:
+        return per_document(fn, module, q, k, v, attention_mask, cu, kwargs, enter)
+    finally:
+        state.call["pos"], state.call["cache"], state.call["raw"] = pos, cache, raw
+        state.positions.tables = row
+
+
+class _Scratch:
+    """A packed document's stand-in for HF's cache on the raw-key path: only its ``__dict__`` is read (key times, stores)."""
 
 
 # ---------------------------------------------------------------------- the raw-key path
@@ -345,14 +443,21 @@ def _mpt_forward(self: Any, hidden_states: torch.Tensor, position_bias: Any = No
         qkv = qkv.clamp(min=-self.clip_qkv, max=self.clip_qkv)
     q, k, v = (x.reshape(B, S, self.n_heads, self.head_dim).transpose(1, 2) for x in qkv.chunk(3, dim=2))  # (B, H, S, D)
     mask = None if attention_mask is None else ~attention_mask
-    out, weights = _alibi_attention(self, q, k, v, mask, cache, self.softmax_scale, _recording_attentions())
+    want = _recording_attentions() or _BLOCK_WEIGHTS.get()
+    out, weights = _alibi_attention(self, q, k, v, mask, cache, self.softmax_scale, want)
     return self.out_proj(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
 
 
 def _falcon_forward(self: Any, hidden_states: torch.Tensor, alibi: Any = None, attention_mask: Any = None,
                     position_ids: Any = None, layer_past: Any = None, use_cache: bool = False,
                     output_attentions: bool = False, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    """Falcon's attention with ``alibi=True``, liepos in place of the alibi bias (HF adds it to the mask too)."""
+    """Falcon's attention with ``alibi=True``, liepos in place of the alibi bias, as upstream's branch of this call.
+
+    transformers adds ``alibi/√d`` to the mask in the model; its sdpa branch uses that mask as the
+    bias (once), its eager branch (any other backend, or ``output_attentions=True``) adds the alibi
+    to the scores as well, so the bias counts twice there: ``2·m_h/√d`` per position. The patched
+    layer takes the same branch per call, with the key slots doubled on the eager one.
+    """
     if self.training and self.attention_dropout.p:
         raise NotImplementedError(f"attention_dropout={self.attention_dropout.p} is not applied by the liepos attention path")
     q, k, v = self._split_heads(self.query_key_value(hidden_states))  # 3 × (B, S, H|Hk, D)
@@ -360,12 +465,35 @@ def _falcon_forward(self: Any, hidden_states: torch.Tensor, alibi: Any = None, a
     kv = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
     q = q.transpose(1, 2).reshape(B, self.num_heads, S, self.head_dim)  # (B, H, S, D)
     k, v = (x.transpose(1, 2).reshape(B, kv, S, self.head_dim) for x in (k, v))  # (B, Hk, S, D)
-    out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
-                                    output_attentions or _recording_attentions())
+    once = self.config._attn_implementation == "sdpa" and not output_attentions
+    state = self._liepos
+    if not once:  # upstream's eager branch: the bias of the scores and again that of the mask
+        twice = self.__dict__.get("_liepos_twice")
+        if twice is None or twice[0] is not state:
+            enc = state.encoding
+            twice = (state, dataclasses.replace(state, encoding=enc.replace(key_slots=2 * enc.key_slots)))
+            self.__dict__["_liepos_twice"] = twice
+        self._liepos = twice[1]
+    try:
+        out, weights = _alibi_attention(self, q, k, v, attention_mask, layer_past, self.inv_norm_factor,
+                                        output_attentions or _recording_attentions())
+    finally:
+        self._liepos = state
     return self.dense(out.reshape(B, S, -1)), weights  # (B, S, H, D) -> (B, S, H·D)
 
 
 _OWN_FORWARDS = {"bloom": _bloom_forward, "mpt": _mpt_forward}
+# decoder blocks that return their attention's weights without passing output_attentions to it
+_WEIGHT_BLOCKS = {"mpt": "MptBlock"}
+
+
+def _block_forward(self: Any, *args: Any, output_attentions: bool = False, **kwargs: Any) -> Any:
+    """A decoder block's upstream forward, with whether it returns the weights visible to its attention."""
+    token = _BLOCK_WEIGHTS.set(bool(output_attentions))
+    try:
+        return type(self).forward(self, *args, output_attentions=output_attentions, **kwargs)
+    finally:
+        _BLOCK_WEIGHTS.reset(token)
 
 
 def _own_forward(family: Family, config: Any) -> Any:
@@ -386,6 +514,7 @@ def _forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         "seen": int(cache.get_seq_length(self.layer_idx)) if cache is not None else 0,
         "weights": bool(kwargs.get("output_attentions", False)) or _recording_attentions(),
         "raw": None if cache is None or state.encoded else _raw_keys(cache, self.layer_idx),
+        "cu": documents(kwargs),
     }
     token = _ACTIVE.set(self)
     try:
@@ -427,8 +556,9 @@ def _text_rotary(module: Any, config: Any) -> bool:
 
 
 def _rotary_forward(self: Any, x: Any, position_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
-    self._liepos_positions.record(position_ids)
-    return type(self).forward(self, x, position_ids, *args, **kwargs)
+    out = type(self).forward(self, x, position_ids, *args, **kwargs)  # upstream's length update first
+    self._liepos_positions.record(position_ids, self)
+    return out
 
 
 def _family(model: Any, config: Any) -> Family:
@@ -449,13 +579,18 @@ def _family(model: Any, config: Any) -> Family:
     return family
 
 
-def _layer_read(read: Any, module: Any, config: Any) -> Any:
-    if not isinstance(read, Mapping):
-        return read
+def _layer_type(module: Any, config: Any) -> Any:
     lt = getattr(module, "layer_type", None)
     types = list(getattr(config, "layer_types", None) or ())
     if lt is None and module.layer_idx < len(types):
         lt = types[module.layer_idx]
+    return lt
+
+
+def _layer_read(read: Any, module: Any, config: Any) -> Any:
+    if not isinstance(read, Mapping):
+        return read
+    lt = _layer_type(module, config)
     if lt not in read:
         raise ValueError(f"layer {module.layer_idx} has layer type {lt!r} but the encodings are given for {sorted(read)}")
     return read[lt]
@@ -496,7 +631,15 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
         raise ValueError(
             f"the encoding has per-head parameters for {enc.num_heads} heads but the model has num_attention_heads={heads}"
         )
-    encoded = _fixed(enc)
+    encoded, length = _fixed(enc), None
+    if isinstance(item, HFRope) and enc.length_rule is not None and item.rope_type in ("dynamic", "longrope"):
+        # upstream's frequencies of each forward, keys cached as rotated: a fixed rotation per forward
+        nested = isinstance(getattr(config, "rope_parameters", None), Mapping) and isinstance(
+            config.rope_parameters.get(_layer_type(module, config)), Mapping)
+        attributes: tuple[str, ...] = () if item.rope_type == "longrope" else ("max_seq_len_cached",)
+        if attributes and nested:  # upstream reads the layer type's own, else the shared one
+            attributes = (f"{_layer_type(module, config)}_max_seq_len_cached",) + attributes
+        length, encoded = _Length(enc, attributes), True
     own = _own_forward(family, config) is not None
     if own:  # an ALiBi family's attention: liepos.attention, raw keys
         encoded, gain = False, 1.0
@@ -507,7 +650,20 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
         )
     if not encoded and family.splits_rotary:
         raise NotImplementedError(f"{family.model_type}: the raw-key path needs the whole head; this family rotates part")
-    return _Layer(enc, family, gain, encoded, pad, positions)
+    return _Layer(enc, family, gain, encoded, pad, positions, length=length)
+
+
+def _lengths(states: Any, model: Any, config: Any, family: Family) -> dict[int, _Length]:
+    """The layers' length-dependent ropes of the config, each once; refused when the model keeps no dynamic length."""
+    lengths = {id(st.length): st.length for st in states if st.length is not None}
+    rotaries = [m for m in model.modules() if _text_rotary(m, config)]
+    for length in lengths.values():
+        if length.attributes and not any(hasattr(r, a) for r in rotaries for a in length.attributes):
+            raise NotImplementedError(
+                f"{family.model_type}: dynamic NTK from the config, but no rotary module of the model has "
+                f"{list(length.attributes)}, the length transformers computes each forward's frequencies at"
+            )
+    return lengths
 
 
 def _fixed(enc: Encoding) -> bool:
@@ -539,6 +695,11 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
       applied to the rotated dims as upstream does, model-level multipliers stay upstream's.
     * Pure rotations with a fixed generator cache the *encoded* keys in HF's cache, exactly like
       upstream, and run the model's own attention backend.
+    * A config's dynamic NTK or longrope: each forward rotates at the length transformers'
+      rotary module computes that forward's frequencies at, keys cached as rotated (upstream's
+      model exactly); an explicit length-dependent Encoding means its rule (below).
+    * Packed documents (``cu_seq_lens_q/k``): times restart per document and the attention runs
+      per document, so a packed row equals its documents run alone (:mod:`liepos.interop.hf_packed`).
     * Every other encoding caches *raw* keys; their times are kept beside the cache, and beside
       them the keys encoded at a cache origin, so a decode step encodes its query and new key only
       (:mod:`liepos.interop.hf_decode`); otherwise :func:`liepos.attention` encodes them relative to
@@ -577,6 +738,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         return dataclasses.replace(states[key], call={})
 
     plan = [(m, state(m)) for m in modules]
+    lengths = _lengths(states.values(), model, config, family)
     if _own_forward(family, config) is None:
         _install(family)  # validate everything before touching any layer
     for m in model.modules():
@@ -584,7 +746,12 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
             m._liepos_positions = positions
             m.forward = _rotary_forward.__get__(m, type(m))
     model.__dict__["_liepos_positions"] = positions
+    positions.lengths[:] = lengths.values()  # a repatched model follows only its new encodings
     forward = _own_forward(family, config) or _forward
+    for m in model.modules():
+        if type(m).__name__ == _WEIGHT_BLOCKS.get(family.model_type) and "_liepos_block" not in m.__dict__:
+            m._liepos_block = True
+            m.forward = _block_forward.__get__(m, type(m))
     for m, state in plan:
         m._liepos = state
         m.forward = forward.__get__(m, type(m))
@@ -594,7 +761,8 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
 def unpatch_model(model: Any) -> Any:
     """Undo :func:`patch_model`: every attention layer runs its upstream forward again."""
     for m in model.modules():
-        for attr in ("_liepos", "_liepos_positions"):
+        m.__dict__.pop("_liepos_twice", None)
+        for attr in ("_liepos", "_liepos_positions", "_liepos_block"):
             if attr in m.__dict__:
                 m.__dict__.pop("forward", None)
                 m.__dict__.pop(attr)
