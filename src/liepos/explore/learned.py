@@ -30,7 +30,7 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 
-__all__ = ["LearnedGenerator", "COUPLING_RANGE", "MIN_MAGNITUDE", "snapshot"]
+__all__ = ["LearnedGenerator", "COUPLING_RANGE", "MIN_MAGNITUDE", "snapshot", "INITS", "RANDOM_RANGE"]
 
 # a Jordan coupling stays within (1/100, 100): the basis diag(c^{-j}) of a size-5 block then has a
 # condition number below 100⁴ = 1e8, well inside what Generator accepts (1e12)
@@ -40,10 +40,20 @@ COUPLING_RANGE = 100.0
 MIN_MAGNITUDE = 1e-6
 
 
-class LearnedGenerator(nn.Module):
-    """``LearnedGenerator(start, num_heads)``; ``forward() -> Encoding`` whose tables carry gradients."""
+# ``init`` of a learned generator: its start's values, every rate and frequency at MIN_MAGNITUDE
+# (NoPE in the start's block structure), or log-uniform random in RANDOM_RANGE
+INITS = ("start", "nope", "random")
+RANDOM_RANGE = {"rate": (1e-4, 1e-1), "freq": (1e-3, 1.0)}
 
-    def __init__(self, start: Encoding, num_heads: int) -> None:
+
+class LearnedGenerator(nn.Module):
+    """``LearnedGenerator(start, num_heads, init="start")``; ``forward() -> Encoding`` whose tables carry gradients.
+
+    ``init="nope"`` keeps ``start``'s blocks but sets every rate and frequency to
+    :data:`MIN_MAGNITUDE` (within 1e-3 of NoPE up to 1,000 tokens); ``"random"`` draws each from
+    a log-uniform law over :data:`RANDOM_RANGE` (torch's global generator: the model's seed)."""
+
+    def __init__(self, start: Encoding, num_heads: int, init: str = "start") -> None:
         super().__init__()
         g = start.generator
         if start.num_slots:
@@ -55,11 +65,23 @@ class LearnedGenerator(nn.Module):
         nb = len(g.sizes)
         rates = g.rates.detach().to(torch.float64).expand(num_heads, nb)  # (H, blocks)
         freqs = g.freqs.detach().to(torch.float64).expand(num_heads, nb)  # (H, blocks)
-        self.raw_rate = nn.Parameter(torch.log((-rates).clamp_min(MIN_MAGNITUDE)))
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.init = init
+        a = torch.log((-rates).clamp_min(MIN_MAGNITUDE))  # (H, blocks)
         self.rotating = [i for i, c in enumerate(g.complex) if c]
         self.coupled = [i for i, n in enumerate(g.sizes) if n > 1]
         # no empty parameters (DDP would wait for their gradients): None where no block rotates / couples
         w = torch.log(freqs[:, self.rotating].abs().clamp_min(MIN_MAGNITUDE))  # (H, rotating blocks)
+        if init == "nope":
+            a, w = torch.full_like(a, math.log(MIN_MAGNITUDE)), torch.full_like(w, math.log(MIN_MAGNITUDE))
+        elif init == "random":
+            def draw(like: torch.Tensor, low: float, high: float) -> torch.Tensor:
+                u = torch.rand(like.shape, dtype=torch.float64)
+                return math.log(low) + u * (math.log(high) - math.log(low))
+
+            a, w = draw(a, *RANDOM_RANGE["rate"]), draw(w, *RANDOM_RANGE["freq"])
+        self.raw_rate = nn.Parameter(a.clone())
         self.raw_freq = nn.Parameter(w) if self.rotating else None
         self.raw_coupling = nn.Parameter(torch.zeros(len(self.coupled), dtype=torch.float64)) if self.coupled else None
 
