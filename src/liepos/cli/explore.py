@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         seeds = args.seed or ([0] if args.quick else DEFAULT_SEEDS)
         sweep(cfg, encodings, seeds, out, device=args.device, progress=not args.no_progress,
+              arguments=getattr(args, "argv", None),
               save_model=args.save_model)
     except KeyboardInterrupt:
         print("liepos explore: interrupted; rerun the same command to resume from the finished runs",
@@ -208,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liepos explore", description=HELP)
     configure(p)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in every run file
     try:
         return run(args)
     except UsageError as err:

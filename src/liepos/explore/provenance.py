@@ -4,7 +4,7 @@ Recorded in every run file, so that a difference between two machines (one float
 training grows to 1e-2 in a loss) can be traced to its cause.
 
 >>> sorted(provenance())
-['command', 'cpu', 'liepos', 'python', 'threads', 'torch']
+['arguments', 'command', 'cpu', 'liepos', 'python', 'threads', 'torch']
 """
 
 from __future__ import annotations
@@ -55,8 +55,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def provenance() -> dict:
-    """The command line (as the shell would take it back), liepos, torch, python, the CPU, torch's threads."""
+def provenance(arguments: list[str] | None = None) -> dict:
+    """The process' command line (as the shell would take it back), the explorer's ``arguments``
+    (default: the process' own), liepos, torch, python, the CPU, torch's threads."""
     argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
-    return {"command": shlex.join(argv), "liepos": liepos_version(), "torch": torch.__version__,
+    args = sys.argv[1:] if arguments is None else list(arguments)
+    return {"command": shlex.join(argv), "arguments": shlex.join(args), "liepos": liepos_version(),
+            "torch": torch.__version__,
             "python": platform.python_version(), "cpu": cpu_model(), "threads": torch.get_num_threads()}

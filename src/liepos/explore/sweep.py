@@ -27,12 +27,13 @@ import torch
 
 import liepos as lp
 from liepos.explore.eval_scaling import scaling_transform
-from liepos.explore.evaluate import evaluate, evaluate_passkey
+from liepos.explore.evaluate import EVAL_SEED, evaluate, evaluate_passkey
 from liepos.explore.model import Decoder, Transform
 from liepos.explore.provenance import provenance
 from liepos.explore.stats import binomial_interval, interval
 from liepos.explore.tasks import PasskeyTask, Task, make_task
 from liepos.explore.train import Dist, TrainConfig, train_run
+from liepos.explore.usage import block_usage
 
 __all__ = ["sweep", "collect", "learned", "LEARNED_ACC", "METRICS", "refusal", "summarise", "headline", "eval_docs"]
 
@@ -101,7 +102,7 @@ def _evaluate(model, task: Task, cfg: TrainConfig, lens: list, dist: Dist, trans
 
 
 def _one(cfg: TrainConfig, task: Task, enc: str, seed: int, dist: Dist, progress: bool, desc: str,
-         checkpoint: Path | None = None, key: str | None = None) -> tuple:
+         checkpoint: Path | None = None, key: str | None = None, arguments: list | None = None) -> tuple:
     model, rec = train_run(cfg, task, enc, seed, dist, progress, desc=desc, checkpoint=checkpoint, key=key)
     t0 = time.time()
     lens = sorted(set(cfg.eval_lens) | {cfg.train_len})  # the training length always: in-distribution figures
@@ -113,19 +114,21 @@ def _one(cfg: TrainConfig, task: Task, enc: str, seed: int, dist: Dist, progress
         why = refusal(model, transform, longer[-1])
         scaled[s] = {"not_applied": why} if why else _evaluate(model, task, cfg, longer, dist, transform)
     ind = {k: ev[str(cfg.train_len)][k] for k in ("loss", "acc")}
+    probe, _ = task.sample(torch.Generator().manual_seed(EVAL_SEED), 8, cfg.train_len, "eval")  # (8, T)
     result = {
         "encoding": str(enc), "seed": seed, "parameters": model.num_parameters(), "world_size": dist.world,
         "train_seconds": rec["seconds"], "eval_seconds": time.time() - t0, "resumed_at_step": rec["resumed_at"],
         "final_train_loss": rec["train_loss"][-1], "train_loss": rec["train_loss"], "diverged": rec["diverged"],
         "in_distribution": ind, "learned": learned(task, ind), "eval": ev, "eval_scaled": scaled,
-        "learned_generator": _learned_generator(rec), "torch": torch.__version__, "provenance": provenance(),
+        "learned_generator": _learned_generator(rec), "torch": torch.__version__, "provenance": provenance(arguments),
+        "block_usage": block_usage(model, probe.to(dist.device)),
     }
     return model, result
 
 
 def sweep(
     cfg: TrainConfig, encodings: list, seeds: list, out: str | Path, device: str = "auto",
-    progress: bool = True, save_model: bool = False, log=None,
+    progress: bool = True, save_model: bool = False, log=None, arguments: list | None = None,
 ) -> dict:
     """Train and evaluate every (encoding, seed); skip finished runs; write the reports. Returns results."""
     from liepos.explore.report import write_reports
@@ -155,7 +158,8 @@ def sweep(
                             log(f"[{i}/{total}] {enc} seed {seed}: finished earlier, skipped ({path})")
                         continue
                 ckpt = path.with_name(path.stem + ".ckpt.pt")
-                model, result = _one(cfg, task, enc, seed, dist, progress, f"[{i}/{total}] {enc} s{seed}", ckpt, key)
+                model, result = _one(cfg, task, enc, seed, dist, progress, f"[{i}/{total}] {enc} s{seed}", ckpt, key,
+                                     arguments)
                 result = {"key": key, "task": info, "config": asdict(cfg), **result}
                 if dist.main:
                     if save_model:

