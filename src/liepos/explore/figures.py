@@ -40,6 +40,17 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path):
+    """Write ``fig`` to ``path`` and close it; with no path, hand the figure back (the tests read it)."""
+    if path is None:
+        return fig
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return None
+
+
 def row_of(name: str, results: dict) -> str:
     """The row of the six an encoding belongs to: its dominant blocks' row (a learned generator: where
     its final blocks mostly ended; ALiBi: polynomial, its bias rides on the slot block)."""
@@ -109,7 +120,7 @@ def _lengths_axis(ax, lens: list[int]) -> None:
     ax.xaxis.set_major_formatter(ScalarFormatter())
 
 
-def plot_lengths(results: dict, path: Path) -> None:
+def plot_lengths(results: dict, path: Path | None = None):
     """Loss (passkey: accuracy) against evaluation length, small multiples by row, 95 % bands."""
     from liepos.classify import ROW_COLORS
 
@@ -149,8 +160,7 @@ def plot_lengths(results: dict, path: Path) -> None:
             ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"{cfg['task']}: trained at {cfg['train_len']} tokens; mean over learned seeds, band = 95 % "
                  f"interval (documents × seeds)", fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return _save(fig, path)
 
 
 def map_points(results: dict) -> list[tuple[str, list, list, tuple]]:
@@ -183,7 +193,7 @@ def _jitter(values: list[float], rng, spread: float = 0.12) -> list[float]:
             for v in values]
 
 
-def plot_map(results_list: list[dict], path: Path) -> None:
+def plot_map(results_list: list[dict], path: Path | None = None):
     """The spectrum plane, a panel per (task, encoding), every block coloured by its measured share."""
     import random
 
@@ -219,8 +229,7 @@ def plot_map(results_list: list[dict], path: Path) -> None:
     sm = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
     fig.colorbar(sm, ax=axes.ravel().tolist(), location="bottom", shrink=0.5,
                  label="block's share of |q_b|·|k_b| in its head (measured, trained model); λ > 0 shaded: growth")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return _save(fig, path)
 
 
 def _row_name(lam: float, om: float, n: int, tol: float) -> str:
@@ -228,7 +237,7 @@ def _row_name(lam: float, om: float, n: int, tol: float) -> str:
     return lp.classify(g, tol=tol).names[0]
 
 
-def plot_trajectory(results: dict, path: Path) -> None:
+def plot_trajectory(results: dict, path: Path | None = None):
     """Every learned block's path (λ, ω) over the snapshots, a panel per start; colour = the row it ends in."""
     from matplotlib.lines import Line2D
 
@@ -266,11 +275,10 @@ def plot_trajectory(results: dict, path: Path) -> None:
         handles = [Line2D([], [], ls="", marker="o", color=ROW_COLORS[k], label=k.replace("_", " "))
                    for k in ROW_COLORS if k in rows]
         ax.legend(handles=handles, fontsize=7, loc="best", title="row at the end", title_fontsize=7)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return _save(fig, path)
 
 
-def plot_passkey(results: dict, path: Path) -> None:
+def plot_passkey(results: dict, path: Path | None = None):
     """Passkey accuracy by distance bucket, a line per encoding with its 95 % interval."""
     plt = _pyplot()
     names = [n for n, r in results["summary"].items() if r.get("by_distance")]
@@ -294,8 +302,7 @@ def plot_passkey(results: dict, path: Path) -> None:
                   "left of the dotted line")
     ax.set_ylabel("passkey accuracy")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return _save(fig, path)
 
 
 def write_figures(results: dict, out: Path) -> list[Path]:
