@@ -11,14 +11,20 @@ from hypothesis import strategies as st
 
 import liepos as lp
 from liepos.explore import from_spec, split_heads
-from liepos.explore.spec import decoder_entries
+from liepos.explore.eval_scaling import scaling_transform
+from liepos.explore.evaluate import evaluate
 from liepos.explore.learned import COUPLING_RANGE, LearnedGenerator, snapshot
 from liepos.explore.model import Decoder, ModelConfig
-from liepos.explore.spec import SpecEncoding, parse_part
-from liepos.explore.eval_scaling import scaling_transform
+from liepos.explore.spec import SpecEncoding, decoder_entries, parse_part
 from liepos.explore.sweep import learned
-from liepos.explore.tasks import IGNORE, CopyTask, CountTask, LookupTask, RecallTask, make_task
-from liepos.explore.evaluate import evaluate
+from liepos.explore.tasks import (
+    IGNORE,
+    CopyTask,
+    CountTask,
+    LookupTask,
+    RecallTask,
+    make_task,
+)
 from liepos.explore.train import TrainConfig, train_run
 
 

@@ -19,12 +19,27 @@ from liepos.explore.learned import MIN_MAGNITUDE, RANDOM_RANGE, LearnedGenerator
 from liepos.explore.spec import SpecEncoding
 from liepos.explore.stats import binomial_interval, interval
 from liepos.explore.sweep import run_path, summarise
-from liepos.explore.tasks import IGNORE, CopyTask, CountTask, LookupTask, PasskeyTask, RecallTask, make_task
-from liepos.explore.train import TrainConfig, _lr, _optimizer, _set_lr, stage_length, train_run
+from liepos.explore.tasks import (
+    IGNORE,
+    CopyTask,
+    CountTask,
+    LookupTask,
+    PasskeyTask,
+    RecallTask,
+    make_task,
+)
+from liepos.explore.train import (
+    TrainConfig,
+    _lr,
+    _optimizer,
+    _set_lr,
+    stage_length,
+    train_run,
+)
 from liepos.explore.usage import block_usage
 
-TINY = dict(task="copy", d_model=16, layers=1, heads=2, steps=6, batch_size=8, train_len=16,
-            eval_lens=[16, 32], eval_tokens=256, warmup=2)
+TINY = {"task": "copy", "d_model": 16, "layers": 1, "heads": 2, "steps": 6, "batch_size": 8, "train_len": 16,
+        "eval_lens": [16, 32], "eval_tokens": 256, "warmup": 2}
 ARGV = ["--task", "copy", "--steps", "4", "--batch-size", "8", "--d-model", "16", "--layers", "1", "--heads", "2",
         "--train-len", "16", "--eval-lens", "16,32", "--eval-tokens", "256", "--threads", "1", "--no-progress"]
 

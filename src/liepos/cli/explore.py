@@ -13,7 +13,7 @@ import sys
 
 from liepos.cli._common import UsageError, int_at_least, out_dir, real_in
 
-__all__ = ["HELP", "EXAMPLES", "configure", "run", "main", "QUICK", "DEFAULT_ENCODINGS"]
+__all__ = ["DEFAULT_ENCODINGS", "EXAMPLES", "HELP", "QUICK", "configure", "main", "run"]
 
 HELP = "train small models across the design space and measure what extrapolates"
 EXAMPLES = [
@@ -107,8 +107,8 @@ def _config(args: argparse.Namespace):
 
 def _check(cfg, encodings: list[str], world: int) -> None:
     """Everything that can be refused before training: specs, maps, shapes, data, the process count."""
-    from liepos.explore.spec import SpecEncoding, split_heads
     from liepos.explore.eval_scaling import parse_scaling
+    from liepos.explore.spec import SpecEncoding, split_heads
     from liepos.explore.tasks import make_task
 
     if cfg.curriculum and (cfg.curriculum != sorted(set(cfg.curriculum)) or cfg.curriculum[-1] != cfg.train_len):

@@ -25,7 +25,7 @@ import liepos as lp
 from liepos.encoding import Encoding
 from liepos.explore.model import Transform
 
-__all__ = ["parse_scaling", "scaling_transform", "DEFAULTS", "OPTIONS"]
+__all__ = ["DEFAULTS", "OPTIONS", "parse_scaling", "scaling_transform"]
 
 # the value a required parameter takes when not given (longrope's factor lists are per plane: see _params)
 DEFAULTS = {"proportional": {"partial_rotary_factor": 0.25}, "longrope": {}}

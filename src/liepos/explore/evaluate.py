@@ -23,6 +23,7 @@ length) and records the accuracy by distance, bucketed as above (``by_distance``
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as Fn
@@ -30,7 +31,7 @@ import torch.nn.functional as Fn
 from liepos.explore.model import Transform
 from liepos.explore.tasks import IGNORE, PasskeyTask, Task
 
-__all__ = ["evaluate", "evaluate_passkey", "buckets", "bucket_labels", "EVAL_SEED"]
+__all__ = ["EVAL_SEED", "bucket_labels", "buckets", "evaluate", "evaluate_passkey"]
 
 EVAL_SEED = 1234  # held-out documents are the same for every encoding and training seed
 
@@ -49,7 +50,7 @@ def bucket_labels(train_len: int, longest: int) -> list[str]:
     """``['0-32', '32-64', '64-128', …]`` up to the bucket holding ``longest − 1``."""
     n = int(buckets(torch.tensor([longest - 1]), train_len)) + 1
     edges = [0] + [train_len * 2 ** k for k in range(n)]
-    return [f"{a}-{b}" for a, b in zip(edges[:-1], edges[1:])]
+    return [f"{a}-{b}" for a, b in pairwise(edges)]
 
 
 def _scores(model, x, y, L: int, device, transform, batch_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +84,7 @@ def evaluate(
     here (a scaling map evaluated past the training length counts the same tokens as the plain
     run). ``transform(enc, length)`` changes every encoding (a scaling map)."""
     if isinstance(task, PasskeyTask):
-        raise ValueError("the passkey task draws sequences per length: use evaluate_passkey")
+        raise TypeError("the passkey task draws sequences per length: use evaluate_passkey")
     lengths = sorted(set(lengths))
     every = sorted(set(lengths) | set(reference or []))
     longest = every[-1]

@@ -22,8 +22,17 @@ from pathlib import Path
 import liepos as lp
 from liepos.explore.spec import from_spec
 
-__all__ = ["write_figures", "plot_lengths", "plot_map", "plot_trajectory", "plot_passkey", "row_of", "map_points",
-           "series_styles", "LINTHRESH"]
+__all__ = [
+    "LINTHRESH",
+    "map_points",
+    "plot_lengths",
+    "plot_map",
+    "plot_passkey",
+    "plot_trajectory",
+    "row_of",
+    "series_styles",
+    "write_figures",
+]
 
 LINTHRESH = 1e-4  # the symmetric-log axes are linear within ±1e-4 (a rate or frequency that small is ~0 here)
 _PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442", "#999999",
@@ -251,21 +260,27 @@ def plot_trajectory(results: dict, path: Path | None = None):
     fig, axes = plt.subplots(1, len(specs), figsize=(5.0 * len(specs), 4.4), squeeze=False, layout="constrained")
     for ax, spec in zip(axes[0], specs):
         rows, lam_all, om_all = set(), [], []
+        starts: dict[str, list] = {}
+        ends: dict[str, list] = {}
         for r in (r for r in results["runs"] if r["encoding"] == spec and r.get("learned_generator")):
             traj = r["learned_generator"]["trajectory"]
             for gi, g in enumerate(traj[-1]["generators"]):
                 for h, head in enumerate(g["blocks"]):
                     for i, (lam, om, n) in enumerate(head):
-                        path_ = [(s["generators"][gi]["blocks"][h][i][0], s["generators"][gi]["blocks"][h][i][1])
-                                 for s in traj]
+                        path_ = [tuple(s_["generators"][gi]["blocks"][h][i][:2]) for s_ in traj]
                         row = _row_name(lam, om, n, tol)
                         rows.add(row)
-                        c = ROW_COLORS[row]
                         lam_all += [p[0] for p in path_]
                         om_all += [p[1] for p in path_]
-                        ax.plot([p[0] for p in path_], [p[1] for p in path_], color=c, lw=0.6, alpha=0.5)
-                        ax.scatter([path_[0][0]], [path_[0][1]], s=14, facecolors="none", edgecolors=c, lw=0.6)
-                        ax.scatter([path_[-1][0]], [path_[-1][1]], s=16, color=c)
+                        if len(set(path_)) > 1:  # a block that moved: its path
+                            ax.plot([p[0] for p in path_], [p[1] for p in path_], color=ROW_COLORS[row], lw=0.6,
+                                    alpha=0.5)
+                        starts.setdefault(row, []).append(path_[0])
+                        ends.setdefault(row, []).append(path_[-1])
+        for row, pts in starts.items():  # rings on top of the dots: a block that did not move shows both
+            ax.scatter([p[0] for p in ends[row]], [p[1] for p in ends[row]], s=10, color=ROW_COLORS[row], zorder=2)
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=42, facecolors="none", edgecolors=ROW_COLORS[row],
+                       lw=0.7, zorder=3)
         _symlog(ax, "x", lam_all)
         _symlog(ax, "y", om_all)
         ax.axvline(0, color="#999999", lw=0.6)

@@ -30,7 +30,7 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 
-__all__ = ["LearnedGenerator", "COUPLING_RANGE", "MIN_MAGNITUDE", "snapshot", "INITS", "RANDOM_RANGE"]
+__all__ = ["COUPLING_RANGE", "INITS", "MIN_MAGNITUDE", "RANDOM_RANGE", "LearnedGenerator", "snapshot"]
 
 # a Jordan coupling stays within (1/100, 100): the basis diag(c^{-j}) of a size-5 block then has a
 # condition number below 100⁴ = 1e8, well inside what Generator accepts (1e12)

@@ -25,7 +25,7 @@ from liepos.explore.spec import SpecEncoding, split_heads
 # an evaluation-time change of an encoding (a context-extension map): (encoding, sequence length) -> encoding
 Transform = Callable[[Encoding, int], Encoding]
 
-__all__ = ["ModelConfig", "Decoder", "Block", "Transform"]
+__all__ = ["Block", "Decoder", "ModelConfig", "Transform"]
 
 
 @dataclass

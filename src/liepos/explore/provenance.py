@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["provenance", "liepos_version", "cpu_model"]
+__all__ = ["cpu_model", "liepos_version", "provenance"]
 
 
 def liepos_version() -> str:

@@ -12,8 +12,17 @@ import json
 import math
 from pathlib import Path
 
-__all__ = ["table", "delta_table", "headline_table", "not_learned_table", "passkey_table", "learned_table",
-           "write_reports", "FAR", "ci"]
+__all__ = [
+    "FAR",
+    "ci",
+    "delta_table",
+    "headline_table",
+    "learned_table",
+    "not_learned_table",
+    "passkey_table",
+    "table",
+    "write_reports",
+]
 
 FAR = 16  # the headline compares the loss at FAR × the training length with the loss at the training length
 
@@ -139,7 +148,7 @@ def learned_table(results: dict) -> str:
         if not lg:
             continue
         dl, dw, c0, c1 = _moved(lg["trajectory"])
-        fmt = lambda c: ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))  # noqa: E731
+        fmt = lambda c: ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))
         rows.append(f"| {_name(r['encoding'])} | {r['seed']} | {'yes' if r['learned'] else 'no'} | {dl:.2f} | {dw:.2f} "
                     f"| {fmt(c0)} | {fmt(c1)} |")
     return "\n".join(rows) if len(rows) > 2 else ""
@@ -155,15 +164,16 @@ def write_reports(results: dict, out: Path, log=print) -> None:
     prov = results["runs"][0].get("provenance", {}) if results["runs"] else {}
     passkey = cfg["task"] == "passkey"
     text = [
-        f"# liepos explore: task {cfg['task']}, train length {cfg['train_len']} (* marks it), "
-        f"{cfg['steps']} steps, batch {cfg['batch_size']}, d_model {cfg['d_model']}, {cfg['layers']} layers, "
-        f"{cfg['heads']} heads ({p:,} parameters), seeds {results['seeds']}",
-        "", f"Provenance (first run): `{prov.get('command', '?')}`; liepos {prov.get('liepos', '?')}, torch "
-        f"{prov.get('torch', '?')}, CPU {prov.get('cpu', '?')}, {prov.get('threads', '?')} threads.",
-        "", "`learned`: seeds that learned the task at the training length (accuracy ≥ 0.9 for a synthetic "
-        "task; for the LM, a loss below the byte-frequency entropy); only those enter the figures, the others "
-        "are listed apart below. Cells: mean over the learned seeds [bootstrap 95 % interval over held-out "
-        "documents and seeds]. `@map`: that context-extension map applied past the training length.",
+        (f"# liepos explore: task {cfg['task']}, train length {cfg['train_len']} (* marks it), "
+         f"{cfg['steps']} steps, batch {cfg['batch_size']}, d_model {cfg['d_model']}, {cfg['layers']} layers, "
+         f"{cfg['heads']} heads ({p:,} parameters), seeds {results['seeds']}"),
+        "", (f"Provenance (first run): `liepos explore {prov.get('arguments', '?')}`; liepos "
+             f"{prov.get('liepos', '?')}, torch {prov.get('torch', '?')}, CPU {prov.get('cpu', '?')}, "
+             f"{prov.get('threads', '?')} threads."),
+        "", ("`learned`: seeds that learned the task at the training length (accuracy ≥ 0.9 for a synthetic "
+             "task; for the LM, a loss below the byte-frequency entropy); only those enter the figures, the others "
+             "are listed apart below. Cells: mean over the learned seeds [bootstrap 95 % interval over held-out "
+             "documents and seeds]. `@map`: that context-extension map applied past the training length."),
         "", "## headline", "", headline_table(results),
     ]
     if passkey:

@@ -39,8 +39,17 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 
-__all__ = ["Part", "parse_part", "parse_spec", "from_spec", "split_heads", "SpecEncoding", "MAIN_OPTION",
-           "one_axis", "decoder_entries"]
+__all__ = [
+    "MAIN_OPTION",
+    "Part",
+    "SpecEncoding",
+    "decoder_entries",
+    "from_spec",
+    "one_axis",
+    "parse_part",
+    "parse_spec",
+    "split_heads",
+]
 
 # the option a bare value sets, per catalogue entry (``decay:0.01`` is ``rate=0.01``)
 MAIN_OPTION = {"decay": "rate", "growth": "rate", "jordan": "size", "rope": "base", "retnet": "base",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["interval", "binomial_interval", "REPS", "SEED", "LEVEL"]
+__all__ = ["LEVEL", "REPS", "SEED", "binomial_interval", "interval"]
 
 REPS = 2000
 SEED = 0

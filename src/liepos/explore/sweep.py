@@ -20,6 +20,7 @@ import json
 import math
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from liepos.explore.tasks import PasskeyTask, Task, make_task
 from liepos.explore.train import Dist, TrainConfig, train_run
 from liepos.explore.usage import block_usage
 
-__all__ = ["sweep", "collect", "learned", "LEARNED_ACC", "METRICS", "refusal", "summarise", "headline", "eval_docs"]
+__all__ = ["LEARNED_ACC", "METRICS", "collect", "eval_docs", "headline", "learned", "refusal", "summarise", "sweep"]
 
 # a synthetic task is learned when its accuracy at the training length reaches this (issue 15's bar)
 LEARNED_ACC = 0.9
@@ -272,6 +273,11 @@ def collect(out: Path, cfg: TrainConfig, encodings, seeds, info) -> dict:
     return summarise(asdict(cfg), [str(e) for e in encodings], list(seeds), info, runs)
 
 
+def _scaled_cell(name: str, r: dict, L: int) -> dict | None:
+    """The cell of map ``name`` at length ``L`` (the plain one up to the training length)."""
+    return r["eval_scaled"][name].get(str(L), r["eval"].get(str(L)))
+
+
 def summarise(cfg: dict, encodings: list[str], seeds: list[int], info: dict, runs: list[dict]) -> dict:
     """The results dict of finished runs: config, runs and the summary (a row per encoding and map)."""
     summary: dict = {}
@@ -280,7 +286,7 @@ def summarise(cfg: dict, encodings: list[str], seeds: list[int], info: dict, run
         summary[enc] = _row(rs, cfg, lambda r, L: r["eval"].get(str(L))) | {"base": enc, "scaling": None}
         for s in cfg["eval_scaling"]:
             if all("not_applied" not in r["eval_scaled"].get(s, {"not_applied": ""}) for r in rs):
-                src = (lambda s_: lambda r, L: r["eval_scaled"][s_].get(str(L), r["eval"].get(str(L))))(s)
+                src = partial(_scaled_cell, s)
                 summary[f"{enc} @{s}"] = _row(rs, cfg, src) | {"base": enc, "scaling": s}
     return {
         "config": cfg, "encodings": encodings, "seeds": seeds, "task": info,

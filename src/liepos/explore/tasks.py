@@ -41,8 +41,21 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["IGNORE", "Task", "LookupTask", "CopyTask", "RecallTask", "CountTask", "PasskeyTask", "TextTask",
-           "make_task", "TASKS", "STDLIB_FILES", "CORPORA", "kjv_path"]
+__all__ = [
+    "CORPORA",
+    "IGNORE",
+    "STDLIB_FILES",
+    "TASKS",
+    "CopyTask",
+    "CountTask",
+    "LookupTask",
+    "PasskeyTask",
+    "RecallTask",
+    "Task",
+    "TextTask",
+    "kjv_path",
+    "make_task",
+]
 
 IGNORE = -100
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -29,11 +30,21 @@ import torch.nn.functional as Fn
 from liepos._progress import progress as make_progress
 from liepos.explore.evaluate import EVAL_SEED, evaluate
 from liepos.explore.learned import LearnedGenerator, snapshot
-from liepos.explore.model import Decoder, ModelConfig, Transform
+from liepos.explore.model import Decoder, ModelConfig
 from liepos.explore.tasks import IGNORE, Task
 
-__all__ = ["TrainConfig", "train_run", "evaluate", "Dist", "EVAL_SEED", "build_model", "learned_record",
-           "NEGLIGIBLE", "GEN_SCHEDULES", "stage_length"]
+__all__ = [
+    "EVAL_SEED",
+    "GEN_SCHEDULES",
+    "NEGLIGIBLE",
+    "Dist",
+    "TrainConfig",
+    "build_model",
+    "evaluate",
+    "learned_record",
+    "stage_length",
+    "train_run",
+]
 
 GEN_SCHEDULES = ("cosine", "constant")  # the learned generators' schedule: the model's shape, or flat after warm-up
 # a rate or frequency whose effect over the longest evaluation length is below this is zero when the
@@ -188,7 +199,7 @@ def _resume(path, key: str | None, model, opt, device) -> dict | None:
         return None
     try:
         ck = torch.load(path, map_location=device, weights_only=True)
-    except Exception:  # a truncated or foreign file: start over (it is rewritten at the next checkpoint)
+    except (OSError, RuntimeError, EOFError, ValueError, KeyError, pickle.UnpicklingError):  # truncated, foreign
         return None
     if ck.get("key") != key:
         return None
