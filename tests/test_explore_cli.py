@@ -76,7 +76,7 @@ def test_the_map_places_each_encoding_at_its_blocks_with_their_measured_shares(q
     """A point per block: RoPE at (0, ω_k) per head, learned ones at their final blocks; each head's shares sum to 1."""
     import liepos as lp
     from liepos.explore.figures import map_points
-    from liepos.explore.sweep import headline
+    from liepos.explore.stats import headline
 
     res = json.loads((quick / "results.json").read_text())
     points = {name: (blocks, share, delta) for name, blocks, share, delta in map_points(res)}

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import liepos as lp
 from liepos.explore.spec import from_spec
+from liepos.explore.stats import ci, headline
 
 __all__ = [
     "LINTHRESH",
@@ -178,8 +179,6 @@ def plot_lengths(results: dict, path: Path | None = None):
 def map_points(results: dict) -> list[tuple[str, list, list, tuple]]:
     """``(encoding, blocks (λ, ω, n), share of each block, Δ at the headline length)`` per plain encoding,
     from the first learned seed's ``block_usage`` (every layer and head; learned ones: trained blocks)."""
-    from liepos.explore.sweep import headline
-
     H = headline(results["config"])
     out = []
     for name, row in results["summary"].items():
@@ -210,8 +209,6 @@ def plot_map(results_list: list[dict], path: Path | None = None):
     import random
 
     import matplotlib
-
-    from liepos.explore.report import ci
 
     plt = _pyplot()
     panels = [(res, p) for res in results_list for p in map_points(res)]

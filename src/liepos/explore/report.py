@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+from liepos.explore.stats import ci, headline
+
 __all__ = [
     "FAR",
     "ci",
@@ -25,19 +27,6 @@ __all__ = [
 ]
 
 FAR = 16  # the headline compares the loss at FAR × the training length with the loss at the training length
-
-
-def ci(t, signed: bool = False, digits: int = 3) -> str:
-    """``'2.051 [2.031, 2.072]'`` for ``(estimate, low, high)``; ``—`` for nothing, ``diverged`` for NaN."""
-    if t is None:
-        return "—"
-    est, lo, hi = t[:3]
-    if not math.isfinite(est):
-        return "diverged"
-    f = f"{{:{'+' if signed else ''}.{digits}f}}"
-    if lo == est == hi:
-        return f.format(est)
-    return f"{f.format(est)} [{f.format(lo)}, {f.format(hi)}]"
 
 
 def _name(name: str) -> str:
@@ -74,8 +63,6 @@ def delta_table(results: dict, metric: str = "delta") -> str:
 
 def headline_table(results: dict) -> str:
     """Markdown: loss at the training length and at the headline length, their paired Δ, accuracy there."""
-    from liepos.explore.sweep import headline
-
     cfg = results["config"]
     T, H = cfg["train_len"], headline(cfg)
     rows = [f"| encoding | learned | loss at {T} | loss at {H} | Δ {T}→{H} | acc at {T} | acc at {H} |",
@@ -89,8 +76,6 @@ def headline_table(results: dict) -> str:
 
 def not_learned_table(results: dict) -> str:
     """Markdown: every run that did not learn in distribution (never averaged into the tables above)."""
-    from liepos.explore.sweep import headline
-
     H = headline(results["config"])
     rows = [f"| encoding | seed | loss at train length | acc at train length | loss at {H} |", "|---|---|---|---|---|"]
     for name, row in results["summary"].items():

@@ -18,9 +18,11 @@ percentiles. With one seed only the documents are resampled.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["LEVEL", "REPS", "SEED", "binomial_interval", "interval"]
+__all__ = ["LEVEL", "REPS", "SEED", "binomial_interval", "ci", "headline", "interval"]
 
 REPS = 2000
 SEED = 0
@@ -66,3 +68,22 @@ def binomial_interval(correct, count, reps: int = REPS, seed: int = SEED) -> tup
     draws = rng.binomial(n[pick].astype(np.int64), (c / n)[pick]) / n[pick]  # (reps, S)
     lo, hi = np.percentile(draws.mean(1), [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
     return est, float(lo), float(hi)
+
+
+def ci(t, signed: bool = False, digits: int = 3) -> str:
+    """``'2.051 [2.031, 2.072]'`` for ``(estimate, low, high)``; ``—`` for nothing, ``diverged`` for NaN."""
+    if t is None:
+        return "—"
+    est, lo, hi = t[:3]
+    if not math.isfinite(est):
+        return "diverged"
+    f = f"{{:{'+' if signed else ''}.{digits}f}}"
+    if lo == est == hi:
+        return f.format(est)
+    return f"{f.format(est)} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def headline(cfg: dict) -> int:
+    """The length the study's headline compares with the training length: 16× it if evaluated, else the longest."""
+    far = 16 * cfg["train_len"]
+    return far if far in cfg["eval_lens"] else max(cfg["eval_lens"])

@@ -31,12 +31,12 @@ from liepos.explore.eval_scaling import scaling_transform
 from liepos.explore.evaluate import EVAL_SEED, evaluate, evaluate_passkey
 from liepos.explore.model import Decoder, Transform
 from liepos.explore.provenance import provenance
-from liepos.explore.stats import binomial_interval, interval
+from liepos.explore.stats import binomial_interval, headline, interval
 from liepos.explore.tasks import PasskeyTask, Task, make_task
 from liepos.explore.train import Dist, TrainConfig, train_run
 from liepos.explore.usage import block_usage
 
-__all__ = ["LEARNED_ACC", "METRICS", "collect", "eval_docs", "headline", "learned", "refusal", "summarise", "sweep"]
+__all__ = ["LEARNED_ACC", "METRICS", "collect", "eval_docs", "learned", "refusal", "summarise", "sweep"]
 
 # a synthetic task is learned when its accuracy at the training length reaches this (issue 15's bar)
 LEARNED_ACC = 0.9
@@ -183,12 +183,6 @@ def sweep(
         return results or {}
     finally:
         dist.close()
-
-
-def headline(cfg: dict) -> int:
-    """The length the study's headline compares with the training length: 16× it if evaluated, else the longest."""
-    far = 16 * cfg["train_len"]
-    return far if far in cfg["eval_lens"] else max(cfg["eval_lens"])
 
 
 def _paired(cells: list[dict], refs: list[dict]) -> dict:
