@@ -20,17 +20,23 @@ from liepos.explore.sweep import summarise
 
 
 def phase(folder: Path) -> dict | None:
-    runs = [json.loads(p.read_text()) for p in sorted((folder / "runs").glob("*.json"))]
+    files = sorted((folder / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    runs = [json.loads(p.read_text()) for p in files]
     if not runs:
         return None
     cfg, info = runs[0]["config"], runs[0]["task"]
-    seeds = sorted({r["seed"] for r in runs})
+    args = shlex.split(runs[-1]["provenance"]["arguments"])  # the latest command: its seeds and encodings
+    seeds = sorted(int(v) for v in args[args.index("--seed") + 1].split(",")) if "--seed" in args else \
+        sorted({r["seed"] for r in runs})
+    extra = sorted({r["seed"] for r in runs} - set(seeds))
+    if extra:
+        print(f"{folder.name}: runs of seeds {extra} (an earlier command) left out")
+    runs = [r for r in runs if r["seed"] in seeds]
     order = list(dict.fromkeys(r["encoding"] for r in runs))
     done = [e for e in order if {r["seed"] for r in runs if r["encoding"] == e} == set(seeds)]
     missing = [e for e in order if e not in done]
     if missing:
         print(f"{folder.name}: left out (a seed missing): {', '.join(missing)}")
-    args = shlex.split(runs[0]["provenance"]["arguments"])
     listed = args[args.index("--encodings") + 1].split(",") if "--encodings" in args else []
     done.sort(key=lambda e: listed.index(e) if e in listed else len(listed))  # the command's order
     for r in runs:

@@ -242,8 +242,11 @@ def plot_map(results_list: list[dict], path: Path | None = None):
 
 
 def _row_name(lam: float, om: float, n: int, tol: float) -> str:
-    g = lp.Generator([lam], [om], [n], complex=[om != 0.0])
-    return lp.classify(g, tol=tol).names[0]
+    """The row of one block, a rate or frequency below ``tol`` (absolute) counting as 0."""
+    from liepos.explore.learned import row_counts
+
+    counts = row_counts([(lam, om, n)], tol)
+    return max(counts, key=counts.get)
 
 
 def plot_trajectory(results: dict, path: Path | None = None):

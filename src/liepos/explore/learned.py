@@ -30,7 +30,7 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 
-__all__ = ["COUPLING_RANGE", "INITS", "MIN_MAGNITUDE", "RANDOM_RANGE", "LearnedGenerator", "snapshot"]
+__all__ = ["COUPLING_RANGE", "INITS", "MIN_MAGNITUDE", "RANDOM_RANGE", "LearnedGenerator", "row_counts", "snapshot"]
 
 # a Jordan coupling stays within (1/100, 100): the basis diag(c^{-j}) of a size-5 block then has a
 # condition number below 100⁴ = 1e8, well inside what Generator accepts (1e12)
@@ -136,15 +136,34 @@ class LearnedGenerator(nn.Module):
         return Encoding(gen, layout=self.layout, name=f"learn:{self.name}")
 
 
+def row_counts(blocks, tol: float = 0.0) -> dict[str, int]:
+    """The six rows' counts of blocks ``(λ, ω, n)``, a rate or frequency with ``|·| < tol`` counting as 0.
+
+    ``tol`` is absolute (``lp.classify``'s own is relative to the largest rate or frequency, which
+    would call a NoPE start of 1e-6 everywhere a damped rotation).
+
+    >>> row_counts([(-1e-6, 1e-6, 1), (-0.1, 0.0, 1), (0.0, 0.5, 1), (-1e-6, 0.0, 3)], tol=1e-4)["nope"]
+    1
+    """
+    counts = dict.fromkeys(lp.classify([[0.0]]).counts, 0)
+    if not blocks:
+        return counts
+    lam = [0.0 if abs(b[0]) < tol else float(b[0]) for b in blocks]
+    om = [0.0 if abs(b[1]) < tol else float(b[1]) for b in blocks]
+    g = lp.Generator(lam, om, [int(b[2]) for b in blocks], complex=[w != 0.0 for w in om])
+    for name, n in lp.classify(g).counts.items():
+        counts[name] += n
+    return counts
+
+
 def snapshot(module: LearnedGenerator, tol: float | None = None) -> dict:
     """The current blocks ``(rate, freq, size)`` per head, the couplings and the six rows' counts.
 
-    ``counts`` come from :func:`liepos.classify` of the generator (every head's blocks), a rate or
-    frequency within ``tol`` of 0 counting as 0."""
+    ``counts`` come from :func:`row_counts` of every head's blocks, a rate or frequency within
+    ``tol`` of 0 counting as 0 (absolute)."""
     with torch.no_grad():
-        enc = module()
         rates, freqs = module.rates(), module.freqs()
         blocks = [[(float(rates[h, i]), float(freqs[h, i]), int(n)) for i, n in enumerate(module.sizes)]
                   for h in range(rates.shape[0])]
         return {"blocks": blocks, "couplings": [float(c) for c in module.couplings()],
-                "counts": dict(lp.classify(enc, tol=tol).counts)}
+                "counts": row_counts([b for head in blocks for b in head], tol or 0.0)}

@@ -12,7 +12,9 @@ import json
 import math
 from pathlib import Path
 
+from liepos.explore.learned import row_counts
 from liepos.explore.stats import ci, headline
+from liepos.explore.train import NEGLIGIBLE
 
 __all__ = [
     "FAR",
@@ -105,7 +107,7 @@ def passkey_table(results: dict) -> str:
     return "\n".join(rows)
 
 
-def _moved(traj: list[dict]) -> tuple[float, float, dict, dict]:
+def _moved(traj: list[dict], tol: float) -> tuple[float, float, dict, dict]:
     """Largest |Δ ln|λ|| and |Δ ln ω| of any block from the first to the last snapshot; the counts then and now."""
     def flat(snap):
         return [b for g in snap["generators"] for head in g["blocks"] for b in head]
@@ -114,12 +116,8 @@ def _moved(traj: list[dict]) -> tuple[float, float, dict, dict]:
     dl = max((abs(math.log(abs(y[0]) or 1e-300) - math.log(abs(x[0]) or 1e-300)) for x, y in zip(a, b)), default=0.0)
     dw = max((abs(math.log(y[1]) - math.log(x[1])) for x, y in zip(a, b) if x[1] > 0 and y[1] > 0), default=0.0)
 
-    def counts(snap):
-        out: dict = {}
-        for g in snap["generators"]:
-            for k, v in g["counts"].items():
-                out[k] = out.get(k, 0) + v
-        return {k: v for k, v in out.items() if v}
+    def counts(snap):  # recomputed from the blocks with an absolute tolerance (row_counts)
+        return {k: v for k, v in row_counts(flat(snap), tol).items() if v}
 
     return dl, dw, counts(traj[0]), counts(traj[-1])
 
@@ -132,7 +130,7 @@ def learned_table(results: dict) -> str:
         lg = r.get("learned_generator")
         if not lg:
             continue
-        dl, dw, c0, c1 = _moved(lg["trajectory"])
+        dl, dw, c0, c1 = _moved(lg["trajectory"], NEGLIGIBLE / max(results["config"]["eval_lens"]))
         fmt = lambda c: ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))
         rows.append(f"| {_name(r['encoding'])} | {r['seed']} | {'yes' if r['learned'] else 'no'} | {dl:.2f} | {dw:.2f} "
                     f"| {fmt(c0)} | {fmt(c1)} |")

@@ -103,7 +103,7 @@ def _evaluate(model, task: Task, cfg: TrainConfig, lens: list, dist: Dist, trans
 
 
 def _one(cfg: TrainConfig, task: Task, enc: str, seed: int, dist: Dist, progress: bool, desc: str,
-         checkpoint: Path | None = None, key: str | None = None, arguments: list | None = None) -> tuple:
+         checkpoint: Path | None = None, key: str | None = None, prov: dict | None = None) -> tuple:
     model, rec = train_run(cfg, task, enc, seed, dist, progress, desc=desc, checkpoint=checkpoint, key=key)
     t0 = time.time()
     lens = sorted(set(cfg.eval_lens) | {cfg.train_len})  # the training length always: in-distribution figures
@@ -121,7 +121,7 @@ def _one(cfg: TrainConfig, task: Task, enc: str, seed: int, dist: Dist, progress
         "train_seconds": rec["seconds"], "eval_seconds": time.time() - t0, "resumed_at_step": rec["resumed_at"],
         "final_train_loss": rec["train_loss"][-1], "train_loss": rec["train_loss"], "diverged": rec["diverged"],
         "in_distribution": ind, "learned": learned(task, ind), "eval": ev, "eval_scaled": scaled,
-        "learned_generator": _learned_generator(rec), "torch": torch.__version__, "provenance": provenance(arguments),
+        "learned_generator": _learned_generator(rec), "torch": torch.__version__, "provenance": prov or provenance(),
         "block_usage": block_usage(model, probe.to(dist.device)),
     }
     return model, result
@@ -145,6 +145,7 @@ def sweep(
         if dist.main:
             (out / "runs").mkdir(parents=True, exist_ok=True)
         total, i, t_start = len(encodings) * len(seeds), 0, time.time()
+        prov = provenance(arguments)  # at the start: the commit whose code this process runs
         for enc in encodings:
             for seed in seeds:
                 i += 1
@@ -160,7 +161,7 @@ def sweep(
                         continue
                 ckpt = path.with_name(path.stem + ".ckpt.pt")
                 model, result = _one(cfg, task, enc, seed, dist, progress, f"[{i}/{total}] {enc} s{seed}", ckpt, key,
-                                     arguments)
+                                     prov)
                 result = {"key": key, "task": info, "config": asdict(cfg), **result}
                 if dist.main:
                     if save_model:
