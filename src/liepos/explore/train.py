@@ -289,5 +289,7 @@ def train_run(
         if checkpoint is not None and dist.main and (step + 1) % ck_every == 0 and step + 1 < cfg.steps:
             _save(checkpoint, model, opt, state | {"step": step + 1, "seconds": state["seconds"] + time.time() - t0})
     bar.close()
+    if trajectory[0]["generators"] and trajectory[-1]["step"] != len(losses) and diverged is None:
+        trajectory.append({"step": len(losses), "generators": learned_record(model, tol)})  # the end, always
     return model, {"train_loss": losses, "seconds": state["seconds"] + time.time() - t0, "diverged": diverged,
                    "trajectory": trajectory if trajectory[0]["generators"] else [], "resumed_at": start}
