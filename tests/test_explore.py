@@ -11,14 +11,21 @@ from hypothesis import strategies as st
 
 import liepos as lp
 from liepos.explore import from_spec, split_heads
-from liepos.explore.spec import decoder_entries
+from liepos.explore.eval_scaling import scaling_transform
+from liepos.explore.evaluate import evaluate
 from liepos.explore.learned import COUPLING_RANGE, LearnedGenerator, snapshot
 from liepos.explore.model import Decoder, ModelConfig
-from liepos.explore.spec import SpecEncoding, parse_part
-from liepos.explore.eval_scaling import scaling_transform
+from liepos.explore.spec import SpecEncoding, decoder_entries, parse_part
 from liepos.explore.sweep import learned
-from liepos.explore.tasks import IGNORE, CopyTask, CountTask, LookupTask, RecallTask, make_task
-from liepos.explore.train import TrainConfig, evaluate, train_run
+from liepos.explore.tasks import (
+    IGNORE,
+    CopyTask,
+    CountTask,
+    LookupTask,
+    RecallTask,
+    make_task,
+)
+from liepos.explore.train import TrainConfig, train_run
 
 
 # ---------------------------------------------------------------------- the spec grammar
@@ -286,7 +293,7 @@ def test_training_is_deterministic_and_snapshots_learned_generators(one_thread):
     assert [s["step"] for s in r1["trajectory"]] == [0, 2, 4, 6]
     first, last = r1["trajectory"][0]["generators"][0], r1["trajectory"][-1]["generators"][0]
     assert first["start"] == "jordan2" and first["blocks"] != last["blocks"]  # it trained
-    ev = evaluate(m1, task, [16, 32], 256)
+    ev = evaluate(m1, task, [16, 32], 8, 16)
     assert set(ev) == {"16", "32"} and 0 <= ev["32"]["acc"] <= 1 and not ev["32"]["diverged"]
 
 
@@ -295,6 +302,6 @@ def test_divergence_is_a_recorded_result_not_a_crash(one_thread):
     cfg = TrainConfig(**TINY)
     task = make_task("copy")
     model, rec = train_run(cfg, task, "growth:1", 0, progress=False)
-    ev = evaluate(model, task, [16, 1024], 2048)
+    ev = evaluate(model, task, [16, 1024], 2, 16)
     assert ev["1024"]["diverged"] and math.isnan(ev["1024"]["loss"])
     assert not ev["16"]["diverged"] and math.isfinite(ev["16"]["loss"])

@@ -45,7 +45,7 @@ def test_quick_sweep_learns_the_task_in_distribution_for_rope_and_alibi(quick):
         row = res["summary"][enc]
         assert row["in_acc"] >= LEARNED_ACC and row["learned"] == 1, (enc, row["in_acc"])
     table = (quick / "table.md").read_text()
-    assert "| rope | 1/1 |" in table and "| rope @yarn |" in table  # in-distribution beside extrapolation
+    assert "| rope | 1/1 |" in table and "| rope @yarn | 1/1 |" in table  # in-distribution beside extrapolation
 
 
 @pytest.mark.slow
@@ -72,24 +72,24 @@ def test_quick_sweep_records_learned_generators_growth_and_yarn(quick):
 
 
 @pytest.mark.slow
-def test_the_map_places_each_encoding_at_its_blocks(quick):
-    """A point per block: RoPE at (0, ω_k), RoPE @yarn at YaRN's frequencies for 16×, learned at their final blocks."""
+def test_the_map_places_each_encoding_at_its_blocks_with_their_measured_shares(quick):
+    """A point per block: RoPE at (0, ω_k) per head, learned ones at their final blocks; each head's shares sum to 1."""
     import liepos as lp
-    from liepos.explore.report import FAR, map_points
-    from liepos.explore.eval_scaling import scaling_transform
+    from liepos.explore.figures import map_points
+    from liepos.explore.stats import headline
 
     res = json.loads((quick / "results.json").read_text())
-    points = {name: (blocks, delta) for name, blocks, delta in map_points(res)}
-    hd, T = cli.QUICK["d_model"] // cli.QUICK["heads"], cli.QUICK["train_len"]
-    for name, enc in (("rope", lp.rope(hd)), ("rope @yarn", scaling_transform("yarn", T)(lp.rope(hd), FAR * T))):
-        blocks, delta = points[name]
-        want = enc.generator.freqs.tolist()
-        assert sorted({om for _, om, _ in blocks}) == pytest.approx(sorted(set(want)))  # heads share them
-        assert all(lam == 0 and n == 1 for lam, _, n in blocks)
-        row = res["summary"][name]["lengths"]
-        assert delta == pytest.approx(row[str(FAR * T)]["loss"] - row[str(T)]["loss"])
+    points = {name: (blocks, share, delta) for name, blocks, share, delta in map_points(res)}
+    hd, H = cli.QUICK["d_model"] // cli.QUICK["heads"], cli.QUICK["heads"]
+    blocks, share, delta = points["rope"]
+    assert sorted({om for _, om, _ in blocks}) == pytest.approx(sorted(set(lp.rope(hd).generator.freqs.tolist())))
+    assert all(lam == 0 and n == 1 for lam, _, n in blocks) and len(blocks) == H * hd // 2
+    assert sum(share) == pytest.approx(H) and len(set(share)) > 1  # measured per block, not one colour
+    T = cli.QUICK["train_len"]
+    assert delta == tuple(res["summary"]["rope"]["lengths"][str(headline(res["config"]))]["delta"])
     final = json.loads(run_path(quick, "learn", 0).read_text())["learned_generator"]["final"]
     assert points["learn"][0] == [tuple(b) for g in final for h in g["blocks"] for b in h]
+    assert T in res["config"]["eval_lens"]
 
 
 def test_resume_skips_finished_runs_and_redoes_a_removed_one_identically(tmp_path, capsys):

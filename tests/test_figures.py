@@ -129,24 +129,3 @@ def test_every_panel_is_labelled(data):
         if len(lines) > 3:
             assert any(lg is not None for lg in legends), f"{kind} draws several series without a legend"
 
-
-def test_explore_draws_two_encodings_of_one_row_apart(tmp_path, monkeypatch):
-    """`liepos explore`'s loss_vs_length.png: ALiBi and Jordan-3 share the polynomial row's colour, so
-    they differ in line style and marker (they used to be drawn alike)."""
-    import matplotlib.figure
-
-    from liepos.explore.report import plot_lengths
-
-    lens = [32, 64]
-    point = {"loss": 1.0, "loss_std": 0.1, "loss_tail": 1.2, "loss_tail_std": 0.1}
-    summary = {name: {"dominant": "polynomial", "lengths": {str(L): point for L in lens}}
-               for name in ("alibi", "jordan3")}
-    results = {"config": {"eval_lens": lens, "train_len": 32, "task": "lookup", "steps": 1}, "summary": summary}
-    drawn = []
-    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: drawn.append(self))
-    plot_lengths(results, tmp_path / "loss_vs_length.png")
-    lines = {c.get_label(): (to_hex(c.lines[0].get_color()), c.lines[0].get_linestyle(), c.lines[0].get_marker())
-             for c in drawn[0].axes[0].containers}  # one errorbar container per encoding
-    styles = [v for k, v in lines.items() if k.startswith(("alibi", "jordan3"))]
-    assert len(styles) == 2 and styles[0][0] == styles[1][0] == F.ROW_COLORS["polynomial"].lower()
-    assert styles[0][1:] != styles[1][1:], styles

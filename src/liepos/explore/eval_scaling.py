@@ -1,7 +1,19 @@
-"""Context extension at evaluation: ``--eval-scaling NAME[:FACTOR]`` as a map applied past the training length.
+"""Context extension at evaluation: ``--eval-scaling NAME[:FACTOR][:KEY=VALUE…]``, a map applied past the training length.
 
-The factor is ``eval length / train length`` unless given, so "RoPE + YaRN at 16×" is
-``lp.scaling.yarn(enc, factor=16, original_max_position_embeddings=train_len)`` at 16× the training length.
+Every map of :data:`liepos.scaling.SCALINGS` applies. The factor is ``eval length / train length``
+unless given, so "RoPE + YaRN at 16×" is
+``lp.scaling.yarn(enc, factor=16, original_max_position_embeddings=train_len)`` at 16× the training
+length; ``original_max_position_embeddings`` is the training length wherever a map takes it.
+Parameters a map requires and the explorer cannot know get a stated default (:data:`DEFAULTS`),
+overridable as ``KEY=VALUE``:
+
+* ``longrope``: its per-plane factors come from a search on the model being extended, which these
+  models never had; the default is ``short_factor = 1`` and ``long_factor = factor`` on every plane
+  (position interpolation past the training length, with LongRoPE's attention factor
+  ``√(1 + ln s / ln L0)``). ``longrope:long=4`` sets every long factor to 4.
+* ``proportional``: ``partial_rotary_factor = 0.25`` (the fastest quarter of the planes keeps
+  rotating, the rest become NoPE planes), every kept frequency divided by the factor;
+  ``proportional:p=0.5`` keeps half.
 """
 
 from __future__ import annotations
@@ -13,23 +25,59 @@ import liepos as lp
 from liepos.encoding import Encoding
 from liepos.explore.model import Transform
 
-__all__ = ["parse_scaling", "scaling_transform"]
+__all__ = ["DEFAULTS", "OPTIONS", "parse_scaling", "scaling_transform"]
+
+# the value a required parameter takes when not given (longrope's factor lists are per plane: see _params)
+DEFAULTS = {"proportional": {"partial_rotary_factor": 0.25}, "longrope": {}}
+# short names of the options one can set, per map
+OPTIONS = {"proportional": {"p": "partial_rotary_factor"}, "longrope": {"short": "short_factor", "long": "long_factor"},
+           "yarn": {"beta_fast": "beta_fast", "beta_slow": "beta_slow"},
+           "llama3": {"low": "low_freq_factor", "high": "high_freq_factor"}}
 
 
-def parse_scaling(text: str) -> tuple[str, float | None]:
-    """``'yarn'`` → ``('yarn', None)`` (factor = eval length / train length); ``'yarn:4'`` → ``('yarn', 4.0)``."""
-    name, _, factor = text.strip().lower().partition(":")
+def _number(text: str, what: str, spec: str, low: float) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        raise ValueError(f"{what} must be a number, got {text!r} in {spec!r}") from None
+    if not (f >= low and math.isfinite(f)):
+        raise ValueError(f"{what} must be a finite number >= {low:g}, got {f:g} in {spec!r}")
+    return f
+
+
+def parse_scaling(text: str) -> tuple[str, float | None, dict]:
+    """``'yarn'`` → ``('yarn', None, {})`` (factor = eval length / train length); ``'yarn:4'`` →
+    ``('yarn', 4.0, {})``; ``'proportional:p=0.5'`` → ``('proportional', None, {'partial_rotary_factor': 0.5})``."""
+    name, *fields = [f.strip() for f in text.strip().lower().split(":")]
     if name not in lp.scaling.SCALINGS:
         raise ValueError(f"unknown scaling {name!r}; known: {', '.join(sorted(lp.scaling.SCALINGS))}")
-    if not factor:
-        return name, None
-    try:
-        f = float(factor)
-    except ValueError:
-        raise ValueError(f"scaling factor must be a number, got {factor!r} in {text!r}") from None
-    if not (f >= 1 and math.isfinite(f)):
-        raise ValueError(f"scaling factor must be a finite number >= 1, got {f:g} in {text!r}")
-    return name, f
+    factor, opts = None, {}
+    for f in fields:
+        key, eq, val = f.partition("=")
+        if not eq:
+            if factor is not None:
+                raise ValueError(f"scaling {text!r} gives the factor twice")
+            factor = _number(f, "scaling factor", text, 1.0)
+            continue
+        known = OPTIONS.get(name, {})
+        if key not in known:
+            raise ValueError(f"scaling {name!r} has no option {key!r} in {text!r}; its options: {sorted(known) or 'none'}")
+        opts[known[key]] = _number(val, key, text, 0.0)
+    return name, factor, opts
+
+
+def _params(name: str, fn, enc: Encoding, factor: float, train_len: int, opts: dict) -> dict:
+    """The keyword arguments of ``SCALINGS[name]`` for ``enc`` at ``factor``."""
+    sig = inspect.signature(fn).parameters
+    params: dict = dict(DEFAULTS.get(name, {})) | {"factor": factor}
+    if "original_max_position_embeddings" in sig:
+        params["original_max_position_embeddings"] = train_len
+    if name == "longrope":  # one factor per rotation plane
+        planes = int(lp.scaling.rotation_freqs(enc).shape[-1])  # (*heads, planes)
+        params["short_factor"] = [opts.get("short_factor", 1.0)] * planes
+        params["long_factor"] = [opts.get("long_factor", factor)] * planes
+        opts = {k: v for k, v in opts.items() if k not in ("short_factor", "long_factor")}
+    return params | opts
 
 
 def scaling_transform(text: str, train_len: int) -> Transform:
@@ -38,15 +86,14 @@ def scaling_transform(text: str, train_len: int) -> Transform:
     The factor is ``length / train_len`` unless ``text`` gives one; ``original_max_position_embeddings``
     is ``train_len``. Encodings without a rotation block, and lengths up to ``train_len``, pass unchanged.
     """
-    name, fixed = parse_scaling(text)
+    name, fixed, opts = parse_scaling(text)
     fn = lp.scaling.SCALINGS[name]
-    extra = {"original_max_position_embeddings": train_len} if "original_max_position_embeddings" in \
-        inspect.signature(fn).parameters else {}
 
     def apply(enc: Encoding, length: int) -> Encoding:
         if length <= train_len or not any(enc.generator.complex):
             return enc
-        out = lp.scaling.scale(enc, name, factor=fixed or length / train_len, **extra)
+        factor = fixed or length / train_len
+        out = lp.scaling.scale(enc, name, **_params(name, fn, enc, factor, train_len, opts))
         return out.at_length(length)
 
     return apply

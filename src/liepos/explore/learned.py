@@ -30,7 +30,7 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 
-__all__ = ["LearnedGenerator", "COUPLING_RANGE", "MIN_MAGNITUDE", "snapshot"]
+__all__ = ["COUPLING_RANGE", "INITS", "MIN_MAGNITUDE", "RANDOM_RANGE", "LearnedGenerator", "row_counts", "snapshot"]
 
 # a Jordan coupling stays within (1/100, 100): the basis diag(c^{-j}) of a size-5 block then has a
 # condition number below 100⁴ = 1e8, well inside what Generator accepts (1e12)
@@ -40,10 +40,20 @@ COUPLING_RANGE = 100.0
 MIN_MAGNITUDE = 1e-6
 
 
-class LearnedGenerator(nn.Module):
-    """``LearnedGenerator(start, num_heads)``; ``forward() -> Encoding`` whose tables carry gradients."""
+# ``init`` of a learned generator: its start's values, every rate and frequency at MIN_MAGNITUDE
+# (NoPE in the start's block structure), or log-uniform random in RANDOM_RANGE
+INITS = ("start", "nope", "random")
+RANDOM_RANGE = {"rate": (1e-4, 1e-1), "freq": (1e-3, 1.0)}
 
-    def __init__(self, start: Encoding, num_heads: int) -> None:
+
+class LearnedGenerator(nn.Module):
+    """``LearnedGenerator(start, num_heads, init="start")``; ``forward() -> Encoding`` whose tables carry gradients.
+
+    ``init="nope"`` keeps ``start``'s blocks but sets every rate and frequency to
+    :data:`MIN_MAGNITUDE` (within 1e-3 of NoPE up to 1,000 tokens); ``"random"`` draws each from
+    a log-uniform law over :data:`RANDOM_RANGE` (torch's global generator: the model's seed)."""
+
+    def __init__(self, start: Encoding, num_heads: int, init: str = "start") -> None:
         super().__init__()
         g = start.generator
         if start.num_slots:
@@ -55,11 +65,23 @@ class LearnedGenerator(nn.Module):
         nb = len(g.sizes)
         rates = g.rates.detach().to(torch.float64).expand(num_heads, nb)  # (H, blocks)
         freqs = g.freqs.detach().to(torch.float64).expand(num_heads, nb)  # (H, blocks)
-        self.raw_rate = nn.Parameter(torch.log((-rates).clamp_min(MIN_MAGNITUDE)))
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        self.init = init
+        a = torch.log((-rates).clamp_min(MIN_MAGNITUDE))  # (H, blocks)
         self.rotating = [i for i, c in enumerate(g.complex) if c]
         self.coupled = [i for i, n in enumerate(g.sizes) if n > 1]
         # no empty parameters (DDP would wait for their gradients): None where no block rotates / couples
         w = torch.log(freqs[:, self.rotating].abs().clamp_min(MIN_MAGNITUDE))  # (H, rotating blocks)
+        if init == "nope":
+            a, w = torch.full_like(a, math.log(MIN_MAGNITUDE)), torch.full_like(w, math.log(MIN_MAGNITUDE))
+        elif init == "random":
+            def draw(like: torch.Tensor, low: float, high: float) -> torch.Tensor:
+                u = torch.rand(like.shape, dtype=torch.float64)
+                return math.log(low) + u * (math.log(high) - math.log(low))
+
+            a, w = draw(a, *RANDOM_RANGE["rate"]), draw(w, *RANDOM_RANGE["freq"])
+        self.raw_rate = nn.Parameter(a.clone())
         self.raw_freq = nn.Parameter(w) if self.rotating else None
         self.raw_coupling = nn.Parameter(torch.zeros(len(self.coupled), dtype=torch.float64)) if self.coupled else None
 
@@ -114,15 +136,34 @@ class LearnedGenerator(nn.Module):
         return Encoding(gen, layout=self.layout, name=f"learn:{self.name}")
 
 
+def row_counts(blocks, tol: float = 0.0) -> dict[str, int]:
+    """The six rows' counts of blocks ``(λ, ω, n)``, a rate or frequency with ``|·| < tol`` counting as 0.
+
+    ``tol`` is absolute (``lp.classify``'s own is relative to the largest rate or frequency, which
+    would call a NoPE start of 1e-6 everywhere a damped rotation).
+
+    >>> row_counts([(-1e-6, 1e-6, 1), (-0.1, 0.0, 1), (0.0, 0.5, 1), (-1e-6, 0.0, 3)], tol=1e-4)["nope"]
+    1
+    """
+    counts = dict.fromkeys(lp.classify([[0.0]]).counts, 0)
+    if not blocks:
+        return counts
+    lam = [0.0 if abs(b[0]) < tol else float(b[0]) for b in blocks]
+    om = [0.0 if abs(b[1]) < tol else float(b[1]) for b in blocks]
+    g = lp.Generator(lam, om, [int(b[2]) for b in blocks], complex=[w != 0.0 for w in om])
+    for name, n in lp.classify(g).counts.items():
+        counts[name] += n
+    return counts
+
+
 def snapshot(module: LearnedGenerator, tol: float | None = None) -> dict:
     """The current blocks ``(rate, freq, size)`` per head, the couplings and the six rows' counts.
 
-    ``counts`` come from :func:`liepos.classify` of the generator (every head's blocks), a rate or
-    frequency within ``tol`` of 0 counting as 0."""
+    ``counts`` come from :func:`row_counts` of every head's blocks, a rate or frequency within
+    ``tol`` of 0 counting as 0 (absolute)."""
     with torch.no_grad():
-        enc = module()
         rates, freqs = module.rates(), module.freqs()
         blocks = [[(float(rates[h, i]), float(freqs[h, i]), int(n)) for i, n in enumerate(module.sizes)]
                   for h in range(rates.shape[0])]
         return {"blocks": blocks, "couplings": [float(c) for c in module.couplings()],
-                "counts": dict(lp.classify(enc, tol=tol).counts)}
+                "counts": row_counts([b for head in blocks for b in head], tol or 0.0)}

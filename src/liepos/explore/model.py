@@ -29,7 +29,7 @@ from liepos.schedule import LayerSpec, Schedule, build_schedule, window_mask
 # an evaluation-time change of an encoding (a context-extension map): (encoding, sequence length) -> encoding
 Transform = Callable[[Encoding, int], Encoding]
 
-__all__ = ["ModelConfig", "Decoder", "Block", "Transform", "resolve_schedule"]
+__all__ = ["Block", "Decoder", "ModelConfig", "Transform", "resolve_schedule"]
 
 
 @dataclass

@@ -12,7 +12,8 @@ A part ``name:…`` is ``lp.CATALOGUE[name].build(dim, num_heads, **options)``: 
 allowed), ``jordan4`` / ``jordan:4`` / ``jordan:size=4:rate=-0.1`` a bank of Jordan blocks,
 ``rope:500000`` a base, ``xpos:scale=256`` xPos' ``scale_base``. ``learn``, ``learn:rope``,
 ``learn:decay``, ``learn:jordan3`` … are learned generators (:mod:`liepos.explore.learned`) that
-start at that part (``learn`` alone: ``rope+decay+jordan2``).
+start at that part (``learn`` alone: ``rope+decay+jordan2``); ``learn:nope`` and ``learn:random``
+keep RoPE's planes with every rate and frequency near 0 (NoPE) or drawn at random.
 
 ``a+b`` splits the head dim between the parts (equal shares; a part with rotation blocks gets an
 even one) and joins their generators with :func:`liepos.direct_sum`, so
@@ -38,8 +39,17 @@ from torch import nn
 import liepos as lp
 from liepos.encoding import Encoding
 
-__all__ = ["Part", "parse_part", "parse_spec", "from_spec", "split_heads", "SpecEncoding", "MAIN_OPTION",
-           "one_axis", "decoder_entries"]
+__all__ = [
+    "MAIN_OPTION",
+    "Part",
+    "SpecEncoding",
+    "decoder_entries",
+    "from_spec",
+    "one_axis",
+    "parse_part",
+    "parse_spec",
+    "split_heads",
+]
 
 # the option a bare value sets, per catalogue entry (``decay:0.01`` is ``rate=0.01``)
 MAIN_OPTION = {"decay": "rate", "growth": "rate", "jordan": "size", "rope": "base", "retnet": "base",
@@ -49,6 +59,7 @@ _SHORT = re.compile(r"^([a-z_]+?)(\d+)$")  # ``jordan3`` is ``jordan:size=3``
 # a head dim every catalogue entry builds at (divisible by 2…6): used to ask whether a part has rotation blocks
 _PROBE_DIM = 60
 LEARN = "learn"
+_FREE_STARTS = ("nope", "random")  # learn:nope, learn:random: RoPE's block structure, other start values
 
 
 def one_axis(enc: object) -> bool:
@@ -69,9 +80,12 @@ class Part:
     name: str
     options: tuple[tuple[str, object], ...] = ()
     learn: bool = False
+    init: str = "start"  # a learned part's start: the part's values, "nope" or "random" (its blocks' structure)
 
     @property
     def text(self) -> str:
+        if self.learn and self.init != "start":
+            return f"{LEARN}:{self.init}"
         opts = "".join(f":{k}={v}" for k, v in self.options)
         return f"{LEARN}:{self.name}{opts}" if self.learn else f"{self.name}{opts}"
 
@@ -130,6 +144,10 @@ def parse_part(text: str) -> Part:
     head = fields[0]
     if learn and "+" in head:  # the default start of ``learn``
         return Part(head, (), True)
+    if learn and head in _FREE_STARTS:  # RoPE's planes at NoPE or at random rates and frequencies
+        if len(fields) > 1:
+            raise ValueError(f"learn:{head} takes no options (got {text!r})")
+        return Part("rope", (), True, head)
     m = _SHORT.match(head)
     if m and m.group(1) in MAIN_OPTION and head not in lp.CATALOGUE:
         head, fields = m.group(1), [head, m.group(2), *fields[1:]]
@@ -219,7 +237,7 @@ class SpecEncoding(nn.Module):
             if p.learn:
                 start = from_spec(p.name, dim, num_heads) if "+" in p.name else p.build(dim, num_heads)
                 self._parts.append(len(self.learned))
-                self.learned.append(LearnedGenerator(start, num_heads))
+                self.learned.append(LearnedGenerator(start, num_heads, init=p.init))
             else:
                 self._parts.append(p.build(dim, num_heads))
         self._static = None if len(self.learned) else join(list(self._parts), self.name)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -27,14 +28,25 @@ import torch
 import torch.nn.functional as Fn
 
 from liepos._progress import progress as make_progress
+from liepos.explore.evaluate import EVAL_SEED, evaluate
 from liepos.explore.learned import LearnedGenerator, snapshot
-from liepos.explore.model import Decoder, ModelConfig, Transform
+from liepos.explore.model import Decoder, ModelConfig
 from liepos.explore.tasks import IGNORE, Task
 
-__all__ = ["TrainConfig", "train_run", "evaluate", "Dist", "EVAL_SEED", "build_model", "learned_record",
-           "NEGLIGIBLE"]
+__all__ = [
+    "EVAL_SEED",
+    "GEN_SCHEDULES",
+    "NEGLIGIBLE",
+    "Dist",
+    "TrainConfig",
+    "build_model",
+    "evaluate",
+    "learned_record",
+    "stage_length",
+    "train_run",
+]
 
-EVAL_SEED = 1234  # evaluation batches are the same for every encoding and training seed
+GEN_SCHEDULES = ("cosine", "constant")  # the learned generators' schedule: the model's shape, or flat after warm-up
 # a rate or frequency whose effect over the longest evaluation length is below this is zero when the
 # learned blocks are classified: |λ|·L < 0.05 keeps e^{λL} > 0.95, ω·L < 0.05 turns less than 3°
 NEGLIGIBLE = 0.05
@@ -52,12 +64,16 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 0.01
     warmup: int = 50
-    eval_tokens: int = 32768  # tokens per evaluation length
+    eval_tokens: int = 32768  # tokens per evaluation length: eval_tokens / max(eval_lens) held-out documents
     d_model: int = 128
     layers: int = 5
     heads: int = 4
     eval_scaling: list = field(default_factory=list)  # context-extension maps applied past train_len
-    snapshots: int = 4  # learned-generator snapshots over training (besides the start)
+    snapshots: int = 8  # learned-generator snapshots over training (besides the start)
+    corpus: str = "stdlib"  # the LM's text: stdlib or kjv (ignored with text_file)
+    gen_lr: float | None = None  # learned generators' peak learning rate (None: the model's lr)
+    gen_schedule: str = "cosine"  # their schedule after warm-up: cosine (the model's shape) or constant
+    curriculum: list = field(default_factory=list)  # training lengths in equal stages (the last: train_len)
 
     def key(self, encoding: str, seed: int, task_info: dict) -> str:
         d = asdict(self) | {"encoding": encoding, "seed": seed, "data": task_info.get("sha256", task_info)}
@@ -112,11 +128,23 @@ def _loss(logits: torch.Tensor, y: torch.Tensor, count: int, world: int) -> torc
     return total * (world / max(count, 1))
 
 
-def _lr(step: int, cfg: TrainConfig) -> float:
+def _lr(step: int, cfg: TrainConfig, peak: float | None = None, schedule: str = "cosine") -> float:
+    """Linear warm-up to ``peak`` (default ``cfg.lr``), then cosine to 0.1 × peak, or constant."""
+    peak = cfg.lr if peak is None else peak
     if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
+        return peak * (step + 1) / cfg.warmup
+    if schedule == "constant":
+        return peak
     p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def stage_length(step: int, cfg: TrainConfig) -> int:
+    """The training length at ``step``: ``cfg.curriculum`` in equal stages of the steps, else ``train_len``."""
+    if not cfg.curriculum:
+        return cfg.train_len
+    k = min(len(cfg.curriculum) - 1, step * len(cfg.curriculum) // cfg.steps)
+    return int(cfg.curriculum[k])
 
 
 def build_model(cfg: TrainConfig, task: Task, encoding, seed: int) -> Decoder:
@@ -137,27 +165,85 @@ def learned_record(model: Decoder, tol: float) -> list[dict]:
 
 
 def _optimizer(model: Decoder, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay on the linear layers' weights only (never on embeddings, norms or generators)."""
+    """AdamW; weight decay on the linear layers' weights only (never on embeddings, norms or generators).
+
+    With ``cfg.gen_lr`` the learned generators' parameters are a group of their own, at that peak
+    learning rate and ``cfg.gen_schedule`` (as GRAPE and LieRE train theirs apart from the model)."""
     decay = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    ids = {id(p) for p in decay}
+    gen = [p for m in model.modules() if isinstance(m, LearnedGenerator) for p in m.parameters()]
+    ids = {id(p) for p in decay} | ({id(p) for p in gen} if cfg.gen_lr is not None else set())
     other = [p for p in model.parameters() if id(p) not in ids]
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95),
-    )
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay, "role": "model"},
+              {"params": other, "weight_decay": 0.0, "role": "model"}]
+    if cfg.gen_lr is not None and gen:
+        groups.append({"params": gen, "weight_decay": 0.0, "role": "generator"})
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def _set_lr(opt: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
+    for group in opt.param_groups:
+        gen = group.get("role") == "generator"
+        group["lr"] = _lr(step, cfg, cfg.gen_lr if gen else None, cfg.gen_schedule if gen else "cosine")
+
+
+def _save(path, model, opt, state: dict) -> None:
+    """Write a checkpoint atomically (an interrupted write never replaces a good one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), **state}, tmp)
+    tmp.replace(path)
+
+
+def _resume(path, key: str | None, model, opt, device) -> dict | None:
+    """The state of a checkpoint written for this ``key``, loaded into ``model`` and ``opt``; else None."""
+    if path is None or not path.exists():
+        return None
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, KeyError, pickle.UnpicklingError):  # truncated, foreign
+        return None
+    if ck.get("key") != key:
+        return None
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    return ck
+
+
+def _step(net, x, y, mine, size: int, dist: Dist) -> torch.Tensor:
+    """Forward and backward over this rank's slices of the global batch; the global mean loss."""
+    import contextlib
+
+    count = int((y != IGNORE).sum())
+    val = torch.zeros((), device=dist.device)
+    for j, i in enumerate(mine):
+        xs = x[i * size : (i + 1) * size].to(dist.device)  # slice i of the global batch
+        ys = y[i * size : (i + 1) * size].to(dist.device)
+        last = j == len(mine) - 1
+        sync = contextlib.nullcontext() if last or dist.world == 1 else net.no_sync()
+        with sync:
+            loss = _loss(net(xs), ys, count, dist.world)
+            loss.backward()
+        val = val + loss.detach() / dist.world
+    if dist.world > 1:
+        import torch.distributed as tdist
+
+        tdist.all_reduce(val)  # the global mean loss, the same number on every rank
+    return val
 
 
 def train_run(
     cfg: TrainConfig, task: Task, encoding, seed: int, dist: Dist | None = None, progress: bool = True,
-    desc: str = "",
+    desc: str = "", checkpoint=None, key: str | None = None, checkpoint_every: int | None = None,
 ) -> tuple[Decoder, dict]:
     """Train one model; return it (unwrapped) and its record.
 
     The record: ``train_loss`` per step, ``seconds``, ``diverged`` (the step whose loss was not finite,
-    training stops there; ``None`` when it never happened) and ``trajectory`` (learned-generator
-    snapshots, empty when nothing is learned)."""
-    import contextlib
+    training stops there; ``None`` when it never happened), ``trajectory`` (learned-generator
+    snapshots, empty when nothing is learned) and ``resumed_at`` (the step a checkpoint gave, or 0).
 
+    ``checkpoint`` (a path): the model, the optimiser and the record so far are saved there every
+    ``checkpoint_every`` steps (default a tenth of the run) under ``key``; a run that finds a
+    checkpoint of the same key continues from its step. Every step's batch and learning rate depend
+    on the step alone, so a resumed run ends with the same numbers as an uninterrupted one."""
     dist = dist or Dist("cpu")
     model = build_model(cfg, task, encoding, seed).to(dist.device)
     net = model
@@ -174,32 +260,22 @@ def train_run(
     mine = range(dist.rank * (mb // dist.world), (dist.rank + 1) * (mb // dist.world))  # this rank's slices
     tol = NEGLIGIBLE / max(cfg.eval_lens)
     every = max(1, cfg.steps // max(1, cfg.snapshots))
-    trajectory = [{"step": 0, "generators": learned_record(model, tol)}]
+    ck_every = checkpoint_every or max(1, cfg.steps // 10)
+    state = {"key": key, "step": 0, "train_loss": [], "trajectory": [{"step": 0, "generators": learned_record(model, tol)}],
+             "seconds": 0.0}
+    ck = _resume(checkpoint, key, model, opt, dist.device)
+    start = 0 if ck is None else int(ck["step"])
+    if ck is not None:
+        state.update({k: ck[k] for k in ("train_loss", "trajectory", "seconds")})
     chunk = max(1, cfg.steps // 10)
     bar = make_progress(cfg.steps, desc or str(encoding), enabled=progress and dist.main)
-    losses, diverged, t0 = [], None, time.time()
-    for step in range(cfg.steps):
+    losses, trajectory, diverged, t0 = state["train_loss"], state["trajectory"], None, time.time()
+    for step in range(start, cfg.steps):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-        x, y = task.sample(g, cfg.batch_size, cfg.train_len, "train")  # the global batch, same on every rank
-        count = int((y != IGNORE).sum())
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg)
+        x, y = task.sample(g, cfg.batch_size, stage_length(step, cfg), "train")  # the global batch, every rank
+        _set_lr(opt, step, cfg)
         opt.zero_grad(set_to_none=True)
-        val = torch.zeros((), device=dist.device)
-        for j, i in enumerate(mine):
-            xs = x[i * size : (i + 1) * size].to(dist.device)  # slice i of the global batch
-            ys = y[i * size : (i + 1) * size].to(dist.device)
-            last = j == len(mine) - 1
-            sync = contextlib.nullcontext() if last or dist.world == 1 else net.no_sync()
-            with sync:
-                loss = _loss(net(xs), ys, count, dist.world)
-                loss.backward()
-            val = val + loss.detach() / dist.world
-        if dist.world > 1:
-            import torch.distributed as tdist
-
-            tdist.all_reduce(val)  # the global mean loss, the same number on every rank
-        losses.append(float(val))
+        losses.append(float(_step(net, x, y, mine, size, dist)))
         if not math.isfinite(losses[-1]):
             diverged = step
             break
@@ -210,54 +286,10 @@ def train_run(
             bar.update(step + 1 - bar.n)
         if (step + 1) % every == 0 and trajectory[0]["generators"]:
             trajectory.append({"step": step + 1, "generators": learned_record(model, tol)})
+        if checkpoint is not None and dist.main and (step + 1) % ck_every == 0 and step + 1 < cfg.steps:
+            _save(checkpoint, model, opt, state | {"step": step + 1, "seconds": state["seconds"] + time.time() - t0})
     bar.close()
-    return model, {"train_loss": losses, "seconds": time.time() - t0, "diverged": diverged,
-                   "trajectory": trajectory if trajectory[0]["generators"] else []}
-
-
-@torch.no_grad()
-def evaluate(
-    model: Decoder, task: Task, lengths, eval_tokens: int, device=None, batch_tokens: int = 16384,
-    transform: Transform | None = None,
-) -> dict:
-    """Loss and accuracy at every length, on fixed batches (``EVAL_SEED``).
-
-    ``loss``/``acc``: over every scored position; ``loss_tail``/``acc_tail``: over the last quarter
-    of each sequence, where the distance from the start is largest. A length whose forward pass
-    overflows (growth at long lags) or gives a non-finite loss is recorded with ``diverged: true``
-    and NaN figures. ``transform(enc, length)`` changes every encoding (a scaling map).
-    """
-    model.eval()
-    device = device or next(model.parameters()).device
-    out = {}
-    for L in lengths:
-        n = max(2, eval_tokens // L)
-        g = torch.Generator().manual_seed(EVAL_SEED + L)
-        x, y = task.sample(g, n, L, "eval")
-        sums = torch.zeros(3, dtype=torch.float64)  # loss, correct, count
-        tail = torch.zeros(3, dtype=torch.float64)  # the same over the last quarter
-        per = max(1, batch_tokens // L)
-        try:
-            for i in range(0, n, per):
-                xb, yb = x[i : i + per].to(device), y[i : i + per].to(device)
-                logits = model(xb, transform).float()
-                ce = Fn.cross_entropy(logits.flatten(0, 1), yb.flatten(), ignore_index=IGNORE,
-                                      reduction="none").view_as(yb)  # (n, L)
-                ok = (logits.argmax(-1) == yb) & (yb != IGNORE)
-                m = yb != IGNORE
-                t = slice(L - L // 4, L)
-                for acc, mm, cc, kk in ((sums, m, ce, ok), (tail, m[:, t], ce[:, t], ok[:, t])):
-                    acc += torch.tensor([float(cc[mm].double().sum()), float(kk.sum()), float(mm.sum())],
-                                        dtype=torch.float64)
-            bad = not math.isfinite(float(sums[0]))
-        except OverflowError:  # lp refuses tables past float range (growth at long lags): a result
-            bad = True
-        nan = float("nan")
-        out[str(L)] = {
-            "loss": nan if bad else float(sums[0] / sums[2]), "acc": nan if bad else float(sums[1] / sums[2]),
-            "loss_tail": nan if bad else float(tail[0] / max(float(tail[2]), 1.0)),
-            "acc_tail": nan if bad else float(tail[1] / max(float(tail[2]), 1.0)),
-            "sequences": n, "tokens_scored": int(sums[2]), "diverged": bad,
-        }
-    model.train()
-    return out
+    if trajectory[0]["generators"] and trajectory[-1]["step"] != len(losses) and diverged is None:
+        trajectory.append({"step": len(losses), "generators": learned_record(model, tol)})  # the end, always
+    return model, {"train_loss": losses, "seconds": state["seconds"] + time.time() - t0, "diverged": diverged,
+                   "trajectory": trajectory if trajectory[0]["generators"] else [], "resumed_at": start}
