@@ -206,7 +206,7 @@ def breakdown(T: int, dtype: torch.dtype) -> str:
                  "| encoding | total | flash kernel (calls) | encoding q, k | everything else |", "|---|---|---|---|---|"]
         for name in ("retnet", "decay", "alibi", "jordan"):
             enc = encodings()[name]
-            r = timed(lambda: lp.attention(q, k, v, enc))
+            r = timed(lambda enc=enc: lp.attention(q, k, v, enc))
             tot = r["flash"] + r["encode"] + r["other"]
             lines.append(f"| {name} | {tot / base:.2f} | {r['flash'] / base:.2f} ({r['calls']}) | "
                          f"{r['encode'] / base:.2f} | {r['other'] / base:.2f} |")
@@ -237,7 +237,7 @@ def memory(T: int, dtype: torch.dtype) -> str:
         lines.append(f"| sdpa (causal) | {peak(lambda: Fn.scaled_dot_product_attention(q, k, v, is_causal=True)):.0f} |")
         for name in ("retnet", "decay", "alibi", "jordan"):
             enc = encodings()[name]
-            lines.append(f"| {name} | {peak(lambda: lp.attention(q, k, v, enc)):.0f} |")
+            lines.append(f"| {name} | {peak(lambda enc=enc: lp.attention(q, k, v, enc)):.0f} |")
     return "\n".join(lines)
 
 

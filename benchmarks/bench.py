@@ -396,7 +396,8 @@ def run_suite(quick: bool = False, log: Callable[[str], None] = print) -> dict:
     B, H, S, D = TARGET["B"], TARGET["H"], TARGET["S"], TARGET["D"]
     log(f"target shape (batch {B}, heads {H}, seq {S}, dim {D}), float32, forward")
     rows += bench_case(B, H, H, S, D, torch.float32, min_run_time=mrt, compiled=not quick,
-                       only=["clone", "liepos", "liepos_inplace", "liepos_mixed", "hf", "dense_matrix", "dense_matrix_exp"] if quick else None)
+                       only=["clone", "liepos", "liepos_inplace", "liepos_mixed", "hf", "dense_matrix",
+                             "dense_matrix_exp"] if quick else None)
     log("  forward+backward after a projection, with peak memory (in place possible)")
     rows += bench_case(B, H, H, S, D, torch.float32, backward=True, projected=True, min_run_time=mrt, memory=True,
                        only=["liepos", "liepos_inplace", "hf"])

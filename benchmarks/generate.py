@@ -126,7 +126,7 @@ def profile(layers: int, prompt: int, steps: int = 20, top: int = 8) -> None:
         rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
         per = 1e6 / (steps * layers)
         print(f"{name}: {total * per:.0f} µs per layer and step in all")
-        for (file, line, fn), v in rows:
+        for (file, _line, fn), v in rows:
             where = fn if file == "~" else f"{Path(file).name}:{fn}"
             print(f"    {v[2] * per:7.1f} µs  {v[1] / (steps * layers):5.1f} calls  {where}")
     unpatch_model(m)

@@ -36,7 +36,8 @@ cos/sin built as HF does (``cat(freqs, freqs)``, here from float64 angles), and 
 from Inductor on CUDA). On CUDA the liepos rows run liepos' Triton kernels (:mod:`liepos._triton`); two more
 rows per layout time that kernel alone on given tables and the torch ops with it off (``LIEPOS_TRITON=0``).
 Attention: (1, 8, 4096, 64) (quick: (1, 8, 128, 64)) bfloat16, ``lp.attention``
-per encoding against causal SDPA, and on CUDA ALiBi through FlexAttention (``liepos.attention_flex``, compiled). On the CPU the times are a smoke run's, not measurements.
+per encoding against causal SDPA, and on CUDA ALiBi through FlexAttention (``liepos.attention_flex``, compiled).
+On the CPU the times are a smoke run's, not measurements.
 
 **Bytes** of an apply row (the traffic no rotation avoids, the same count for every row): q and k read once
 and written once, ``4·B·H·S·D·e`` (``e`` the element size), plus a cos and a sin table of ``S × D`` float32

@@ -51,7 +51,8 @@ SMALL: dict[str, Any] = dict(
     ffn_hidden_size=128, n_positions=128, max_seq_len=128,
 )
 # per-family facts a tiny model needs beyond SMALL
-_MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+_MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+            v_head_dim=16)
 EXTRA: dict[str, dict[str, Any]] = {
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
     **{t: _MLA for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "glm4_moe_lite", "glm_moe_dsa",

@@ -61,7 +61,7 @@ def precision() -> list[dict]:
             ref = [reference(float(w[k]), t) for k in range(DIM // 2)]
             rc = torch.tensor([c for c, _ in ref], dtype=torch.float64)
             rs = torch.tensor([s for _, s in ref], dtype=torch.float64)
-            err = lambda c, s: float(torch.maximum((c.double() - rc).abs(), (s.double() - rs).abs()).max())  # noqa: E731
+            err = lambda c, s, rc=rc, rs=rs: float(torch.maximum((c.double() - rc).abs(), (s.double() - rs).abs()).max())  # noqa: E731
             rows.append({"base": base, "position": t, "liepos": err(ours[0][i], ours[1][i]),
                          "hf_float32": err(hf[0][i], hf[1][i])})
     return rows

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Render the ``liepos tour`` page in headless Chromium, screenshot it, fail if an image does not load or the playground does not draw.
+"""Render the ``liepos tour`` page in headless Chromium, screenshot it, fail if an image does not load or the
+playground does not draw.
 
 Usage::
 

@@ -119,7 +119,7 @@ for name, mk in ENCS.items():
                 k, v = k[:1].expand(2, 1, 20, 8), v[:1].expand(2, 1, 20, 8)
             p = torch.arange(20, dtype=F64)
             return lp.attention(q, k, v, enc, p, p, sinks=torch.zeros(4, dtype=F64) if name == "rope" else None), \
-                ref(q, k.contiguous(), v.contiguous(), enc, p, sinks=torch.zeros(4, dtype=F64) if name == "rope" else None), 1e-9
+                ref(q, k.contiguous(), v.contiguous(), enc, p, sinks=torch.zeros(4, dtype=F64) if name == "rope" else None), 1e-9  # noqa: B023 (called at once)
 
 # 6. fewer queries than keys, strided caches, value encodings on strided v
 for name, mk in ENCS.items():

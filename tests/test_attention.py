@@ -328,7 +328,7 @@ def test_gradcheck_through_encoding_and_attention():
     torch.manual_seed(0)
     q, k, v = (t.requires_grad_() for t in qkv(B=1, Sq=5, Sk=5, heads=2, kv_heads=2, dim=6))
     for enc in (lp.rope(6), lp.xpos(6), lp.alibi(2, 6), lp.build("jordan", 6)):
-        assert torch.autograd.gradcheck(lambda q, k, v: lp.attention(q, k, v, enc, block_size=2), (q, k, v))
+        assert torch.autograd.gradcheck(lambda q, k, v, enc=enc: lp.attention(q, k, v, enc, block_size=2), (q, k, v))
 
 
 def test_gradcheck_learnable_rates_freqs_and_real_positions():

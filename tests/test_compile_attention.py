@@ -194,7 +194,7 @@ def test_meta_tensors_through_query_and_key(name):
     enc = _build(name)
     q, _, _, pos = _inputs(enc, 9)
     for x in (q.to("meta"), q.to("meta", torch.bfloat16).transpose(1, 2).contiguous().transpose(1, 2)):
-        for side, f in (("query", enc.query), ("key", enc.key)):
+        for _side, f in (("query", enc.query), ("key", enc.key)):
             real = f(torch.zeros(x.shape, dtype=x.dtype).as_strided(x.shape, x.stride()), pos)
             got = f(x, pos)
             assert got.is_meta and got.shape == real.shape and got.dtype == real.dtype and got.stride() == real.stride()

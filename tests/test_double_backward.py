@@ -38,7 +38,7 @@ def test_the_apply_is_twice_differentiable(name, side):
     # the second derivative of a non-linear loss through the apply equals the readable reference path's
     ref = (lambda x: enc.query_reference(x, pos)) if side == "query" else (lambda x: enc.key_reference(x, pos))
     w = torch.randn(enc.dim, dtype=torch.float64)
-    hess = [torch.autograd.functional.hessian(lambda x: (g(x) * w).sum().square(), x) for g in (f, ref)]
+    hess = [torch.autograd.functional.hessian(lambda x, g=g: (g(x) * w).sum().square(), x) for g in (f, ref)]
     assert torch.allclose(hess[0], hess[1], atol=1e-10)
 
 

@@ -393,8 +393,8 @@ def test_deepseek_v2_lite_softmax_multiplier():
 
     rs = {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
           "original_max_position_embeddings": 4096, "type": "yarn"}
-    cfg_json = {"model_type": "deepseek_v2", "hidden_size": 2048, "num_attention_heads": 16, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-                "max_position_embeddings": 163840, "rope_theta": 10000, "rope_scaling": rs}
+    cfg_json = {"model_type": "deepseek_v2", "hidden_size": 2048, "num_attention_heads": 16, "qk_rope_head_dim": 64,
+                "qk_nope_head_dim": 128, "max_position_embeddings": 163840, "rope_theta": 10000, "rope_scaling": rs}
     obj = DeepseekV2Config(hidden_size=2048, num_attention_heads=16, max_position_embeddings=163840,
                            rope_scaling=dict(rs))
     for cfg in (cfg_json, obj):

@@ -247,7 +247,7 @@ def test_a_step_matrix_equals_the_apply_at_its_position(name):
         for side in ("query", "key"):
             ft = enc._fast_tables(pos, side, torch.float32, False)
             want = lp._fast.apply_fast(torch.eye(c).expand(1, enc.num_heads or 1, c, c), ft)
-            got = hf_decode.step_matrix(enc, pos, side, torch.float32, lambda: ft)
+            got = hf_decode.step_matrix(enc, pos, side, torch.float32, lambda ft=ft: ft)
             assert got.shape == (1, enc.num_heads or 1, c, c)
             # equal bit for bit (NaN where the scale overflows at a far position: in both alike)
             torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=f"{p} {side}")

@@ -103,7 +103,8 @@ def check_int(
 
 def check_ints(name: str, values: Any, *, min: int | None = None, length: int | None = None) -> list[int]:  # noqa: A002
     """A sequence of integers (each checked as :func:`check_int`, so ``[1.7]`` is refused, never rounded)."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, Iterable)) or isinstance(values, torch.Tensor) and values.ndim != 1:
+    if (isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, Iterable))
+            or isinstance(values, torch.Tensor) and values.ndim != 1):
         raise TypeError(f"`{name}` must be a sequence of integers, got {describe(values)}")
     items = list(values.tolist() if isinstance(values, torch.Tensor) else values)
     out = [check_int(f"{name}[{i}]", v, min=min) for i, v in enumerate(items)]

@@ -25,7 +25,8 @@ runs it where the native kernels do not: CUDA, no C compiler). Each variant is a
 generated with its constants (dtype, width, offsets, masks), compiled by the system C compiler at its
 first use (about 0.15 s; never at import), cached on disk (:data:`CACHE_ENV`: a directory of this user
 that nobody else can write, created 0700; every library verified against its SHA-256 sidecar before it
-is loaded, a truncated or foreign file rebuilt with one warning) and called through ``ctypes``; x of float32, float64, bfloat16 or float16 is read and written directly (half precision
+is loaded, a truncated or foreign file rebuilt with one warning) and called through ``ctypes``; x of
+float32, float64, bfloat16 or float16 is read and written directly (half precision
 computed in float32 in registers and rounded as torch rounds).
 
 Compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a

@@ -479,7 +479,7 @@ def _read_blocks(Xs: list[torch.Tensor], blocks: list, P: np.ndarray, tol: float
             else:
                 om, nus = 0.0, [S[j, j + 1] for j in range(n - 1)]
             nu = float(np.mean(nus)) if n > 1 else 1.0
-            snap = lambda x: 0.0 if abs(x) <= _SNAP * scale else x  # noqa: E731
+            snap = lambda x, scale=scale: 0.0 if abs(x) <= _SNAP * scale else x  # noqa: E731
             rr.append(snap(lam))
             ww.append(snap(om))
             vv.append(snap(nu) if n > 1 else 1.0)

@@ -34,7 +34,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", default=None, help="also write the figure's data as JSON")
     parser.add_argument("--base", type=real_in(1.0, open_low=True), default=None, help="RoPE base > 1 (clocks, scaling, precision)")
     parser.add_argument("--factor", type=real_in(1.0), default=None, help="context-extension factor >= 1 (scaling)")
-    parser.add_argument("--dim", type=int_at_least(2), default=None, help="head dim (attention, lookup, clocks, scaling, precision)")
+    parser.add_argument("--dim", type=int_at_least(2), default=None,
+                        help="head dim (attention, lookup, clocks, scaling, precision)")
     lines = "\n".join(f"  {k:<13} {desc}" for k, (_, desc) in kinds.items())
     parser.epilog = ("kinds:\n" + lines + "\n\nexamples:\n" + "\n".join(f"  liepos plot {k} --out {k}.png" for k in kinds)
                      + "\n  " + EXAMPLES[-1])

@@ -90,7 +90,8 @@ def generator_from_matrix(X: np.ndarray, snap: float):
     from liepos.generator import Generator
 
     Xs = np.where(np.abs(X) < snap * _ROUND_OFF, 0.0, X)  # clean round-off entries
-    g = Generator.from_matrix(torch.as_tensor(Xs), tol=max(snap, _MIN_TOL), exact=False, allow_growth=True)  # a growing encoder is named growth, not refused
+    g = Generator.from_matrix(torch.as_tensor(Xs), tol=max(snap, _MIN_TOL), exact=False, allow_growth=True)
+    # (a growing encoder is named growth, not refused)
     rates = g.rates.detach().clone()
     rates[rates.abs() < snap] = 0.0
     return g.with_params(rates=rates, freqs=g.freqs.detach().clone())

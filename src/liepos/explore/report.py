@@ -131,11 +131,15 @@ def learned_table(results: dict) -> str:
         if not lg:
             continue
         dl, dw, c0, c1 = _moved(lg["trajectory"], NEGLIGIBLE / max(results["config"]["eval_lens"]))
-        fmt = lambda c: ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(c.items()))
         rows.append(f"| {_name(r['encoding'])} | {r['seed']} | {'yes' if r['learned'] else 'no'} | {dl:.2f} | {dw:.2f} "
-                    f"| {fmt(c0)} | {fmt(c1)} |")
+                    f"| {_counts_text(c0)} | {_counts_text(c1)} |")
     return "\n".join(rows) if len(rows) > 2 else ""
 
+
+
+def _counts_text(counts: dict) -> str:
+    """``{"damped_rotation": 3, …}`` -> ``"damped rotation 3, …"`` in name order."""
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(counts.items()))
 
 def write_reports(results: dict, out: Path, log=print) -> None:
     from liepos.explore import figures

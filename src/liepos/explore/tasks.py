@@ -363,7 +363,8 @@ class TextTask(Task):
 
     def describe(self):
         return {
-            "name": self.name, "vocab_size": self.vocab_size, "source": self.path or ("python-stdlib" if self.corpus == "stdlib" else self.corpus),
+            "name": self.name, "vocab_size": self.vocab_size,
+            "source": self.path or ("python-stdlib" if self.corpus == "stdlib" else self.corpus),
             "files": self.files, "sha256": self.sha256,
             "train_bytes": len(self._data["train"]), "eval_bytes": len(self._data["eval"]),
         }

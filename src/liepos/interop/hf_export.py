@@ -52,7 +52,7 @@ def _planes(enc: Encoding) -> tuple[torch.Tensor, int]:
     if enc.length_rule is not None:
         raise _refuse(enc, "a length rule given as a function (state the dynamic/longrope parameters directly)")
     rates, freqs = g.rates.detach().to(torch.float64), g.freqs.detach().to(torch.float64)
-    for i, (size, cplx) in enumerate(zip(g.sizes, g.complex)):
+    for i, (size, _cplx) in enumerate(zip(g.sizes, g.complex)):
         if size != 1:
             raise _refuse(enc, f"block {i}, a Jordan block of size {size}")
         if float(rates[i]) != 0.0:
