@@ -228,3 +228,18 @@ def test_an_encoding_repr_is_compact_and_names_its_heads():
     assert "heads=2" in repr(lp.build("retnet", 8, 2)) and repr(lp.build("retnet", 8, 2)).count("heads") == 1
     g = lp.Generator([-0.1, -0.1, 0.0], [0.0, 0.0, 0.5], [1, 1, 2])
     assert repr(g) == "Generator(dim=6, blocks=[2×R1,C2])"
+
+
+def test_the_precision_section_leaves_mpmaths_precision_as_it_was():
+    """A library call changes no global state: the mpmath reference works at its own precision and
+    restores the caller's."""
+    mpmath = pytest.importorskip("mpmath")
+    from liepos.tour.sections import precision
+
+    before = mpmath.mp.dps
+    mpmath.mp.dps = 17
+    try:
+        out = precision(dim=8, n_positions=4, digits=40)
+        assert out["available"] and mpmath.mp.dps == 17
+    finally:
+        mpmath.mp.dps = before

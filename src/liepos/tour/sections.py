@@ -361,7 +361,6 @@ def precision(dim: int = 128, base: float = 500000.0, planes: tuple[int, ...] | 
         import mpmath
     except ImportError as err:  # mpmath comes with sympy (liepos[plot]); without it, say so
         return {"available": False, "note": f"mpmath is not available ({err}); install liepos[plot]"}
-    mpmath.mp.dps = digits
     P = dim // 2
     if planes is None:  # fastest, two in between, slowest: (0, 16, 40, 63) for d = 128
         planes = tuple(sorted({0, P // 4, (5 * P) // 8, P - 1}))
@@ -374,20 +373,21 @@ def precision(dim: int = 128, base: float = 500000.0, planes: tuple[int, ...] | 
     out: dict[str, Any] = {"available": True, "dim": dim, "base": base, "digits": digits, "positions": pos.tolist(),
                            "planes": {}}
     worst_liepos = 0.0
-    for k in planes:
-        wk = mpmath.power(mpmath.mpf(base), mpmath.mpf(-2 * k) / dim)
-        ang = reduced_angle(w64[k].expand_as(pos), pos)  # (P,)
-        lc, ls = torch.cos(ang).float(), torch.sin(ang).float()
-        a32 = pos.float() * inv32[k]
-        hc, hs = torch.cos(a32), torch.sin(a32)
-        el, eh = [], []
-        for i, t in enumerate(pos.tolist()):
-            x = wk * mpmath.mpf(int(t))
-            c, s = mpmath.cos(x), mpmath.sin(x)
-            el.append(max(abs(float(mpmath.mpf(float(lc[i])) - c)), abs(float(mpmath.mpf(float(ls[i])) - s))))
-            eh.append(max(abs(float(mpmath.mpf(float(hc[i])) - c)), abs(float(mpmath.mpf(float(hs[i])) - s))))
-        worst_liepos = max(worst_liepos, max(el))
-        out["planes"][str(k)] = {"freq": float(w64[k]), "liepos": el, "float32": eh}
+    with mpmath.workdps(digits):  # the working precision for this reference only, restored after
+        for k in planes:
+            wk = mpmath.power(mpmath.mpf(base), mpmath.mpf(-2 * k) / dim)
+            ang = reduced_angle(w64[k].expand_as(pos), pos)  # (P,)
+            lc, ls = torch.cos(ang).float(), torch.sin(ang).float()
+            a32 = pos.float() * inv32[k]
+            hc, hs = torch.cos(a32), torch.sin(a32)
+            el, eh = [], []
+            for i, t in enumerate(pos.tolist()):
+                x = wk * mpmath.mpf(int(t))
+                c, s = mpmath.cos(x), mpmath.sin(x)
+                el.append(max(abs(float(mpmath.mpf(float(lc[i])) - c)), abs(float(mpmath.mpf(float(ls[i])) - s))))
+                eh.append(max(abs(float(mpmath.mpf(float(hc[i])) - c)), abs(float(mpmath.mpf(float(hs[i])) - s))))
+            worst_liepos = max(worst_liepos, max(el))
+            out["planes"][str(k)] = {"freq": float(w64[k]), "liepos": el, "float32": eh}
     # float32 rounding of a number of size 1 is 2^-25 ≈ 3e-8; the float64 frequency adds |t ω| · 1.1e-16
     out["errors"] = {
         "liepos max error, positions <= 2^31-1": _measured(worst_liepos, 1e-6),
