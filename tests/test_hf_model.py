@@ -417,3 +417,22 @@ def test_prefill_and_decode_with_two_layers_for_length_dependent_types():
 
     assert gap(40) < 1e-5  # 41 tokens <= 64: the rotation does not change
     assert 1e-3 < gap(100) < 1e-1  # past it: the earlier layers' hidden states, as documented
+
+
+def test_unpatch_model_restores_the_modeling_file_once_no_patched_model_is_left():
+    """patch_model wraps the family's modeling file (its apply function, its attention table); unpatching
+    the last patched model puts transformers' own objects back, and two patched models share the wraps."""
+    import transformers.models.llama.modeling_llama as ml
+
+    apply0, table0 = ml.apply_rotary_pos_emb, ml.ALL_ATTENTION_FUNCTIONS
+    a, b = tiny(), tiny(seed=1)
+    patch_model(a)
+    patch_model(b)
+    assert ml.apply_rotary_pos_emb is not apply0 and ml.ALL_ATTENTION_FUNCTIONS is not table0
+    unpatch_model(a)
+    assert ml.apply_rotary_pos_emb is not apply0  # b still runs on liepos
+    ids = torch.randint(0, 128, (1, 12))
+    patched = logits(b, ids)
+    unpatch_model(b)
+    assert ml.apply_rotary_pos_emb is apply0 and ml.ALL_ATTENTION_FUNCTIONS is table0
+    torch.testing.assert_close(logits(b, ids), patched, rtol=1e-4, atol=1e-5)

@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import importlib
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -272,8 +273,13 @@ class _Interfaces:
         return getattr(self._liepos_upstream, name)
 
 
-def _install(family: Family) -> None:
+# modeling file -> the models patched through it: unpatch_model restores the file when none is left
+_PATCHED: dict[str, weakref.WeakSet] = {}
+
+
+def _install(family: Family, model: Any) -> None:
     """Put the dispatchers in the family's modeling file (once; they fall through when unpatched)."""
+    _PATCHED.setdefault(family.modeling, weakref.WeakSet()).add(model)
     mod = importlib.import_module(family.modeling)
     for name in family.apply:
         fn = getattr(mod, name)
@@ -740,7 +746,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     plan = [(m, state(m)) for m in modules]
     lengths = _lengths(states.values(), model, config, family)
     if _own_forward(family, config) is None:
-        _install(family)  # validate everything before touching any layer
+        _install(family, model)  # validate everything before touching any layer
     for m in model.modules():
         if _text_rotary(m, config) and "_liepos_positions" not in m.__dict__:
             m._liepos_positions = positions
@@ -767,7 +773,22 @@ def unpatch_model(model: Any) -> Any:
                 m.__dict__.pop("forward", None)
                 m.__dict__.pop(attr)
     model.__dict__.pop("_liepos_positions", None)
+    for name, models in list(_PATCHED.items()):
+        models.discard(model)
+        if not models:  # no patched model reads this modeling file any more: upstream's functions back
+            _uninstall(importlib.import_module(name))
+            del _PATCHED[name]
     return model
+
+
+def _uninstall(mod: Any) -> None:
+    """The modeling file as transformers wrote it: every dispatcher and the attention table unwrapped."""
+    for name, value in list(vars(mod).items()):
+        if callable(value) and hasattr(value, "_liepos_upstream"):
+            setattr(mod, name, value._liepos_upstream)
+    table = getattr(mod, "ALL_ATTENTION_FUNCTIONS", None)
+    if isinstance(table, _Interfaces):
+        mod.ALL_ATTENTION_FUNCTIONS = table._liepos_upstream
 
 
 # the model types patch_model patches
