@@ -112,6 +112,10 @@ def test_query_and_key_in_every_layout(name, inplace):
                 with pytest.raises(ValueError, match="as wide as the input"):
                     getattr(enc, side)(view, p, origin=origin, inplace=True)
                 continue
+            if inplace and enc.generator.basis is not None:  # a change of basis mixes dims: no in-place kernel
+                with pytest.raises(ValueError, match="needs the fast path"):
+                    getattr(enc, side)(view, p, origin=origin, inplace=True)
+                continue
             if inplace and how == "expanded":
                 with pytest.raises(ValueError, match="memory of their own"):
                     getattr(enc, side)(view, p, origin=origin, inplace=True)

@@ -14,6 +14,9 @@ overridable as ``KEY=VALUE``:
 * ``proportional``: ``partial_rotary_factor = 0.25`` (the fastest quarter of the planes keeps
   rotating, the rest become NoPE planes), every kept frequency divided by the factor;
   ``proportional:p=0.5`` keeps half.
+* ``factors`` (one factor per eigenvalue): the same ``factor`` on every plane (position interpolation);
+  ``factors:f=4`` sets every plane's factor to 4.
+* ``clipped`` takes no factor: CoPE's taper sized from the training length (``original_max_position_embeddings``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = ["DEFAULTS", "OPTIONS", "parse_scaling", "scaling_transform"]
 DEFAULTS = {"proportional": {"partial_rotary_factor": 0.25}, "longrope": {}}
 # short names of the options one can set, per map
 OPTIONS = {"proportional": {"p": "partial_rotary_factor"}, "longrope": {"short": "short_factor", "long": "long_factor"},
+           "factors": {"f": "factors"},
            "yarn": {"beta_fast": "beta_fast", "beta_slow": "beta_slow"},
            "llama3": {"low": "low_freq_factor", "high": "high_freq_factor"}}
 
@@ -69,7 +73,7 @@ def parse_scaling(text: str) -> tuple[str, float | None, dict]:
 def _params(name: str, fn, enc: Encoding, factor: float, train_len: int, opts: dict) -> dict:
     """The keyword arguments of ``SCALINGS[name]`` for ``enc`` at ``factor``."""
     sig = inspect.signature(fn).parameters
-    params: dict = dict(DEFAULTS.get(name, {})) | {"factor": factor}
+    params: dict = dict(DEFAULTS.get(name, {})) | ({"factor": factor} if "factor" in sig else {})
     if "original_max_position_embeddings" in sig:
         params["original_max_position_embeddings"] = train_len
     if name == "longrope":  # one factor per rotation plane
@@ -77,6 +81,10 @@ def _params(name: str, fn, enc: Encoding, factor: float, train_len: int, opts: d
         params["short_factor"] = [opts.get("short_factor", 1.0)] * planes
         params["long_factor"] = [opts.get("long_factor", factor)] * planes
         opts = {k: v for k, v in opts.items() if k not in ("short_factor", "long_factor")}
+    if name == "factors":  # one factor per eigenvalue (rotation plane)
+        planes = int(lp.scaling.rotation_freqs(enc).shape[-1])  # (*heads, planes)
+        params["factors"] = [opts.get("factors", factor)] * planes
+        opts = {k: v for k, v in opts.items() if k != "factors"}
     return params | opts
 
 

@@ -133,7 +133,7 @@ def parse_part(text: str) -> Part:
     """``'decay:0.01'`` → ``Part('decay', (('rate', 0.01),))``; ``'learn:jordan3'`` → a learned Jordan bank.
 
     >>> parse_part("xpos:scale=256")
-    Part(name='xpos', options=(('scale_base', 256),), learn=False)
+    Part(name='xpos', options=(('scale_base', 256),), learn=False, init='start')
     >>> parse_part("learn:jordan3").text
     'learn:jordan:size=3'
     """
