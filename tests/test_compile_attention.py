@@ -158,6 +158,7 @@ class Block(torch.nn.Module):
 
 CHILD = r"""
 import sys, torch, liepos
+torch.set_num_threads(int(sys.argv[3]))  # the parent's: bit-equal sums need the same split of the work
 ep = torch.export.load(sys.argv[1])
 io = torch.load(sys.argv[2])
 out = ep.module()(*io["in"])
@@ -183,7 +184,8 @@ def test_torch_export_runs_in_a_fresh_process(name, tmp_path):
     torch.export.save(ep, tmp_path / "block.pt2")
     torch.save({"in": (q2, k2, v2), "out": mod(q2, k2, v2)}, tmp_path / "io.pt")
     env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "block.pt2"), str(tmp_path / "io.pt")],
+    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "block.pt2"), str(tmp_path / "io.pt"),
+                        str(torch.get_num_threads())],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
 

@@ -422,9 +422,18 @@ def test_prefill_and_decode_with_two_layers_for_length_dependent_types():
 def test_unpatch_model_restores_the_modeling_file_once_no_patched_model_is_left():
     """patch_model wraps the family's modeling file (its apply function, its attention table); unpatching
     the last patched model puts transformers' own objects back, and two patched models share the wraps."""
+    import gc
+
     import transformers.models.llama.modeling_llama as ml
 
-    apply0, table0 = ml.apply_rotary_pos_emb, ml.ALL_ATTENTION_FUNCTIONS
+    from liepos.interop import hf_model
+
+    gc.collect()  # models of earlier tests that nobody holds are gone; the ones still held are unpatched
+    for m in list(hf_model._PATCHED.get(ml.__name__, ())):
+        unpatch_model(m)
+    # transformers' own objects (earlier tests may have left the file wrapped by models never unpatched)
+    apply0 = getattr(ml.apply_rotary_pos_emb, "_liepos_upstream", ml.apply_rotary_pos_emb)
+    table0 = getattr(ml.ALL_ATTENTION_FUNCTIONS, "_liepos_upstream", ml.ALL_ATTENTION_FUNCTIONS)
     a, b = tiny(), tiny(seed=1)
     patch_model(a)
     patch_model(b)
