@@ -197,11 +197,7 @@ def run(args: argparse.Namespace) -> int:
     _check(cfg, encodings, int(os.environ.get("WORLD_SIZE", "1")))
     out = out_dir("--out", args.out)
     _probe_write(out / "runs")
-    # the sweep's threads and deterministic kernels, put back as they were when it ends (a caller in the same
-    # process keeps its own settings)
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.set_num_threads(args.threads or (1 if args.quick else threads))
+    torch.set_num_threads(args.threads or (1 if args.quick else torch.get_num_threads()))
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         seeds = args.seed or ([0] if args.quick else DEFAULT_SEEDS)
@@ -214,9 +210,6 @@ def run(args: argparse.Namespace) -> int:
         print("liepos explore: interrupted; rerun the same command to resume from the finished runs",
               file=sys.stderr)
         return 130
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     return 0
 
 
