@@ -157,7 +157,7 @@ class Block(torch.nn.Module):
 
 
 CHILD = r"""
-import sys, torch, liepos
+import sys, torch, liepos.attention  # registers liepos' torch ops (the facade loads names lazily)
 torch.set_num_threads(int(sys.argv[3]))  # the parent's: bit-equal sums need the same split of the work
 ep = torch.export.load(sys.argv[1])
 io = torch.load(sys.argv[2])

@@ -152,12 +152,6 @@ class _Package(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
-# liepos' torch ops (``liepos::encode``, ``liepos::attention``: what torch.compile and torch.export put in a
-# graph) are registered when torch is already loaded, so that ``import torch, liepos`` is enough to load an
-# exported program in a fresh process; without torch (the command line's help) nothing heavy is imported
-if "torch" in sys.modules:
-    importlib.import_module("liepos.attention")
-
 
 __all__ = [
     # the algebra
