@@ -146,7 +146,7 @@ def test_the_bound_catches_a_quarter_position_shift(name, dtype):
     assert fast_error(spec, dtype, "integer", 12, 7, shift=0.25) > 1.0
 
 
-JORDAN = {"jordan", "rope+jordan"}  # encodings with a Jordan block (issue 13 item 1; ALiBi's is in slots)
+JORDAN = {"jordan", "rope+jordan"}  # encodings with a Jordan block (ALiBi's is in slots)
 
 
 def attention_error(spec, dtype, pattern, seq, seed, padded=False) -> tuple[float, float]:

@@ -23,7 +23,7 @@ from torch import nn
 
 import liepos as lp
 from liepos.encoding import Encoding
-from liepos.explore.spec import SpecEncoding, split_heads
+from liepos.explore.spec import SpecEncoding, number_or_text, split_heads
 from liepos.schedule import LayerSpec, Schedule, build_schedule, window_mask
 
 # an evaluation-time change of an encoding (a context-extension map): (encoding, sequence length) -> encoding
@@ -133,18 +133,10 @@ def resolve_schedule(encoding, config: ModelConfig):
             key, sep, value = f.partition("=")
             if not sep:
                 raise ValueError(f"{encoding!r}: a schedule option is key=value, got {f!r}")
-            options[key] = _number(value)
+            options[key] = number_or_text(value)
         encoding = build_schedule(name, config.layers, config.d_model // config.heads, config.heads, **options)
     return list(encoding) if isinstance(encoding, Schedule) else encoding
 
-
-def _number(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
 
 
 class Decoder(nn.Module):

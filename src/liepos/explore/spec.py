@@ -105,7 +105,8 @@ class Part:
         return enc
 
 
-def _value(text: str) -> object:
+def number_or_text(text: str) -> object:
+    """``'3'`` -> 3, ``'0.5'`` -> 0.5, anything else as given."""
     for kind in (int, float):
         try:
             return kind(text)
@@ -125,7 +126,7 @@ def _options(name: str, fields: list[str], spec: str) -> tuple[tuple[str, object
         key = _ALIASES.get(key.strip(), key.strip())
         if key in opts or not val.strip():
             raise ValueError(f"option {key!r} is given twice or empty in {spec!r}")
-        opts[key] = _value(val.strip())
+        opts[key] = number_or_text(val.strip())
     return tuple(opts.items())
 
 

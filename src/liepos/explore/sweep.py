@@ -38,7 +38,7 @@ from liepos.explore.usage import block_usage
 
 __all__ = ["LEARNED_ACC", "METRICS", "collect", "eval_docs", "learned", "refusal", "summarise", "sweep"]
 
-# a synthetic task is learned when its accuracy at the training length reaches this (issue 15's bar)
+# a synthetic task is learned when its accuracy at the training length reaches this (the study's bar)
 LEARNED_ACC = 0.9
 METRICS = ("loss", "acc", "loss_tail", "acc_tail")
 
