@@ -414,3 +414,31 @@ def test_compiled_calls_refuse_what_eager_refuses(backend):
         with pytest.raises(err) as compiled:
             cf(q, pos, origin)
         assert str(compiled.value) == str(eager.value)
+
+
+def test_an_encoding_first_met_in_a_fake_implementation_is_rebuilt_real():
+    """The key of an encoding no longer alive (a program saved elsewhere, a twin collected) is rebuilt
+    inside the op's fake implementation, under opcheck's fake and proxy modes: the rebuilt encoding is
+    made of real tensors, and the op still meets its fake."""
+    import gc
+
+    enc = lp.alibi(2, 8)
+    key = _graph.graph_id(enc)
+    del enc
+    gc.collect()
+    _graph._rebuilt.pop(key, None)
+    assert _graph._live(key) is None
+    x = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.liepos.encode.default, (x, torch.arange(5.0, dtype=torch.float64), None, key, "query", True))
+    assert _graph.graph_id(_graph._rebuilt[key]) == key
+
+
+def test_a_live_twin_is_found_when_the_first_of_its_structure_dies():
+    import gc
+
+    first, twin = lp.rope(8), lp.rope(8)
+    key = _graph.graph_id(first)
+    assert _graph.graph_id(twin) == key
+    del first
+    gc.collect()
+    assert _graph._live(key) is twin

@@ -157,7 +157,7 @@ class Block(torch.nn.Module):
 
 
 CHILD = r"""
-import sys, torch, liepos.attention  # registers liepos' torch ops (the facade loads names lazily)
+import sys, torch, liepos  # a bare import registers liepos' torch ops once torch is loaded
 torch.set_num_threads(int(sys.argv[3]))  # the parent's: bit-equal sums need the same split of the work
 ep = torch.export.load(sys.argv[1])
 io = torch.load(sys.argv[2])
@@ -200,3 +200,29 @@ def test_meta_tensors_through_query_and_key(name):
             real = f(torch.zeros(x.shape, dtype=x.dtype).as_strided(x.shape, x.stride()), pos)
             got = f(x, pos)
             assert got.is_meta and got.shape == real.shape and got.dtype == real.dtype and got.stride() == real.stride()
+
+
+FRESH_COMPILE = r"""
+import sys, torch
+{imports}
+enc = {build}
+f = torch.compile(lambda q, p: enc.query(q, p), backend="aot_eager", fullgraph=True)
+q = torch.randn(1, 2, 6, enc.content_dim, dtype=torch.float64)
+p = torch.arange(6)
+print(torch.equal(f(q, p), enc.query(q, p)))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter each
+@pytest.mark.parametrize("imports,build", [
+    ("import liepos as lp", "lp.rope(8)"),
+    ("import liepos as lp", "lp.Encoding(lp.rope(8).generator)"),
+    ("from liepos.catalogue import alibi", "alibi(2, 8)"),
+])
+def test_an_encoding_compiles_in_a_fresh_process_whatever_was_imported(imports, build):
+    """The structure writer that names an encoding inside a graph is loaded by the facade and by the
+    catalogue: a first compile in a fresh interpreter finds it."""
+    env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
+    code = FRESH_COMPILE.format(imports=imports, build=build)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]

@@ -27,13 +27,12 @@ def _main(argv, capsys):
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("quick")
-    n = torch.get_num_threads()
-    try:
-        code = cli.main(["--quick", "--encodings", "rope,alibi,learn,growth", "--eval-scaling", "yarn",
-                         "--no-progress", "--out", str(out)])
-    finally:
-        torch.set_num_threads(n)
+    n, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    code = cli.main(["--quick", "--encodings", "rope,alibi,learn,growth", "--eval-scaling", "yarn",
+                     "--no-progress", "--out", str(out)])
     assert code == 0
+    # the sweep ran at one thread with deterministic kernels, and put back the caller's settings
+    assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (n, det)
     return out
 
 

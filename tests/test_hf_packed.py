@@ -37,8 +37,10 @@ def packed_and_separate(model, position_ids: bool, cache: bool):
 @pytest.mark.parametrize("cache", [False, True])
 @pytest.mark.parametrize("position_ids", [False, True])
 @pytest.mark.parametrize("attn, name", [("sdpa", None), ("eager", None)] + [("sdpa", n) for n in RAW])
-def test_packed_equals_separate_bit_for_bit(attn, name, position_ids, cache):
-    """Upstream's backend (RoPE) or liepos' attention (the raw-key path, whatever the backend)."""
+def test_packed_equals_separate_bit_for_bit(attn, name, position_ids, cache, one_thread, deterministic):
+    """Upstream's backend (RoPE) or liepos' attention (the raw-key path, whatever the backend). Bit for
+    bit needs one reduction order: one thread and torch's deterministic kernels (a matrix product of
+    one document's rows split across threads otherwise sums them in another order than the packed row's)."""
     model = patch_model(tiny(attn=attn), None if name is None else RAW[name]())
     packed, separate = packed_and_separate(model, position_ids, cache)
     assert torch.equal(packed, separate)

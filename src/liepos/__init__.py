@@ -110,12 +110,27 @@ def _version() -> str:
 __version__ = _version()
 
 
+def _register_ops() -> None:
+    """Register liepos' torch ops (``torch.ops.liepos.*``) once torch is loaded: a program saved by
+    ``torch.export`` then loads after a bare ``import liepos``, and every encoding compiles."""
+    if "torch" in sys.modules and "liepos.attention" not in sys.modules and not _registering:
+        _registering.append(True)
+        try:
+            importlib.import_module("liepos.attention")  # the ops, and the eager call the attention op runs
+        finally:
+            _registering.clear()
+
+
+_registering: list[bool] = []
+
+
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'liepos' has no attribute {name!r}")
     where = _LAZY[name]
     value = importlib.import_module(f"liepos.{name}") if where is None else getattr(importlib.import_module(where), name)
     globals()[name] = value
+    _register_ops()
     return value
 
 
@@ -138,7 +153,9 @@ class _Function:
         self.name = name
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return getattr(importlib.import_module(self.module), self.name)
+        value = getattr(importlib.import_module(self.module), self.name)
+        _register_ops()
+        return value
 
     def __set__(self, obj: Any, module: Any) -> None:  # the import system recording the submodule: the function wins
         pass
@@ -151,6 +168,7 @@ class _Package(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _Package
+_register_ops()  # torch already loaded (``import torch, liepos``): the ops now; otherwise on first use
 
 
 __all__ = [

@@ -73,8 +73,8 @@ def _constant(fn: Callable) -> Callable:
     return real
 
 
-_lock = threading.Lock()
-_registry: dict[str, weakref.ref] = {}  # structure -> a live encoding of that structure
+_lock = threading.RLock()  # re-entrant: a weakref callback may run inside a locked block (GC)
+_registry: dict[str, list[weakref.ref]] = {}  # structure -> the live encodings of that structure
 _rebuilt: dict[str, Any] = {}  # structures met first in a graph (a loaded program): rebuilt once, kept
 _hooks: dict[str, Callable] = {}  # "key" / "rebuild": liepos._graph_key's, installed when liepos is imported
 
@@ -82,6 +82,16 @@ _hooks: dict[str, Callable] = {}  # "key" / "rebuild": liepos._graph_key's, inst
 def install(key: Callable[[Any], str], rebuild: Callable[[str], Any]) -> None:
     """Install the writer and reader of an encoding's structure (:mod:`liepos._graph_key`, a higher layer)."""
     _hooks.update(key=key, rebuild=rebuild)
+
+
+def _hook(name: str) -> Callable:
+    try:
+        return _hooks[name]
+    except KeyError:
+        raise RuntimeError(
+            "an encoding met torch.compile before liepos could name it: the structure writer "
+            "(liepos._graph_key) is not loaded; `import liepos.attention` (or use any name of the liepos "
+            "package, `lp.rope`, `lp.build`, ...) before compiling") from None
 
 
 @_constant
@@ -95,31 +105,47 @@ def graph_id(enc: Any) -> str:
     if memo is not None and memo[0] == version:
         key = memo[1]
     else:
-        key = _hooks["key"](enc)
+        key = _hook("key")(enc)
         enc.__dict__["_graph_key"] = (version, key)
     with _lock:
-        ref = _registry.get(key)
-        if ref is None or ref() is None:
-            _registry[key] = weakref.ref(enc, lambda _, k=key: _forget(k))
+        refs = [r for r in _registry.get(key, ()) if r() is not None]
+        if not any(r() is enc for r in refs):  # every live twin is kept: one dying leaves the others found
+            refs.append(weakref.ref(enc, lambda _, k=key: _forget(k)))
+        _registry[key] = refs
     return key
 
 
 def _forget(key: str) -> None:
     with _lock:
-        ref = _registry.get(key)
-        if ref is not None and ref() is None:
-            del _registry[key]
+        refs = [r for r in _registry.get(key, ()) if r() is not None]
+        if refs:
+            _registry[key] = refs
+        else:
+            _registry.pop(key, None)
+
+
+def _live(key: str) -> Any:
+    for ref in tuple(_registry.get(key, ())):
+        enc = ref()
+        if enc is not None:
+            return enc
+    return None
 
 
 def _encoding(key: str) -> Any:
-    """A live encoding of the structure ``key``, else one rebuilt from it (a program saved elsewhere)."""
-    ref = _registry.get(key)
-    enc = None if ref is None else ref()
+    """A live encoding of the structure ``key``, else one rebuilt from it (a program saved elsewhere).
+    The rebuild runs with torch's dispatch modes off: an op's fake implementation (``opcheck``,
+    ``torch.export``, AOT dispatch) may be the first to meet the key, and the encoding it builds (its
+    tables, its plan) must be made of real tensors, not fake or traced ones."""
+    enc = _live(key)
     if enc is None:
         with _lock:
             enc = _rebuilt.get(key)
             if enc is None:
-                enc = _rebuilt[key] = _hooks["rebuild"](key)
+                from torch.utils._python_dispatch import _disable_current_modes
+
+                with _disable_current_modes():
+                    enc = _rebuilt[key] = _hook("rebuild")(key)
     return enc
 
 

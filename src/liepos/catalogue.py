@@ -22,6 +22,8 @@ from liepos.generator import Generator, direct_sum
 from liepos.scaling import clipped
 from liepos.tables import LAYOUTS
 
+import liepos._graph_key  # noqa: F401, E402  (names an encoding inside torch.compile: every catalogue encoding compiles)
+
 __all__ = [
     "CATALOGUE", "CatalogueEntry", "build",
     "nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth",

@@ -197,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
     _check(cfg, encodings, int(os.environ.get("WORLD_SIZE", "1")))
     out = out_dir("--out", args.out)
     _probe_write(out / "runs")
-    torch.set_num_threads(args.threads or (1 if args.quick else torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(args.threads or (1 if args.quick else threads))
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         seeds = args.seed or ([0] if args.quick else DEFAULT_SEEDS)
@@ -210,6 +212,9 @@ def run(args: argparse.Namespace) -> int:
         print("liepos explore: interrupted; rerun the same command to resume from the finished runs",
               file=sys.stderr)
         return 130
+    finally:  # an in-process caller (a notebook, a test) gets its own settings back
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(was, warn_only=warn)
     return 0
 
 
