@@ -311,9 +311,9 @@ def test_ops_meet_their_fakes_and_autograd_and_the_constant_marker_is_dynamos():
     enc = lp.rope(8)
     twin = copy.deepcopy(enc)  # the same structure: the same graph constant, and either encodes alike
     key = _graph.graph_id(enc)
-    assert _graph.graph_id(twin) == key and _graph.graph_id(_graph._encoding(key)) == key
+    assert _graph.graph_id(twin) == key and _graph.graph_id(_graph.encoding_of(key)) == key
     other = lp.rope(8, layout="half")  # another structure: another constant
-    assert _graph.graph_id(other) != key and _graph.graph_id(_graph._encoding(_graph.graph_id(other))) != key
+    assert _graph.graph_id(other) != key and _graph.graph_id(_graph.encoding_of(_graph.graph_id(other))) != key
     # liepos marks its constant functions without importing dynamo: the public decorator's marker
     marked = torch.compiler.assume_constant_result(lambda: 0)
     assert getattr(marked, "_dynamo_marked_constant", False) is True

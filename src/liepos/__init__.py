@@ -20,6 +20,8 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from liepos._version import __version__ as __version__  # the installed distribution's
+
 # Every public name is loaded on first use, so that ``import liepos.cli`` (the command line's help)
 # loads no torch; ``import liepos`` then ``lp.rope`` loads what the name needs. The table (name -> the
 # module that defines it; None: the submodule of that name) is what runs; the imports below it are
@@ -96,19 +98,6 @@ if TYPE_CHECKING:
 
     # context extension
     from liepos import scaling as scaling
-
-def _version() -> str:
-    """The installed distribution's version (pyproject.toml is its one source); a bare source tree says so."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("liepos")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-__version__ = _version()
-
 
 def _register_ops() -> None:
     """Register liepos' torch ops (``torch.ops.liepos.*``) once torch is loaded: a program saved by

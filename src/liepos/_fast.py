@@ -50,7 +50,8 @@ import liepos._kernels as _kernels
 import liepos._triton as _triton
 from liepos.tables import Tables
 
-__all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast"]
+__all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast", "transform", "empty_out", "table_window",
+           "arange_start"]
 
 _LOW = (torch.float16, torch.bfloat16)
 # float32 scratch per chunk when a half-precision input is processed (elements)
@@ -367,8 +368,10 @@ def _couple(out: torch.Tensor, cp, transpose: bool, pick) -> None:
         out[..., d].addcmul_(z[..., where[s]], coef[..., p])
 
 
-def _empty(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
-    """An output of x's shape with last dim ``width``, in x's memory order (BHSD or BSHD)."""
+def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor of ``x``'s shape with last dim ``width`` and dtype ``dtype``, its dimensions
+    laid out in ``x``'s memory order (BHSD or BSHD, the last dim innermost): the output a kernel writes, so
+    that the output of an encoding has the strides of its input."""
     if width == x.shape[-1] and dtype == x.dtype:
         return torch.empty_like(x)
     order = sorted(range(x.dim() - 1), key=lambda i: -x.stride(i))  # outer → inner, last dim stays last
@@ -380,10 +383,13 @@ def _empty(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
     return y.permute(*inv, x.dim() - 1)
 
 
-def _forward(
+def transform(
     x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool = False, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """The transform (``conj``: its transpose) of ``x``'s first ``content`` columns, slots appended."""
+    """``y = M x`` (``conj``: ``Mᵀ x``) of ``x``'s first ``ft.content`` columns, the slot values appended
+    (not under ``conj``): the kernel dispatch of :func:`apply_fast` (Triton, the one-pass kernels, the torch
+    ops) without its autograd and its input checks; ``inplace`` writes into ``x``, which the caller has
+    checked can hold the result."""
     width = ft.width if not conj else ft.content
     # the Triton kernels on CUDA (on the CPU only under TRITON_INTERPRET=1, as the tests run them); None: the ops below
     if (x.is_cuda or _triton.interpreting()) and not inplace and _triton.available():
@@ -394,7 +400,7 @@ def _forward(
     y = _one_pass(x, ft, inplace, conj, x.dtype if inplace else (out_dtype or x.dtype))
     if y is not None:
         return y
-    out = x if inplace else _empty(x, width, out_dtype or x.dtype)
+    out = x if inplace else empty_out(x, width, out_dtype or x.dtype)
     if _terms_pass(x, out, ft, conj):
         return out
     if x.dtype == ft.dtype and out.dtype == ft.dtype:
@@ -476,7 +482,7 @@ class _Transposed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, g: torch.Tensor, ft: FastTables, out_dtype) -> torch.Tensor:  # type: ignore[override]
         ctx.ft, ctx.g_dtype = ft, g.dtype
-        return _forward(g, ft, False, conj=True, out_dtype=out_dtype)
+        return transform(g, ft, False, conj=True, out_dtype=out_dtype)
 
     @staticmethod
     def backward(ctx, gg: torch.Tensor):  # type: ignore[override]
@@ -494,7 +500,7 @@ class _Apply(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, ft: FastTables, inplace: bool, out_dtype) -> torch.Tensor:  # type: ignore[override]
         ctx.ft, ctx.in_dtype = ft, x.dtype
-        y = _forward(x, ft, inplace, out_dtype=out_dtype)
+        y = transform(x, ft, inplace, out_dtype=out_dtype)
         if inplace:
             ctx.mark_dirty(x)
         return y
@@ -507,7 +513,7 @@ class _Apply(torch.autograd.Function):
             g = g.to(ft.dtype)
         if torch.is_grad_enabled() and g.requires_grad:  # create_graph=True: record Mᵀ g as a differentiable op
             return _Transposed.apply(g, ft, ctx.in_dtype), None, None, None
-        return _forward(g, ft, False, conj=True, out_dtype=ctx.in_dtype), None, None, None
+        return transform(g, ft, False, conj=True, out_dtype=ctx.in_dtype), None, None, None
 
 
 def _overlaps(x: torch.Tensor) -> bool:
@@ -542,7 +548,7 @@ def apply_fast(
         return x if inplace else x.clone()
     if torch.is_grad_enabled() and x.requires_grad:
         return _Apply.apply(x, ft, inplace, out_dtype)
-    return _forward(x, ft, inplace, out_dtype=out_dtype)
+    return transform(x, ft, inplace, out_dtype=out_dtype)
 
 
 # ---------------------------------------------------------------------- the cache
@@ -590,15 +596,20 @@ class TableCache:
 CACHE = TableCache()
 
 
-def _window(p0: int, S: int) -> tuple[int, int]:
+def table_window(p0: int, S: int) -> tuple[int, int]:
+    """The window ``[base, end)`` of integer positions whose cached tables cover ``p0 … p0 + S − 1``: with
+    ``cap`` the power of two ``>= S`` (at least 64), ``base = ⌊p0 / cap⌋ · cap`` and ``end = base + cap``, or
+    ``base + 2 cap`` when the range crosses the boundary, so a prefill and every later decode step share
+    windows (the :class:`TableCache` key) and their number never grows with the length."""
     cap = max(64, 1 << max(0, (S - 1)).bit_length())
     base = (p0 // cap) * cap
     end = base + cap if p0 + S <= base + cap else base + 2 * cap
     return base, end
 
 
-def _arange_start(pos: torch.Tensor) -> int | None:
-    """``p0`` when ``pos`` is ``p0, p0 + 1, …`` (integers), else ``None``."""
+def arange_start(pos: torch.Tensor) -> int | None:
+    """``p0`` when ``pos`` (``(S,)`` or ``(1, S)``) is ``p0, p0 + 1, …, p0 + S − 1`` with ``p0`` an integer of
+    magnitude at most 2⁵², else ``None``: the positions whose tables are rows of a cached window."""
     if pos.dim() == 2:
         if pos.shape[0] != 1:
             return None

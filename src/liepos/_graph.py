@@ -44,19 +44,20 @@ from typing import Any
 
 import torch
 
-from liepos._fast import _empty, _forward, apply_fast
+from liepos._fast import apply_fast, empty_out, transform
 from liepos.apply import LOW_PRECISION, work_dtype
 from liepos.tables import check_range
 
-__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "Positions", "apply", "deferrable", "graph_id", "install", "meta", "usable"]
+__all__ = ["OP", "OP_INPLACE", "OP_TRANSPOSED", "Positions", "apply", "deferrable", "graph_id", "install", "meta", "usable",
+           "constant_result", "encoding_of"]
 
 OP, OP_TRANSPOSED, OP_INPLACE = "liepos::encode", "liepos::encode_transposed", "liepos::encode_"
 
 
-def _constant(fn: Callable) -> Callable:
-    """``torch.compiler.assume_constant_result(fn)`` without importing dynamo when liepos is imported
-    (it costs a second): the decorator only sets this marker, which dynamo reads when it traces a
-    call (``tests/test_compile.py`` checks that the public decorator still sets the same marker).
+def constant_result(fn: Callable) -> Callable:
+    """``fn`` marked as a graph constant: ``torch.compiler.assume_constant_result(fn)`` without importing
+    dynamo when liepos is imported (it costs a second): the decorator only sets this marker, which dynamo
+    reads when it traces a call (``tests/test_compile.py`` checks that the public decorator still sets the same marker).
     ``fn`` runs with torch's dispatch modes off: ``torch.export`` (non-strict) runs it under its fake and
     proxy modes, and what it reads or memoises on the encoding (the plan, the structure) must be real."""
 
@@ -94,7 +95,7 @@ def _hook(name: str) -> Callable:
             "package, `lp.rope`, `lp.build`, ...) before compiling") from None
 
 
-@_constant
+@constant_result
 def graph_id(enc: Any) -> str:
     """The encoding as a graph constant: its structure written out (:func:`liepos._graph_key.key`), so one
     graph per structure, none per length, and a saved program (``torch.export``) names the encoding itself,
@@ -132,7 +133,7 @@ def _live(key: str) -> Any:
     return None
 
 
-def _encoding(key: str) -> Any:
+def encoding_of(key: str) -> Any:
     """A live encoding of the structure ``key``, else one rebuilt from it (a program saved elsewhere).
     The rebuild runs with torch's dispatch modes off: an op's fake implementation (``opcheck``,
     ``torch.export``, AOT dispatch) may be the first to meet the key, and the encoding it builds (its
@@ -149,11 +150,11 @@ def _encoding(key: str) -> Any:
     return enc
 
 
-@_constant
+@constant_result
 def usable(i: str) -> bool:
     """Whether the encoding's plan has a fast form (not a gather partner); the rest (grads, basis,
     complex x) the caller checks on the tensors it traces."""
-    return _encoding(i).plan.partner != "gather"
+    return encoding_of(i).plan.partner != "gather"
 
 
 def _out_dtype(enc: Any, x: torch.Tensor, with_slots: bool) -> torch.dtype:
@@ -202,7 +203,7 @@ def _relative(enc: Any, x: torch.Tensor, positions: torch.Tensor | None, origin:
 
 def _encode_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: str,
                  side: str, with_slots: bool) -> torch.Tensor:
-    enc = _encoding(enc_id)
+    enc = encoding_of(enc_id)
     pos = _relative(enc, x, positions, origin, side)
     ft = enc._fast_tables(pos, side, work_dtype(x.dtype), with_slots)
     y = apply_fast(x, ft, out_dtype=_out_dtype(enc, x, with_slots))
@@ -210,28 +211,28 @@ def _encode_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.
 
 
 def _encode_fake(x, positions, origin, enc_id, side, with_slots):
-    enc = _encoding(enc_id)
-    return _empty(x, _width(enc, x, with_slots), _out_dtype(enc, x, with_slots))
+    enc = encoding_of(enc_id)
+    return empty_out(x, _width(enc, x, with_slots), _out_dtype(enc, x, with_slots))
 
 
 def _transposed_impl(g: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: str,
                      side: str, with_slots: bool, dtype: torch.dtype) -> torch.Tensor:
-    enc = _encoding(enc_id)
+    enc = encoding_of(enc_id)
     pos = _relative(enc, g, positions, origin, side, checked=False)  # the forward checked the same positions
     ft = enc._fast_tables(pos, side, work_dtype(dtype), with_slots)
     if g.dtype != dtype and g.dtype != ft.dtype:
         g = g.to(ft.dtype)
-    y = _forward(g, ft, False, conj=True, out_dtype=dtype)
+    y = transform(g, ft, False, conj=True, out_dtype=dtype)
     return y.clone() if y is g else y
 
 
 def _transposed_fake(g, positions, origin, enc_id, side, with_slots, dtype):
-    return _empty(g, g.shape[-1], dtype)
+    return empty_out(g, g.shape[-1], dtype)
 
 
 def _inplace_impl(x: torch.Tensor, positions: torch.Tensor | None, origin: torch.Tensor | None, enc_id: str,
                   side: str) -> None:
-    enc = _encoding(enc_id)
+    enc = encoding_of(enc_id)
     ft = enc._fast_tables(_relative(enc, x, positions, origin, side), side, work_dtype(x.dtype), False)
     apply_fast(x, ft, inplace=True)
 
@@ -284,4 +285,4 @@ def meta(enc: Any, x: torch.Tensor, with_slots: bool, inplace: bool) -> torch.Te
         if width != x.shape[-1]:
             raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {width}")
         return x
-    return _empty(x, width, _out_dtype(enc, x, with_slots))
+    return empty_out(x, width, _out_dtype(enc, x, with_slots))

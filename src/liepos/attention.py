@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 import liepos.attention_graph as attention_graph
-from liepos.attention_call import Call, _expand_batch, bind, prepare
+from liepos.attention_call import Call, bind, expand_batch, prepare
 from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
 from liepos.cache import KVCache
@@ -235,8 +235,8 @@ def attention_reference(
     qp = positions if positions is not None else torch.arange(Sk - Sq, Sk, dtype=torch.float64)
     if positions is None and axes is not None:
         qp = qp.unsqueeze(-1).expand(Sq, axes)  # (Sq,) -> (Sq, axes): the same time on every axis
-    qp = _expand_batch(as_positions(qp, Sq, B, "positions", axes), B, axes)  # (B, Sq[, axes])
-    kp = _expand_batch(as_positions(key_positions, Sk, B, "key_positions", axes), B, axes)  # (B, Sk[, axes])
+    qp = expand_batch(as_positions(qp, Sq, B, "positions", axes), B, axes)  # (B, Sq[, axes])
+    kp = expand_batch(as_positions(key_positions, Sk, B, "key_positions", axes), B, axes)  # (B, Sk[, axes])
     c = (1.0 / math.sqrt(enc.content_dim) if scale is None else scale) * enc.logit_scale
     q64, k64, v64 = q.double() * c, k.double(), v.double()  # the slots below are not scaled
     if enc.query_scale is not None:

@@ -20,7 +20,7 @@ from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.masks import strictly_increasing
 
-__all__ = ["Call", "Inputs", "prepare", "bind"]
+__all__ = ["Call", "Inputs", "prepare", "bind", "expand_batch", "key_times"]
 
 LOW = (torch.float16, torch.bfloat16)
 
@@ -143,20 +143,24 @@ def _check_sinks(sinks: Any, H: int, device: torch.device) -> torch.Tensor | Non
     return s.to(device)
 
 
-def _expand_batch(p: torch.Tensor, B: int, axes: int | None = None) -> torch.Tensor:
-    """(S,) or (1|B, S) -> (B, S); with several axes (S, A) or (1|B, S, A) -> (B, S, A)."""
+def expand_batch(p: torch.Tensor, B: int, axes: int | None = None) -> torch.Tensor:
+    """Positions broadcast to every batch row, as a view: (S,) or (1|B, S) -> (B, S); with several axes
+    (S, A) or (1|B, S, A) -> (B, S, A)."""
     if p.dim() == (1 if axes is None else 2):
         p = p.unsqueeze(0)  # (S[, A]) -> (1, S[, A])
     return p.expand(B, *p.shape[1:])  # (1|B, S[, A]) -> (B, S[, A])
 
 
 def _positions(p: Any, n: int, B: int, axes: int | None, name: str) -> torch.Tensor:
-    return _expand_batch(as_positions(p, n, B, name, axes), B, axes)
+    return expand_batch(as_positions(p, n, B, name, axes), B, axes)
 
 
-def _key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:
-    """Times of the new keys: given; the query times when as many keys as queries come with ``positions``
-    only (self-attention); else ``0 … S − 1``, continuing after each row's last cached time."""
+def key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:
+    """The times ``(B, n[, axes])`` of the ``n = k.shape[2]`` new keys of an attention call: ``key_positions``
+    when given; the query times when as many keys as queries come with ``positions`` only (self-attention);
+    else ``0 … n − 1``, continuing after each row's last time in ``cache`` (several axes: after its largest
+    coordinate, on every axis). The rule :func:`liepos.attention` applies, for callers that keep their
+    own cache of the same times."""
     n, dev = k.shape[2], k.device
     if key_positions is not None:
         return _positions(key_positions, n, B, axes, "key_positions").to(dev)
@@ -169,7 +173,7 @@ def _key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:
         kpos = cache.last_times().cpu() + 1 + kpos  # (B, n)
     if axes is not None:
         kpos = kpos.unsqueeze(-1).expand(*kpos.shape, axes)  # (…, n) -> (…, n, axes)
-    return _expand_batch(kpos, B, axes).to(dev)
+    return expand_batch(kpos, B, axes).to(dev)
 
 
 def _bool_tensor(m: Any, name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -225,7 +229,7 @@ def prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_paddi
     axes = getattr(enc, "num_axes", None)  # several position axes: positions (…, seq, axes)
     _check_cache(cache, k, axes)
     s = _check_sinks(sinks, H, dev)
-    kpos = _key_times(k, positions, key_positions, B, Sq, axes, cache)
+    kpos = key_times(k, positions, key_positions, B, Sq, axes, cache)
     keep = torch.ones(B, Sk_new, dtype=torch.bool, device=dev)
     if key_padding_mask is not None:
         keep = _bool_tensor(key_padding_mask, "key_padding_mask", (B, Sk_new)).to(dev)

@@ -146,7 +146,7 @@ def routable(q: Any, k: Any, v: Any, enc: Any, positions: Any, key_positions: An
     return all(hasattr(e, "_learned") for e in encs) and not any(_learned(e) for e in encs)
 
 
-@_graph._constant
+@_graph.constant_result
 def _learned(enc: Any) -> bool:
     """Whether a parameter of the encoding needs a gradient, read as a constant of the graph (read traced, its
     tensors would become inputs of the graph, with symbolic sizes under ``dynamic=True``: a recompilation when
@@ -155,7 +155,7 @@ def _learned(enc: Any) -> bool:
 
 
 def _live(key: str) -> Any:
-    enc = _graph._encoding(key)
+    enc = _graph.encoding_of(key)
     if enc._learned():
         raise RuntimeError(f"liepos: {enc!r} has parameters that require grad since this graph was compiled, and the "
                            f"compiled attention op cannot carry their gradient: call torch._dynamo.reset() and compile "

@@ -26,7 +26,7 @@ import torch
 
 import liepos._graph as _graph
 from liepos._checks import check_choice, check_int, check_real, check_real_tensor, check_tensor, describe
-from liepos._fast import CACHE, FastTables, _arange_start, _window, apply_fast, fast_tables
+from liepos._fast import CACHE, FastTables, apply_fast, arange_start, fast_tables, table_window
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
 from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, make_plan
@@ -461,11 +461,11 @@ class Encoding:
 
     def _fast_tables(self, pos: torch.Tensor, side: str, work: torch.dtype, with_slots: bool) -> FastTables:
         """Fast tables at ``pos``: rows of a cached window for an integer range, else built for ``pos``."""
-        p0 = _arange_start(pos) if self.num_axes is None else None
+        p0 = arange_start(pos) if self.num_axes is None else None
         if p0 is None:
             return self._build_fast(pos, side, work, with_slots)
         S = pos.shape[-1]
-        base, end = _window(p0, S)
+        base, end = table_window(p0, S)
         rows = (end - base) * (self.num_heads or 1)
         estimate = rows * (2 * self.dim + int(self.plan.dst.numel())) * torch.finfo(work).bits // 8
         if estimate * _WINDOW_SHARE > CACHE.max_bytes:

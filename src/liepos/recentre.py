@@ -35,7 +35,7 @@ from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
 
-__all__ = ["recentred", "bias_mask", "constant_bias", "linear_bias", "MAX_EXPONENT", "POLY_SPAN"]
+__all__ = ["recentred", "bias_mask", "constant_bias", "linear_bias", "MAX_EXPONENT", "POLY_SPAN", "poly_span"]
 
 # largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
 MAX_EXPONENT = 30.0
@@ -63,12 +63,15 @@ def budget(call: Call) -> tuple[float, float, float]:
     work = torch.float32 if dtype in LOW else dtype
     # e^{±budget} factors on both sides must stay far inside the dtype's range
     limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
-    return rate, limit, _poly_span(call.enc, work) if call.venc is None else min(
-        _poly_span(call.enc, work), _poly_span(call.venc, work))
+    return rate, limit, poly_span(call.enc, work) if call.venc is None else min(
+        poly_span(call.enc, work), poly_span(call.venc, work))
 
 
-def _poly_span(enc: Encoding, work: torch.dtype) -> float:
-    """The time span one origin may cover for the polynomial parts of ``enc`` computed in ``work``."""
+def poly_span(enc: Encoding, work: torch.dtype) -> float:
+    """The time span one origin may cover for the polynomial parts of ``enc`` computed in ``work``:
+    ``min(POLY_SPAN, (POLY_ROUNDING / eps)^(1/n))`` for a largest Jordan block of degree ``n`` (slots: degree
+    one) in a dtype of unit roundoff ``eps``, where the cancelling binomial terms of ``(t − o)`` and ``(s − o)``
+    keep near-lag scores within ``POLY_ROUNDING``; infinite when ``enc`` has neither coupling nor slots."""
     if not (enc.plan.has_coupling or enc.num_slots):
         return math.inf
     degree = max(enc.generator.sizes) - 1

@@ -32,7 +32,7 @@ import torch
 
 from liepos._checks import check_choice, check_int, check_real, describe
 from liepos.attention import KVCache, attention
-from liepos.attention_call import _key_times
+from liepos.attention_call import key_times
 from liepos.catalogue import nope, rope
 from liepos.encoding import Encoding, as_positions
 from liepos.temperature import Llama4Temperature, ScalableSoftmax, Temperature
@@ -119,7 +119,7 @@ class Schedule:
         spec = self[layer]
         if spec.window is not None or spec.chunk is not None:
             B, _, Sq, _ = q.shape
-            new = _key_times(k, positions, key_positions, B, Sq, None, cache)  # (B, Sk_new), as attention does
+            new = key_times(k, positions, key_positions, B, Sq, None, cache)  # (B, Sk_new), as attention does
             kall = new if cache is None or not len(cache) else torch.cat((cache.times.to(new.device), new), 1)
             if positions is None:
                 qpos = kall[:, kall.shape[1] - Sq :]

@@ -48,14 +48,13 @@ def find_suite(suite: str | os.PathLike | None = None) -> Path:
         if not path.is_file() or path.suffix != ".py":
             raise UsageError(f"--suite {str(path)!r} is not a Python file")
         return path.resolve()
-    import liepos
-
-    checkout = Path(liepos.__file__).resolve().parents[2]  # src/liepos/__init__.py -> the checkout
+    package = Path(__file__).resolve().parents[1]  # src/liepos/cli/bench.py -> src/liepos
+    checkout = package.parents[1]  # src/liepos -> the checkout
     for root in (checkout, Path.cwd()):
         if (root / _SUITE).is_file():
             return (root / _SUITE).resolve()
     raise UsageError(f"the benchmark suite ({_SUITE}) is part of the source checkout, not of the wheel, and none "
-                     f"was found next to {Path(liepos.__file__).parent} or in {Path.cwd()}: clone the repository "
+                     f"was found next to {package} or in {Path.cwd()}: clone the repository "
                      "and run `liepos bench` there (or `python benchmarks/run.py`), or pass --suite FILE")
 
 

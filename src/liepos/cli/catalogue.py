@@ -21,16 +21,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import liepos as lp
+    from liepos.catalogue import CATALOGUE, build
+    from liepos.classify import classify
 
     rows = []
-    for name, entry in lp.CATALOGUE.items():
+    for name, entry in CATALOGUE.items():
         try:
-            enc = lp.build(name, args.head_dim, args.heads)
+            enc = build(name, args.head_dim, args.heads)
         except ValueError as err:  # the entry refuses this head dim or head count
             raise UsageError(f"--head-dim {args.head_dim} --heads {args.heads}: the entry {name!r} refuses "
                              f"them: {err}") from None
-        counts = lp.classify(enc).counts
+        counts = classify(enc).counts
         rows.append((name, entry, ", ".join(f"{k}={v}" for k, v in counts.items() if v)))
     width = max(len(name) for name, _, _ in rows)
     print(f"{'name':<{width}}  {'row':<16}  {'blocks (counts)':<40}  identity / paper")

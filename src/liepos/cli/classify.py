@@ -44,11 +44,11 @@ def square_matrix(data: Any, text: str) -> list[list[int | float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import liepos as lp
+    from liepos.classify import classify
 
     X = square_matrix(read_json("MATRIX", args.matrix), args.matrix)
     try:
-        c = lp.classify(X, tol=args.tol)
+        c = classify(X, tol=args.tol)
     except ValueError as err:  # classify's refusal of a value (DESIGN: ValueError is a bad value)
         raise UsageError(f"MATRIX {shown(args.matrix)}: {err}") from None
     print(json.dumps(c.to_dict(), indent=2) if args.json else str(c))

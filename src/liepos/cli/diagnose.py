@@ -50,12 +50,12 @@ def _hf(args: argparse.Namespace, family: str):
 
 
 def _lp(args: argparse.Namespace, name: str):
-    import liepos as lp
+    from liepos.catalogue import build
 
     if args.rope is not None:
         raise UsageError(f"--rope applies to hf: targets only, got it with {shown(args.target)}")
     try:
-        e = lp.build(name, args.head_dim)
+        e = build(name, args.head_dim)
     except ValueError as err:  # an unknown name, or a head dim the entry refuses
         raise UsageError(f"{args.target} --head-dim {args.head_dim}: {err}") from None
     return e.query, e.key, args.target
@@ -63,15 +63,14 @@ def _lp(args: argparse.Namespace, name: str):
 
 def run(args: argparse.Namespace) -> int:
     need_extra("scipy", "algebra")
-    import liepos as lp
-    from liepos.diagnose import ProbeError
+    from liepos.diagnose import ProbeError, diagnose
 
     kind, _, name = args.target.partition(":")
     if kind not in ("hf", "lp") or not name:
         raise UsageError(f"TARGET must be hf:FAMILY (e.g. hf:llama) or lp:NAME (e.g. lp:rope), got {shown(args.target)}")
     fq, fk, label = (_hf if kind == "hf" else _lp)(args, name)
     try:
-        d = lp.diagnose(fq, fk, dim=args.head_dim, tol=args.tol, label=label)
+        d = diagnose(fq, fk, dim=args.head_dim, tol=args.tol, label=label)
     except ProbeError as err:  # the target answered a probe with a wrong shape or NaN/inf
         raise UsageError(f"{args.target}: {err}") from None
     print(json.dumps(d.to_dict(), indent=2) if args.json else d)

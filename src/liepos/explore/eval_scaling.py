@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import math
 
-import liepos as lp
+from liepos import scaling
 from liepos.encoding import Encoding
 from liepos.explore.model import Transform
 
@@ -53,8 +53,8 @@ def parse_scaling(text: str) -> tuple[str, float | None, dict]:
     """``'yarn'`` → ``('yarn', None, {})`` (factor = eval length / train length); ``'yarn:4'`` →
     ``('yarn', 4.0, {})``; ``'proportional:p=0.5'`` → ``('proportional', None, {'partial_rotary_factor': 0.5})``."""
     name, *fields = [f.strip() for f in text.strip().lower().split(":")]
-    if name not in lp.scaling.SCALINGS:
-        raise ValueError(f"unknown scaling {name!r}; known: {', '.join(sorted(lp.scaling.SCALINGS))}")
+    if name not in scaling.SCALINGS:
+        raise ValueError(f"unknown scaling {name!r}; known: {', '.join(sorted(scaling.SCALINGS))}")
     factor, opts = None, {}
     for f in fields:
         key, eq, val = f.partition("=")
@@ -77,12 +77,12 @@ def _params(name: str, fn, enc: Encoding, factor: float, train_len: int, opts: d
     if "original_max_position_embeddings" in sig:
         params["original_max_position_embeddings"] = train_len
     if name == "longrope":  # one factor per rotation plane
-        planes = int(lp.scaling.rotation_freqs(enc).shape[-1])  # (*heads, planes)
+        planes = int(scaling.rotation_freqs(enc).shape[-1])  # (*heads, planes)
         params["short_factor"] = [opts.get("short_factor", 1.0)] * planes
         params["long_factor"] = [opts.get("long_factor", factor)] * planes
         opts = {k: v for k, v in opts.items() if k not in ("short_factor", "long_factor")}
     if name == "factors":  # one factor per eigenvalue (rotation plane)
-        planes = int(lp.scaling.rotation_freqs(enc).shape[-1])  # (*heads, planes)
+        planes = int(scaling.rotation_freqs(enc).shape[-1])  # (*heads, planes)
         params["factors"] = [opts.get("factors", factor)] * planes
         opts = {k: v for k, v in opts.items() if k != "factors"}
     return params | opts
@@ -95,13 +95,13 @@ def scaling_transform(text: str, train_len: int) -> Transform:
     is ``train_len``. Encodings without a rotation block, and lengths up to ``train_len``, pass unchanged.
     """
     name, fixed, opts = parse_scaling(text)
-    fn = lp.scaling.SCALINGS[name]
+    fn = scaling.SCALINGS[name]
 
     def apply(enc: Encoding, length: int) -> Encoding:
         if length <= train_len or not any(enc.generator.complex):
             return enc
         factor = fixed or length / train_len
-        out = lp.scaling.scale(enc, name, **_params(name, fn, enc, factor, train_len, opts))
+        out = scaling.scale(enc, name, **_params(name, fn, enc, factor, train_len, opts))
         return out.at_length(length)
 
     return apply

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import liepos as lp
+from liepos.classify import classify
 from liepos.explore.spec import from_spec
 from liepos.explore.stats import ci, headline
 
@@ -75,10 +75,10 @@ def row_of(name: str, results: dict) -> str:
         mc = ModelConfig(d_model=cfg["d_model"], layers=cfg["layers"], heads=cfg["heads"])
         counts: dict = {}
         for spec in resolve_schedule(row["base"], mc):
-            for r, n in lp.classify(spec.encoding.generator).counts.items():
+            for r, n in classify(spec.encoding.generator).counts.items():
                 counts[r] = counts.get(r, 0) + n
         return max(counts, key=counts.get)
-    c = lp.classify(from_spec(row["base"].split("|")[0], 16, 2))  # the first head group's encoding
+    c = classify(from_spec(row["base"].split("|")[0], 16, 2))  # the first head group's encoding
     counts = dict(c.counts)
     if c.num_slots:
         return "polynomial"

@@ -27,8 +27,9 @@ import math
 import torch
 from torch import nn
 
-import liepos as lp
+from liepos.classify import classify
 from liepos.encoding import Encoding
+from liepos.generator import Generator
 
 __all__ = ["COUPLING_RANGE", "INITS", "MIN_MAGNITUDE", "RANDOM_RANGE", "LearnedGenerator", "row_counts", "snapshot"]
 
@@ -127,12 +128,12 @@ class LearnedGenerator(nn.Module):
 
     def forward(self) -> Encoding:
         """The learned encoding ``X = P J P^{-1}`` (its basis ``P`` carries the couplings)."""
-        gen = lp.Generator(self.rates(), self.freqs(), self.sizes, complex=self.complex, basis=self.basis())
+        gen = Generator(self.rates(), self.freqs(), self.sizes, complex=self.complex, basis=self.basis())
         return Encoding(gen, layout=self.layout, name=f"learn:{self.name}")
 
     def canonical(self) -> Encoding:
         """The encoding of the canonical blocks ``J`` alone (``P`` left out: see :meth:`basis_diagonal`)."""
-        gen = lp.Generator(self.rates(), self.freqs(), self.sizes, complex=self.complex)
+        gen = Generator(self.rates(), self.freqs(), self.sizes, complex=self.complex)
         return Encoding(gen, layout=self.layout, name=f"learn:{self.name}")
 
 
@@ -145,13 +146,13 @@ def row_counts(blocks, tol: float = 0.0) -> dict[str, int]:
     >>> row_counts([(-1e-6, 1e-6, 1), (-0.1, 0.0, 1), (0.0, 0.5, 1), (-1e-6, 0.0, 3)], tol=1e-4)["nope"]
     1
     """
-    counts = dict.fromkeys(lp.classify([[0.0]]).counts, 0)
+    counts = dict.fromkeys(classify([[0.0]]).counts, 0)
     if not blocks:
         return counts
     lam = [0.0 if abs(b[0]) < tol else float(b[0]) for b in blocks]
     om = [0.0 if abs(b[1]) < tol else float(b[1]) for b in blocks]
-    g = lp.Generator(lam, om, [int(b[2]) for b in blocks], complex=[w != 0.0 for w in om])
-    for name, n in lp.classify(g).counts.items():
+    g = Generator(lam, om, [int(b[2]) for b in blocks], complex=[w != 0.0 for w in om])
+    for name, n in classify(g).counts.items():
         counts[name] += n
     return counts
 

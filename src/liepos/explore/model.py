@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-import liepos as lp
+from liepos.attention import attention
 from liepos.encoding import Encoding
 from liepos.explore.spec import SpecEncoding, number_or_text, split_heads
 from liepos.schedule import LayerSpec, Schedule, build_schedule, window_mask
@@ -116,8 +116,8 @@ class Block(nn.Module):
             enc, p = m.canonical()  # canonical blocks, and the learned diagonal basis P = diag(p) or None
             enc = transform(enc, S) if transform is not None else enc
             qg, kg = (q[:, a:b], k[:, a:b]) if p is None else (q[:, a:b] * p.to(q.dtype), k[:, a:b] / p.to(k.dtype))
-            # positions default to arange(S) (bottom-right aligned, causal): the fast path of lp.attention
-            outs.append(lp.attention(qg, kg, v[:, a:b], enc, causal=True, **self._schedule_kwargs(S, x.device)))
+            # positions default to arange(S) (bottom-right aligned, causal): the fast path of liepos.attention
+            outs.append(attention(qg, kg, v[:, a:b], enc, causal=True, **self._schedule_kwargs(S, x.device)))
         y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, H, S, hd)
         y = y.transpose(1, 2).reshape(B, S, D)  # (B, S, D)
         x = x + self.proj(y)

@@ -39,7 +39,7 @@ def liepos_version() -> str:
             return f"git {head}{'+dirty' if dirty else ''}"
     except (OSError, subprocess.SubprocessError):
         pass
-    from liepos import __version__
+    from liepos._version import __version__
 
     return f"version {__version__}"
 

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-import liepos as lp
+from liepos.catalogue import CATALOGUE
 from liepos.encoding import Encoding
+from liepos.generator import Generator, direct_sum
 
 __all__ = [
     "MAIN_OPTION",
@@ -70,7 +71,7 @@ def one_axis(enc: object) -> bool:
 
 def decoder_entries() -> list[str]:
     """The registry's entries that build a one-axis encoding: every name the decoder can run alone."""
-    return [name for name, entry in lp.CATALOGUE.items() if one_axis(entry.build(_PROBE_DIM, 1))]
+    return [name for name, entry in CATALOGUE.items() if one_axis(entry.build(_PROBE_DIM, 1))]
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class Part:
 
     def build(self, dim: int, num_heads: int) -> Encoding:
         """The fixed encoding of this part (for ``learn``: its starting point)."""
-        entry = lp.CATALOGUE[self.name]
+        entry = CATALOGUE[self.name]
         try:
             enc = entry.build(dim, num_heads, **dict(self.options))
         except TypeError as err:
@@ -150,11 +151,11 @@ def parse_part(text: str) -> Part:
             raise ValueError(f"learn:{head} takes no options (got {text!r})")
         return Part("rope", (), True, head)
     m = _SHORT.match(head)
-    if m and m.group(1) in MAIN_OPTION and head not in lp.CATALOGUE:
+    if m and m.group(1) in MAIN_OPTION and head not in CATALOGUE:
         head, fields = m.group(1), [head, m.group(2), *fields[1:]]
-    if head not in lp.CATALOGUE:
+    if head not in CATALOGUE:
         raise ValueError(
-            f"unknown encoding {head!r} in {text!r}; known: {', '.join(sorted(lp.CATALOGUE))}, jordanN, "
+            f"unknown encoding {head!r} in {text!r}; known: {', '.join(sorted(CATALOGUE))}, jordanN, "
             f"learn[:part]; sums a+b (e.g. 'rope+decay'), '|' between per-head groups (e.g. 'rope|alibi')"
         )
     return Part(head, _options(head, fields[1:], text), learn)
@@ -202,14 +203,14 @@ def join(parts: list[Encoding], name: str) -> Encoding:
         if enc.num_slots:
             g = enc.generator
             # content dims first: everything but the trailing slot block (the last block of the generator)
-            gens.append(lp.Generator(g.rates[..., :-1], g.freqs[..., :-1], g.sizes[:-1], complex=g.complex[:-1]))
-            slots = (enc.query_slots, enc.key_slots, lp.Generator(g.rates[..., -1:], g.freqs[..., -1:], g.sizes[-1:]))
+            gens.append(Generator(g.rates[..., :-1], g.freqs[..., :-1], g.sizes[:-1], complex=g.complex[:-1]))
+            slots = (enc.query_slots, enc.key_slots, Generator(g.rates[..., -1:], g.freqs[..., -1:], g.sizes[-1:]))
         else:
             gens.append(enc.generator)
     if slots is None:
-        return Encoding(lp.direct_sum(*gens), name=name)
+        return Encoding(direct_sum(*gens), name=name)
     qs, ks, g = slots
-    return Encoding(lp.direct_sum(*gens, g), query_slots=qs, key_slots=ks, name=name)
+    return Encoding(direct_sum(*gens, g), query_slots=qs, key_slots=ks, name=name)
 
 
 class SpecEncoding(nn.Module):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import liepos as lp
+from liepos.classify import classify
 from liepos.explore.eval_scaling import scaling_transform
 from liepos.explore.evaluate import EVAL_SEED, evaluate, evaluate_passkey
 from liepos.explore.model import Decoder, Transform
@@ -86,7 +86,7 @@ def _learned_generator(rec: dict) -> dict | None:
     if not rec["trajectory"]:
         return None
     final = rec["trajectory"][-1]["generators"]
-    counts = dict.fromkeys(lp.classify([[0.0]]).counts, 0)
+    counts = dict.fromkeys(classify([[0.0]]).counts, 0)
     for g in final:
         for k, v in g["counts"].items():
             counts[k] += v

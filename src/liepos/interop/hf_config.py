@@ -39,7 +39,7 @@ from liepos.generator import Generator, direct_sum
 from liepos.interop import _f32
 from liepos.interop.families import Family, family_of
 
-__all__ = ["from_hf", "read_hf", "HFRope", "ROPE_TYPES", "RopeType", "PRECISIONS"]
+__all__ = ["from_hf", "read_hf", "HFRope", "ROPE_TYPES", "RopeType", "PRECISIONS", "times_logit"]
 
 PRECISIONS = ("precise", "compat")
 _COMMON = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
@@ -166,8 +166,9 @@ def _nope(head_dim: int, name: str) -> Encoding:
     return Encoding(Generator(z, z, [1] * head_dim), layout="half", name=name)
 
 
-def _times_logit(enc: Encoding, m: float) -> Encoding:
-    """Multiply the logit scale, also at every length of a length-dependent encoding."""
+def times_logit(enc: Encoding, m: float) -> Encoding:
+    """``enc`` with its logit scale multiplied by ``m`` (scores ``m · qᵀA(t − s)k``), also at every length of
+    a length-dependent encoding (through :func:`liepos.scaling.map_spectrum`, so the result pickles)."""
     return scaling.map_spectrum(enc, functools.partial(_logit_times, m=m))
 
 
@@ -606,7 +607,7 @@ def _reversed(e: Encoding, length: int | None) -> Encoding:
 
 def _mrope(params: Mapping[str, Any], src: _Source, head_dim: int, where: str) -> Encoding:
     """M-RoPE (Qwen2-VL, Qwen2.5-VL): planes in ``mrope_section`` sections, one position axis each."""
-    from liepos import mrope
+    from liepos.catalogue import mrope
 
     kind = _rope_type(params, where)
     if kind != "default":
@@ -695,7 +696,7 @@ def _read_layers(src: _Source, layer_type: str | None, precision: str, head_dim:
                             precision=precision, ignore_keys=ignore, family=family)
         temperature = enc.logit_scale
         if rotated < hd and temperature != 1.0:
-            enc = _times_logit(enc, 1.0 / temperature)  # the factor belongs to the rotated dims only
+            enc = times_logit(enc, 1.0 / temperature)  # the factor belongs to the rotated dims only
         return HFRope(_layout(enc, src, family), rotated, temperature, _softmax_multiplier(params, family), family,
                       _rope_type(params, where))
 
@@ -722,7 +723,7 @@ def _as_encoding(r: HFRope, softmax_mscale: bool | None) -> Encoding:
         enc = enc.replace(query_scale=D)
     use = (r.family is not None and r.family.softmax_mscale) if softmax_mscale is None else bool(softmax_mscale)
     if use and r.softmax_multiplier != 1.0:
-        enc = _times_logit(enc, r.softmax_multiplier)
+        enc = times_logit(enc, r.softmax_multiplier)
     return enc
 
 

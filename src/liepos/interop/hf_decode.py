@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as Fn
 
 from liepos._checks import all_finite
-from liepos._fast import TableCache, _window, apply_fast
+from liepos._fast import TableCache, apply_fast, table_window
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 from liepos.attention_pieces import available, pieces
-from liepos.recentre import MAX_EXPONENT, _poly_span, bias_mask, constant_bias, linear_bias
+from liepos.recentre import MAX_EXPONENT, bias_mask, constant_bias, linear_bias, poly_span
 from liepos.tables import check_range
 
 __all__ = ["attend", "remember", "budget", "checked_step_matrix", "hf_visible", "identity", "step_matrix", "MATRICES",
@@ -86,7 +86,7 @@ def budget(enc: Encoding, dtype: torch.dtype) -> float:
     work = torch.float32 if dtype in _LOW else dtype
     rate = enc.generator.bounds()[0]
     limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
-    return min(limit / rate if rate > 0 else math.inf, _poly_span(enc, work))
+    return min(limit / rate if rate > 0 else math.inf, poly_span(enc, work))
 
 
 @functools.lru_cache(maxsize=64)
@@ -246,7 +246,7 @@ def step_matrix(enc: Encoding, pos: torch.Tensor, side: str, dtype: torch.dtype,
     c, device = enc.content_dim, pos.device
     p = float(pos.reshape(()))
     if enc.num_heads is None and p == math.floor(p) and abs(p) <= 2**52:
-        base, end = _window(int(p), 1)
+        base, end = table_window(int(p), 1)
         key = (device, dtype, enc.version, side, base, end)
         rows = MATRICES.get(key, lambda: _Rows(_window_matrices(enc, base, end, side, dtype, device)))
         return rows.m[int(p) - base: int(p) - base + 1]  # (1, 1, c, c)

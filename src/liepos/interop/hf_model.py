@@ -43,7 +43,7 @@ from liepos.encoding import Encoding
 from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_decode import attend, checked_step_matrix, hf_visible, remember
-from liepos.interop.hf_config import HFRope, _times_logit, read_hf
+from liepos.interop.hf_config import HFRope, read_hf, times_logit
 from liepos.interop.hf_packed import check_row, documents, per_document, restarted
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -614,7 +614,7 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
             g[: item.rotary_dim] = math.sqrt(item.rotary_scale)
             gain = g[:rotated]
         if enc.logit_scale != 1.0:  # the gain carries it, on the dims upstream scales
-            enc = _times_logit(enc, 1.0 / enc.logit_scale)
+            enc = times_logit(enc, 1.0 / enc.logit_scale)
     else:
         if not isinstance(item, Encoding):
             raise TypeError(f"encoding must be a liepos.Encoding (or a dict of them by layer type), got {type(item).__name__}")

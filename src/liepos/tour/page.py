@@ -441,12 +441,12 @@ def _place(kind: str, svg: bytes, folder: Path | None, bar) -> dict[str, str]:
 
 def _numbers(data, errors, failed, figures, timings, elapsed) -> dict[str, Any]:
     """Every figure's data and every measured error with its bound (``numbers.json``, or inline)."""
-    import liepos
+    from liepos._version import __version__
 
     figs = {k: {"file": f["src"] if not f["src"].startswith("data:") else None, "section": f["section"],
                 "title": f["title"]} for k, f in figures.items()}
     return json_safe({
-        "liepos_version": liepos.__version__, "python": platform.python_version(),
+        "liepos_version": __version__, "python": platform.python_version(),
         "torch": __import__("torch").__version__, "seconds": round(elapsed, 3),
         "timings": {k: round(v, 4) for k, v in timings.items()}, "errors": errors, "failed": failed,
         "figures": figs, "sections": data,
@@ -465,7 +465,7 @@ def _section(i: int, key: str, data: dict[str, Any], figures: dict[str, dict[str
 
 def _html(data, figures, checked, failed, elapsed, numbers: dict[str, Any] | None) -> str:
     """The page; ``numbers`` (the one-file form) are embedded in it, else they are in numbers.json beside it."""
-    import liepos
+    from liepos._version import __version__
 
     nav = " ".join(f"<a href='#{k}'>{_e(TITLES[k])}</a>" for k in SECTION_ORDER)
     sections = "".join(_section(i, key, data, figures) for i, key in enumerate(SECTION_ORDER, 1))
@@ -478,7 +478,7 @@ def _html(data, figures, checked, failed, elapsed, numbers: dict[str, Any] | Non
                 + "</script>")
     summary = (f"<div class='summary{'' if ok else ' bad'}'><b>{len(checked) - len(failed)} of {len(checked)} measured "
                f"identities within their bounds</b>{'' if ok else ': over bound: ' + _e(', '.join(failed))}. "
-               f"Generated in {elapsed:.1f} s by liepos {liepos.__version__}; every number and figure here was "
+               f"Generated in {elapsed:.1f} s by liepos {__version__}; every number and figure here was "
                f"computed by this run; {where}.</div>")
     glossary = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in GLOSSARY.items())
     return f"""<!doctype html>

@@ -103,12 +103,13 @@ def rows_of(blocks: list[Block]) -> list[str]:
 
 def yarn_reference() -> dict[str, Any]:
     """YaRN at :data:`YARN` by :func:`liepos.scaling.yarn`: each plane's ω'/ω and the logit scale."""
-    import liepos as lp
+    from liepos import scaling
+    from liepos.catalogue import rope
 
     y = YARN
-    enc = lp.rope(y["dim"], base=y["base"])
-    long = lp.scaling.yarn(enc, factor=y["factor"], original_max_position_embeddings=y["original"],
-                           beta_fast=y["beta_fast"], beta_slow=y["beta_slow"])
+    enc = rope(y["dim"], base=y["base"])
+    long = scaling.yarn(enc, factor=y["factor"], original_max_position_embeddings=y["original"],
+                        beta_fast=y["beta_fast"], beta_slow=y["beta_slow"])
     ratio = (long.generator.freqs / enc.generator.freqs).tolist()  # (planes,)
     return dict(y, ratio=ratio, logit_scale=float(long.logit_scale))
 
