@@ -310,6 +310,28 @@ def test_no_private_name_crosses_modules():
     assert not bad, "\n".join(bad)
 
 
+def _exports(tree: ast.Module) -> set[str] | None:
+    """The names of a module's literal ``__all__``, or None where it has none."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def test_what_a_module_imports_of_another_is_in_its_all():
+    """A module with an ``__all__`` lists there every name another module of the package imports from it."""
+    trees = dict(_trees())
+    exports = {m: _exports(tree) for m, tree in trees.items()}
+    bad = []
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (base := _base(m, node)) in MODULES and base != m \
+                    and exports[base] is not None:
+                bad += [f"{m} imports {base}.{a.name}, not in its __all__" for a in node.names
+                        if f"{base}.{a.name}" not in MODULES and a.name not in exports[base]]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_two_checks_see_each_form():
     """The checkers on code that breaks the rules in every form they look for (and on allowed forms)."""
     src = """

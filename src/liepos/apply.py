@@ -26,8 +26,9 @@ import torch
 from liepos.generator import Generator
 from liepos.tables import Plan, Tables
 
-__all__ = ["apply_dense", "apply_in_basis", "apply_tables", "work_dtype"]
+__all__ = ["LOW_PRECISION", "apply_dense", "apply_in_basis", "apply_tables", "work_dtype"]
 
+# the half-precision dtypes, computed in float32 (:func:`work_dtype`) and cast back once
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 

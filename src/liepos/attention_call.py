@@ -20,8 +20,9 @@ from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.masks import strictly_increasing
 
-__all__ = ["Call", "Inputs", "prepare", "bind", "expand_batch", "key_times"]
+__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "expand_batch", "key_times"]
 
+# the half-precision dtypes of an attention call, whose working dtype is float32
 LOW = (torch.float16, torch.bfloat16)
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as Fn
 
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 
-__all__ = ["pieces", "available", "Rows", "Tile", "tiles", "made"]
+__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "tiles", "made"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward

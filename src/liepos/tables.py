@@ -31,8 +31,10 @@ from liepos._angles import reduced_angle as _exact_reduced_angle
 from liepos.generator import Generator
 from liepos.structure import Structure
 
-__all__ = ["Plan", "Tables", "build_tables", "check_range", "make_plan", "reduced_angle", "storage_order"]
+__all__ = ["LAYOUTS", "Plan", "Tables", "build_tables", "check_range", "make_plan", "reduced_angle", "storage_order"]
 
+# the two storage orders of a rotation plane's two columns: adjacent (interleaved, GPT-J) or one in each half
+# of the head (half, GPT-NeoX and Llama)
 LAYOUTS = ("interleaved", "half")
 
 def reduced_angle(freq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-__all__ = ["Bridge", "Encoder", "Linearized", "Probe", "ProbeError", "rel"]
+__all__ = ["TINY", "Bridge", "Encoder", "Linearized", "Probe", "ProbeError", "Side", "rel"]
 
 Encoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -99,6 +99,7 @@ class Linearized:
         return y * rms
 
 
+# one side (query or key) of the encoding under probe, as the diagnosis reads it
 Side = Probe | Linearized
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "SpecEncoding",
     "decoder_entries",
     "from_spec",
+    "number_or_text",
     "one_axis",
     "parse_part",
     "parse_spec",

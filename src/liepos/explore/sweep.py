@@ -36,7 +36,7 @@ from liepos.explore.tasks import PasskeyTask, Task, make_task
 from liepos.explore.train import Dist, TrainConfig, train_run
 from liepos.explore.usage import block_usage
 
-__all__ = ["LEARNED_ACC", "METRICS", "collect", "eval_docs", "learned", "refusal", "summarise", "sweep"]
+__all__ = ["LEARNED_ACC", "METRICS", "RunFileError", "collect", "eval_docs", "learned", "refusal", "summarise", "sweep"]
 
 # a synthetic task is learned when its accuracy at the training length reaches this (the study's bar)
 LEARNED_ACC = 0.9

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PACKED_KEYS", "documents", "restarted", "per_document"]
+__all__ = ["PACKED_KEYS", "check_row", "documents", "restarted", "per_document"]
 
 # the FlashAttentionKwargs of a padding-free batch, consumed here (never passed on to a backend)
 PACKED_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
