@@ -1,7 +1,9 @@
 """The map of ARCHITECTURE.md, enforced: every import of every module of src/liepos (top-level, inside
 functions, and ``importlib.import_module`` of a constant name) is read with ``ast``; there is no cycle,
 no module imports a higher layer, the data path from ``Encoding.query`` to the kernels only goes down,
-no module passes 800 lines and no function 80 lines outside a short list of numerical kernels."""
+no module passes 800 lines and no function 80 lines outside a short list of numerical kernels; no module
+of the package imports the facade, none uses another's private name, what one imports of another is in
+that one's ``__all__``, and the page's layer table is ``LAYERS`` row for row."""
 
 from __future__ import annotations
 
