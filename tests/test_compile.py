@@ -284,19 +284,35 @@ def test_compiled_equals_eager_with_the_one_pass_kernel_inside():
     assert not _kernels.status()["failed"]
 
 
+def _opcheck_encodings():
+    return (lp.alibi(2, 8), lp.rope(8), lp.xpos(8, layout="half"), _mixed_jordan_nope(), lp.nope(8))
+
+
+@pytest.mark.slow  # the whole grid: 5 encodings x 4 ways of giving positions x 2 sides x 2 dtypes, 4 ops
+def test_ops_meet_their_fakes_and_autograd_over_the_grid():
+    _opcheck_grid(_opcheck_encodings(), range(4), ("query", "key"), (torch.float64, torch.bfloat16))
+
+
 def test_ops_meet_their_fakes_and_autograd_and_the_constant_marker_is_dynamos():
-    encs = (lp.alibi(2, 8), lp.rope(8), lp.xpos(8, layout="half"), _mixed_jordan_nope(), lp.nope(8))
+    """One representative case per op for the fast lane: ALiBi (slots, a width change) and a
+    Jordan + NoPE sum (a coupling), int64 positions with an origin, the key side, bfloat16."""
+    alibi, _, _, jordan, _ = _opcheck_encodings()
+    _opcheck_grid((alibi, jordan), (3,), ("key",), (torch.bfloat16,))
+    _the_constant_marker_is_dynamos()
+
+
+def _opcheck_grid(encs, which, sides, dtypes):
     for enc in encs:
         i = _graph.graph_id(enc)
         assert _graph.graph_id(enc) == i
         # the positions as the caller gives them (None, int64, float64 per batch element) and an origin
         cases = ((torch.arange(5, dtype=torch.float64), None), (torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5,
                  None), (None, torch.tensor(2.0, dtype=torch.float64)), (torch.arange(4) + 7, torch.tensor([3.0])))
-        for pos, origin in cases:
+        for pos, origin in (cases[j] for j in which):
             S = 4 if pos is None else pos.shape[-1]
             B = 1 if pos is None or pos.dim() == 1 else pos.shape[0]
-            for side in ("query", "key"):
-                for dtype in (torch.float64, torch.bfloat16):
+            for side in sides:
+                for dtype in dtypes:
                     x = torch.randn(B, 2, S, enc.content_dim, dtype=torch.float64).to(dtype).requires_grad_()
                     torch.library.opcheck(torch.ops.liepos.encode.default, (x, pos, origin, i, side, True))
                     y = torch.ops.liepos.encode(x.detach(), pos, origin, i, side, True)
@@ -306,6 +322,9 @@ def test_ops_meet_their_fakes_and_autograd_and_the_constant_marker_is_dynamos():
                 xf = torch.randn(B, 2, S, enc.dim, dtype=torch.float64)
                 torch.library.opcheck(torch.ops.liepos.encode_.default, (xf, pos, origin, i, side))
                 torch.library.opcheck(torch.ops.liepos.encode.default, (xf.requires_grad_(), pos, origin, i, side, False))
+
+
+def _the_constant_marker_is_dynamos():
     import copy
 
     enc = lp.rope(8)
