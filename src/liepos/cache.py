@@ -3,9 +3,15 @@
 Keys are stored as the caller gave them (before encoding) together with their times, so attention can
 encode them relative to any origin and under the current generator (a length-dependent generator such
 as dynamic NTK changes with the length: the cache never mixes keys encoded under another version).
-Encoded keys (and values, under a ``value_encoding``) of the current version are kept beside them, so
-a decode step encodes one new key only: at absolute times for pure rotations, at the cache's origin
-for re-centred encodings.
+Encoded keys (and values, under a ``value_encoding``) of the current version are kept beside them in
+one :class:`EncodedKeys` store, so a decode step encodes one new key only: at absolute times for pure
+rotations, at the store's origin for re-centred encodings.
+
+Every tensor grows along its positions in a capacity buffer (:class:`Rows`): appending writes in place
+and the buffer doubles when full, so a generation of ``n`` steps copies ``O(n)`` positions in all (not
+the ``O(n²)`` of concatenating the whole cache every step); readers get views of the filled part. Under
+autograd (a tensor that requires a gradient) a write concatenates instead, so no tensor an earlier step
+saved for its backward is ever changed in place.
 
 Every check runs in :meth:`KVCache.check` before anything is stored: a refused call (a wrong batch
 size, dtype, head count or a time that goes back) leaves the cache as it was.
@@ -20,7 +26,156 @@ import torch
 
 from liepos._checks import all_finite
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "EncodedKeys", "Rows", "GROW"]
+
+GROW = 64  # a capacity buffer holds at least this many positions, and at least doubles when it grows
+
+
+class Rows:
+    """One tensor grown along ``dim`` (its positions): a capacity buffer written in place, the first ``n`` filled.
+
+    ``write(n, new)`` puts ``new`` at positions ``n … n + S − 1`` and :meth:`view` hands out the filled
+    part. A full buffer is reallocated to ``max(2 · capacity, n + S, GROW)`` positions, so ``m`` writes of
+    one position reallocate ``O(log m)`` times. A buffer of batch one widens to ``new``'s batch (values
+    that depend on the times only, shared by the rows until a write brings per-row ones).
+    """
+
+    __slots__ = ("data", "dim")
+
+    def __init__(self, dim: int) -> None:
+        self.data: torch.Tensor | None = None  # the capacity buffer, or None before the first write
+        self.dim = dim
+
+    def view(self, n: int) -> torch.Tensor | None:
+        """The first ``n`` positions (a view of the buffer), None before the first write."""
+        return None if self.data is None else self.data.narrow(self.dim, 0, n)
+
+    def adopt(self, x: torch.Tensor | None) -> None:
+        """Hold ``x`` as the buffer (no copy). Positions past the filled count are free for later writes, so
+        adopt a tensor of exactly the filled size (the next write then reallocates) or a buffer this
+        store wrote itself."""
+        self.data = x
+
+    def write(self, n: int, new: torch.Tensor) -> None:
+        """Write ``new`` at positions ``n …`` (all earlier ones kept); raise if its other dims do not match."""
+        d, buf = self.dim % new.dim(), self.data
+        S = new.shape[d]
+        if buf is not None and (buf.dim() != new.dim() or any(
+                a != b for i, (a, b) in enumerate(zip(buf.shape, new.shape)) if i not in (0, d))):
+            raise ValueError(f"rows of shape {tuple(new.shape)} do not extend a buffer of shape {tuple(buf.shape)} "
+                             f"along dim {d}")
+        if torch.is_grad_enabled() and (new.requires_grad or (buf is not None and buf.requires_grad)):
+            # autograd: nothing changes in place (an earlier step may have saved the buffer for its backward)
+            self.data = new if buf is None or n == 0 else torch.cat((buf.narrow(d, 0, n), new), dim=d)
+            return
+        B = new.shape[0] if buf is None else max(buf.shape[0], new.shape[0])
+        if buf is None or n + S > buf.shape[d] or buf.shape[0] != B:
+            cap = max(2 * buf.shape[d], n + S, GROW) if buf is not None and n + S > buf.shape[d] else (
+                buf.shape[d] if buf is not None else max(n + S, GROW))
+            shape = list(new.shape)
+            shape[0], shape[d] = B, cap
+            out = new.new_empty(shape)
+            if buf is not None and n:
+                out.narrow(d, 0, n).copy_(buf.narrow(d, 0, n))  # a batch of one broadcast to B rows
+            self.data = buf = out
+        buf.narrow(d, n, S).copy_(new)
+
+
+class EncodedKeys:
+    """Keys kept encoded at an origin ``o``: stored as ``A(o − s) k = G(s − o) k``, so a query encoded at
+    ``t − o`` (``F(t − o) q``) meets them as ``qᵀ A(t − s) k``::
+
+        (F(t − o) q)ᵀ (G(s − o) k) = qᵀ A(t − s) k          (F(u)ᵀ G(w) = A(u − w))
+
+    The score does not depend on ``o``, so a decode step encodes only its query and its new keys at the
+    store's origin and appends them (:meth:`append`). ``origin`` is None for keys encoded at their absolute
+    times (pure rotations: ``o = 0``), a float shared by the rows, or a tensor ``(B,)`` (one per row).
+    ``span`` is the origin's budget: the largest ``|t − o|`` of a query or a new key for which ``F(t − o)``
+    and ``G(s − o)`` stay finite and exact (:meth:`within`). When a time leaves it the caller encodes
+    every key afresh from the raw keys at a new origin (:meth:`reencode`: no transport, so no drift).
+    ``version`` stamps what the encoded values depend on (the encoding's parameters, dtype, heads, …):
+    a store of another version is re-encoded, never mixed.
+
+    The store holds named parts of ``n`` positions each, ``(B, H, n, d)`` (encoded keys ``"k"``, values,
+    slot values, per-key factors: whatever its user encodes per key), grown in place (:class:`Rows`);
+    :meth:`get` hands out views of the filled part.
+    """
+
+    def __init__(self, version: Any = None, origin: Any = None, span: float = math.inf) -> None:
+        self.version = version
+        self.origin = origin
+        self.span = span
+        self._n = 0
+        self._parts: dict[str, Rows] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._parts
+
+    def get(self, name: str) -> torch.Tensor | None:
+        """Part ``name`` at the ``n`` stored positions ``(B, H, n, d)`` (a view), None if the store has none."""
+        rows = self._parts.get(name)
+        return None if rows is None else rows.view(self._n)
+
+    def append(self, count: int | None = None, **parts: torch.Tensor) -> None:
+        """Append ``S`` positions: each part ``(B, H, S, d)`` encoded at the store's origin (``count`` = S
+        when no part is given: positions whose encoding the store does not keep). Once the store holds
+        parts, every append brings the same ones."""
+        sizes = {x.shape[-2] for x in parts.values()}
+        S = count if count is not None else (sizes.pop() if len(sizes) == 1 else None)
+        if S is None or sizes - {S} or (count is not None and sizes and sizes != {count}):
+            raise ValueError(f"parts of {sorted({x.shape[-2] for x in parts.values()})} positions and count={count!r}"
+                             " do not give one number of positions to append")
+        if self._n and set(parts) != set(self._parts):
+            raise ValueError(f"the store holds the parts {sorted(self._parts)}, an append brings {sorted(parts)}")
+        for name, x in parts.items():
+            self._parts.setdefault(name, Rows(-2)).write(self._n, x)
+        self._n += S
+
+    def reencode(self, version: Any, origin: Any = None, span: float = math.inf, count: int = 0,
+                 **parts: torch.Tensor) -> None:
+        """Replace every key: ``parts`` ``(B, H, n, d)`` are all ``n`` keys encoded afresh (from the raw keys)
+        at ``origin`` under ``version`` (no part, ``count`` 0: an empty store of that version). The tensors
+        are held as they are (no copy); the next append reallocates."""
+        sizes = {x.shape[-2] for x in parts.values()} or {count}
+        if len(sizes) != 1 or (parts and count and sizes != {count}):
+            raise ValueError(f"parts of {sorted(sizes)} positions and count={count} are not one set of keys")
+        self.version, self.origin, self.span = version, origin, span
+        self._parts = {}
+        for name, x in parts.items():
+            self._parts[name] = Rows(-2)
+            self._parts[name].adopt(x)
+        self._n = sizes.pop()
+
+    def clear(self) -> None:
+        """Forget every encoded key and the origin (the next use encodes afresh)."""
+        self.reencode(None, None)
+
+    def within(self, times: torch.Tensor) -> bool:
+        """Whether every time ``(B, S)`` lies within ``span`` of its row's origin (``|t − o| ≤ span``)."""
+        if times.numel() == 0:
+            return True
+        o = self.origin.unsqueeze(-1) if isinstance(self.origin, torch.Tensor) else (self.origin or 0.0)
+        return float((times - o).detach().abs().max()) <= self.span
+
+    def within_range(self, lo: float, hi: float) -> bool:
+        """Whether times from ``lo`` to ``hi`` lie within ``span`` of a float origin."""
+        return max(hi - self.origin, self.origin - lo) <= self.span
+
+    def state(self) -> tuple:
+        """What :meth:`restore` needs to undo every later append or re-encode (buffers are never
+        overwritten below the stored count, and a re-encode replaces them)."""
+        return self.version, self.origin, self.span, self._n, {k: r.data for k, r in self._parts.items()}
+
+    def restore(self, state: tuple) -> None:
+        """Put the store back as it was at :meth:`state`."""
+        self.version, self.origin, self.span, self._n, data = state
+        self._parts = {}
+        for name, x in data.items():
+            self._parts[name] = Rows(-2)
+            self._parts[name].adopt(x)
 
 
 class KVCache:
@@ -39,21 +194,48 @@ class KVCache:
     >>> step = attention(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], enc, cache=cache)
     >>> bool(torch.allclose(torch.cat((pre, step), 2), attention(q, k, v, enc)))
     True
+
+    ``k``, ``v``, ``times``, ``keep`` and ``docs`` are views of capacity buffers (read them, never write
+    them); :attr:`encoded` is the :class:`EncodedKeys` store of the current encoding, which attention
+    appends to and re-encodes through its methods.
     """
 
     def __init__(self) -> None:
-        self.k: torch.Tensor | None = None  # (B, Hk, S, D) raw keys
-        self.v: torch.Tensor | None = None  # (B, Hk, S, Dv) raw values
-        self.times: torch.Tensor | None = None  # (B, S) or (B, S, axes) float64
-        self.keep: torch.Tensor | None = None  # (B, S) bool: False for padding
-        self.docs: torch.Tensor | None = None  # (B, S) long document ids
+        self._n = 0
+        self._k, self._v = Rows(-2), Rows(-2)  # (B, Hk, S, D) raw keys, (B, Hk, S, Dv) raw values
+        self._times = Rows(1)  # (B, S) or (B, S, axes) float64
+        self._keep = Rows(1)  # (B, S) bool: False for padding
+        self._docs = Rows(1)  # (B, S) long document ids
         self.finite = True  # every cached key and value is finite
-        self._enc: dict[str, torch.Tensor] = {}  # "k" / "v": encoded under _enc_version at _origin
-        self._enc_version: Any = None
-        self._origin: torch.Tensor | None = None  # (B,) origin of the encoded keys (re-centred encodings)
+        self.encoded = EncodedKeys()  # the keys (and values) encoded under one version at one origin
 
     def __len__(self) -> int:
-        return 0 if self.k is None else int(self.k.shape[-2])
+        return self._n
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        """``(B, Hk, S, D)`` the raw keys (a view), None while empty."""
+        return self._k.view(self._n)
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        """``(B, Hk, S, Dv)`` the raw values (a view), None while empty."""
+        return self._v.view(self._n)
+
+    @property
+    def times(self) -> torch.Tensor | None:
+        """``(B, S)`` (or ``(B, S, axes)``) float64 key times (a view), None while empty."""
+        return self._times.view(self._n)
+
+    @property
+    def keep(self) -> torch.Tensor | None:
+        """``(B, S)`` bool, False for padding (a view), None while empty."""
+        return self._keep.view(self._n)
+
+    @property
+    def docs(self) -> torch.Tensor | None:
+        """``(B, S)`` document ids (a view), None when none were given."""
+        return self._docs.view(self._n)
 
     def reset(self) -> None:
         """Forget every key."""
@@ -69,22 +251,23 @@ class KVCache:
         """Raise (changing nothing) unless keys ``(B, H, S, D)``, values, times ``(B, S)`` can be appended."""
         if self.k is None:
             return
+        ck, cv, ct = self.k, self.v, self.times
         if (self.docs is None) != (docs is None):
             raise ValueError("document ids must be given on every call to a KVCache or on none")
-        if k.shape[:2] != self.k.shape[:2] or k.shape[-1] != self.k.shape[-1] or v.shape[-1] != self.v.shape[-1]:
+        if k.shape[:2] != ck.shape[:2] or k.shape[-1] != ck.shape[-1] or v.shape[-1] != cv.shape[-1]:
             raise ValueError(
                 f"`k` of shape {tuple(k.shape)} and `v` of shape {tuple(v.shape)} do not match the cached keys "
-                f"{tuple(self.k.shape)} and values {tuple(self.v.shape)} (batch, heads and dims must stay)"
+                f"{tuple(ck.shape)} and values {tuple(cv.shape)} (batch, heads and dims must stay)"
             )
-        if k.dtype != self.k.dtype or v.dtype != self.v.dtype or k.device != self.k.device:
+        if k.dtype != ck.dtype or v.dtype != cv.dtype or k.device != ck.device:
             raise TypeError(
-                f"`k` and `v` must keep the cached dtype {self.k.dtype} on {self.k.device}, got {k.dtype} on {k.device}"
+                f"`k` and `v` must keep the cached dtype {ck.dtype} on {ck.device}, got {k.dtype} on {k.device}"
             )
-        if times.dim() != self.times.dim():
+        if times.dim() != ct.dim():
             raise ValueError("key positions must keep one shape (with or without an axes dim) across calls")
-        if times.dim() == 3 or times.shape[1] == 0 or self.times.shape[1] == 0:
+        if times.dim() == 3 or times.shape[1] == 0 or ct.shape[1] == 0:
             return  # several axes (B, S, axes): no total order of times; the cache keeps token order
-        last = torch.where(self.keep, self.times, torch.full_like(self.times, -math.inf)).amax(-1)
+        last = torch.where(self.keep, ct, torch.full_like(ct, -math.inf)).amax(-1)
         first = torch.where(keep, times, torch.full_like(times, math.inf)).amin(-1)
         if bool((first < last).any()):
             b = int(torch.nonzero(first < last)[0, 0])
@@ -95,20 +278,33 @@ class KVCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor, times: torch.Tensor, keep: torch.Tensor,
                docs: torch.Tensor | None) -> None:
-        """Append keys ``(B, H, S, D)``, values and their times ``(B, S)``; times must not go back."""
+        """Append keys ``(B, H, S, D)``, values and their times ``(B, S)``; times must not go back.
+
+        Written in place into the capacity buffers (amortised ``O(S)``); the encoded store is left to the
+        attention call, which appends the new keys' encodings or re-encodes."""
         self.check(k, v, times, keep, docs)
         finite = all_finite(k, v)
-        if self.k is None:
-            self.k, self.v, self.times, self.keep, self.docs = k, v, times, keep, docs
-            self.finite = finite
-            return
-        self.k = torch.cat((self.k, k), dim=-2)
-        self.v = torch.cat((self.v, v), dim=-2)
-        self.times = torch.cat((self.times, times), dim=1)
-        self.keep = torch.cat((self.keep, keep), dim=-1)
+        n = self._n
+        self._k.write(n, k)
+        self._v.write(n, v)
+        self._times.write(n, times)
+        self._keep.write(n, keep)
         if docs is not None:
-            self.docs = torch.cat((self.docs, docs), dim=-1)
-        self.finite = self.finite and finite
+            self._docs.write(n, docs)
+        self._n = n + k.shape[-2]
+        self.finite = finite if n == 0 else self.finite and finite
+
+    def state(self) -> tuple:
+        """What :meth:`restore` needs to undo every later append (and any change of the encoded store)."""
+        bufs = tuple(r.data for r in (self._k, self._v, self._times, self._keep, self._docs))
+        return self._n, bufs, self.finite, self.encoded.state()
+
+    def restore(self, state: tuple) -> None:
+        """Put the cache back as it was at :meth:`state` (a refused call of a group of several caches)."""
+        self._n, bufs, self.finite, enc = state
+        for r, x in zip((self._k, self._v, self._times, self._keep, self._docs), bufs):
+            r.adopt(x)
+        self.encoded.restore(enc)
 
     def last_times(self) -> torch.Tensor:
         """``(B, 1)`` the latest cached time of each row (several axes: the largest coordinate)."""
