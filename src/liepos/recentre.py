@@ -35,7 +35,7 @@ from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
 
-__all__ = ["recentred", "bias_mask", "constant_bias", "linear_bias", "MAX_EXPONENT", "POLY_SPAN"]
+__all__ = ["recentred", "bias_mask", "constant_bias", "linear_bias", "origin_span", "MAX_EXPONENT", "POLY_SPAN"]
 
 # largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
 MAX_EXPONENT = 30.0
@@ -65,6 +65,16 @@ def budget(call: Call) -> tuple[float, float, float]:
     limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
     return rate, limit, _poly_span(call.enc, work) if call.venc is None else min(
         _poly_span(call.enc, work), _poly_span(call.venc, work))
+
+
+def origin_span(enc: Encoding, dtype: torch.dtype) -> float:
+    """The largest ``|t − o|`` of a query or key around one origin for ``enc`` on inputs of ``dtype``:
+    ``min(limit / max |λ|, poly span)``, the :func:`budget` of a call with this encoding (a cache
+    store's span, :class:`liepos.cache.EncodedKeys`)."""
+    work = torch.float32 if dtype in LOW else dtype
+    rate = enc.generator.bounds()[0]
+    limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
+    return min(limit / rate if rate > 0 else math.inf, _poly_span(enc, work))
 
 
 def _poly_span(enc: Encoding, work: torch.dtype) -> float:
