@@ -102,11 +102,24 @@ class EncodedKeys:
     """
 
     def __init__(self, version: Any = None, origin: Any = None, span: float = math.inf) -> None:
-        self.version = version
-        self.origin = origin
-        self.span = span
+        self._version, self._origin, self._span = version, origin, span
         self._n = 0
         self._parts: dict[str, Rows] = {}
+
+    @property
+    def version(self) -> Any:
+        """What the encoded values depend on (None: nothing encoded yet)."""
+        return self._version
+
+    @property
+    def origin(self) -> Any:
+        """The origin ``o`` the keys are encoded at: None (absolute times), a float, or ``(B,)`` per row."""
+        return self._origin
+
+    @property
+    def span(self) -> float:
+        """The origin's budget: the largest ``|t − o|`` of a query or new key."""
+        return self._span
 
     def __len__(self) -> int:
         return self._n
@@ -142,7 +155,7 @@ class EncodedKeys:
         sizes = {x.shape[-2] for x in parts.values()} or {count}
         if len(sizes) != 1 or (parts and count and sizes != {count}):
             raise ValueError(f"parts of {sorted(sizes)} positions and count={count} are not one set of keys")
-        self.version, self.origin, self.span = version, origin, span
+        self._version, self._origin, self._span = version, origin, span
         self._parts = {}
         for name, x in parts.items():
             self._parts[name] = Rows(-2)
@@ -167,11 +180,11 @@ class EncodedKeys:
     def state(self) -> tuple:
         """What :meth:`restore` needs to undo every later append or re-encode (buffers are never
         overwritten below the stored count, and a re-encode replaces them)."""
-        return self.version, self.origin, self.span, self._n, {k: r.data for k, r in self._parts.items()}
+        return self._version, self._origin, self._span, self._n, {k: r.data for k, r in self._parts.items()}
 
     def restore(self, state: tuple) -> None:
         """Put the store back as it was at :meth:`state`."""
-        self.version, self.origin, self.span, self._n, data = state
+        self._version, self._origin, self._span, self._n, data = state
         self._parts = {}
         for name, x in data.items():
             self._parts[name] = Rows(-2)
@@ -206,11 +219,21 @@ class KVCache:
         self._times = Rows(1)  # (B, S) or (B, S, axes) float64
         self._keep = Rows(1)  # (B, S) bool: False for padding
         self._docs = Rows(1)  # (B, S) long document ids
-        self.finite = True  # every cached key and value is finite
-        self.encoded = EncodedKeys()  # the keys (and values) encoded under one version at one origin
+        self._finite = True  # every cached key and value is finite
+        self._encoded = EncodedKeys()  # the keys (and values) encoded under one version at one origin
 
     def __len__(self) -> int:
         return self._n
+
+    @property
+    def finite(self) -> bool:
+        """Whether every cached key and value is finite."""
+        return self._finite
+
+    @property
+    def encoded(self) -> EncodedKeys:
+        """The store of the keys (and values) encoded under the current version at one origin."""
+        return self._encoded
 
     @property
     def k(self) -> torch.Tensor | None:
@@ -292,19 +315,19 @@ class KVCache:
         if docs is not None:
             self._docs.write(n, docs)
         self._n = n + k.shape[-2]
-        self.finite = finite if n == 0 else self.finite and finite
+        self._finite = finite if n == 0 else self._finite and finite
 
     def state(self) -> tuple:
         """What :meth:`restore` needs to undo every later append (and any change of the encoded store)."""
         bufs = tuple(r.data for r in (self._k, self._v, self._times, self._keep, self._docs))
-        return self._n, bufs, self.finite, self.encoded.state()
+        return self._n, bufs, self._finite, self._encoded.state()
 
     def restore(self, state: tuple) -> None:
         """Put the cache back as it was at :meth:`state` (a refused call of a group of several caches)."""
-        self._n, bufs, self.finite, enc = state
+        self._n, bufs, self._finite, enc = state
         for r, x in zip((self._k, self._v, self._times, self._keep, self._docs), bufs):
             r.adopt(x)
-        self.encoded.restore(enc)
+        self._encoded.restore(enc)
 
     def last_times(self) -> torch.Tensor:
         """``(B, 1)`` the latest cached time of each row (several axes: the largest coordinate)."""
