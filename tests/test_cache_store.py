@@ -95,7 +95,7 @@ def test_reencoding_at_a_new_origin_keeps_every_score():
 
 
 def test_rows_refuse_other_shapes_and_widen_a_batch_of_one():
-    r = Rows(-2)
+    r = Rows(2)
     r.write(0, torch.ones(1, 2, 3, 4))
     r.write(3, torch.full((3, 2, 1, 4), 2.0))  # a batch of one widens: the earlier rows broadcast
     assert r.view(4).shape == (3, 2, 4, 4) and torch.equal(r.view(4)[:, :, :3], torch.ones(3, 2, 3, 4))

@@ -37,12 +37,15 @@ class Rows:
     ``write(n, new)`` puts ``new`` at positions ``n … n + S − 1`` and :meth:`view` hands out the filled
     part. A full buffer is reallocated to ``max(2 · capacity, n + S, GROW)`` positions, so ``m`` writes of
     one position reallocate ``O(log m)`` times. A buffer of batch one widens to ``new``'s batch (values
-    that depend on the times only, shared by the rows until a write brings per-row ones).
+    that depend on the times only, shared by the rows until a write brings per-row ones). Under autograd
+    (``new`` or the buffer requires a gradient) a write concatenates instead: nothing changes in place.
     """
 
     __slots__ = ("data", "dim")
 
     def __init__(self, dim: int) -> None:
+        if dim < 1:
+            raise ValueError(f"`dim` must be a positive dim after the batch dim, got {dim}")
         self.data: torch.Tensor | None = None  # the capacity buffer, or None before the first write
         self.dim = dim
 
@@ -58,26 +61,30 @@ class Rows:
 
     def write(self, n: int, new: torch.Tensor) -> None:
         """Write ``new`` at positions ``n …`` (all earlier ones kept); raise if its other dims do not match."""
-        d, buf = self.dim % new.dim(), self.data
+        d, buf = self.dim, self.data
         S = new.shape[d]
-        if buf is not None and (buf.dim() != new.dim() or any(
-                a != b for i, (a, b) in enumerate(zip(buf.shape, new.shape)) if i not in (0, d))):
-            raise ValueError(f"rows of shape {tuple(new.shape)} do not extend a buffer of shape {tuple(buf.shape)} "
-                             f"along dim {d}")
-        if torch.is_grad_enabled() and (new.requires_grad or (buf is not None and buf.requires_grad)):
-            # autograd: nothing changes in place (an earlier step may have saved the buffer for its backward)
-            self.data = new if buf is None or n == 0 else torch.cat((buf.narrow(d, 0, n), new), dim=d)
-            return
-        B = new.shape[0] if buf is None else max(buf.shape[0], new.shape[0])
-        if buf is None or n + S > buf.shape[d] or buf.shape[0] != B:
-            cap = max(2 * buf.shape[d], n + S, GROW) if buf is not None and n + S > buf.shape[d] else (
-                buf.shape[d] if buf is not None else max(n + S, GROW))
+        if buf is None:
+            if new.requires_grad and torch.is_grad_enabled():
+                self.data = new  # autograd: held as given (nothing will be written into it)
+                return
             shape = list(new.shape)
-            shape[0], shape[d] = B, cap
-            out = new.new_empty(shape)
-            if buf is not None and n:
-                out.narrow(d, 0, n).copy_(buf.narrow(d, 0, n))  # a batch of one broadcast to B rows
-            self.data = buf = out
+            shape[d] = max(S, GROW)
+            self.data = buf = new.new_empty(shape)
+        else:
+            ns, bs = tuple(new.shape), tuple(buf.shape)
+            if len(ns) != len(bs) or ns[1:d] != bs[1:d] or ns[d + 1:] != bs[d + 1:]:
+                raise ValueError(f"rows of shape {ns} do not extend a buffer of shape {bs} along dim {d}")
+            if (new.requires_grad or buf.requires_grad) and torch.is_grad_enabled():
+                # autograd: nothing changes in place (an earlier step may have saved the buffer for its backward)
+                self.data = new if n == 0 else torch.cat((buf.narrow(d, 0, n), new), dim=d)
+                return
+            if n + S > bs[d] or bs[0] < ns[0]:
+                shape = list(ns)
+                shape[0], shape[d] = max(bs[0], ns[0]), max(2 * bs[d], n + S, GROW) if n + S > bs[d] else bs[d]
+                out = new.new_empty(shape)
+                if n:
+                    out.narrow(d, 0, n).copy_(buf.narrow(d, 0, n))  # a batch of one broadcast to the new rows
+                self.data = buf = out
         buf.narrow(d, n, S).copy_(new)
 
 
@@ -136,16 +143,25 @@ class EncodedKeys:
         """Append ``S`` positions: each part ``(B, H, S, d)`` encoded at the store's origin (``count`` = S
         when no part is given: positions whose encoding the store does not keep). Once the store holds
         parts, every append brings the same ones."""
-        sizes = {x.shape[-2] for x in parts.values()}
-        S = count if count is not None else (sizes.pop() if len(sizes) == 1 else None)
-        if S is None or sizes - {S} or (count is not None and sizes and sizes != {count}):
-            raise ValueError(f"parts of {sorted({x.shape[-2] for x in parts.values()})} positions and count={count!r}"
+        S = count
+        for x in parts.values():
+            if S is None:
+                S = x.shape[2]
+            elif x.shape[2] != S:
+                S = None
+                break
+        if S is None:
+            raise ValueError(f"parts of {sorted({x.shape[2] for x in parts.values()})} positions and count={count!r}"
                              " do not give one number of positions to append")
-        if self._n and set(parts) != set(self._parts):
-            raise ValueError(f"the store holds the parts {sorted(self._parts)}, an append brings {sorted(parts)}")
+        n, held = self._n, self._parts
+        if n and parts.keys() != held.keys():
+            raise ValueError(f"the store holds the parts {sorted(held)}, an append brings {sorted(parts)}")
         for name, x in parts.items():
-            self._parts.setdefault(name, Rows(-2)).write(self._n, x)
-        self._n += S
+            rows = held.get(name)
+            if rows is None:
+                rows = held[name] = Rows(2)
+            rows.write(n, x)
+        self._n = n + S
 
     def reencode(self, version: Any, origin: Any = None, span: float = math.inf, count: int = 0,
                  **parts: torch.Tensor) -> None:
@@ -158,7 +174,7 @@ class EncodedKeys:
         self._version, self._origin, self._span = version, origin, span
         self._parts = {}
         for name, x in parts.items():
-            self._parts[name] = Rows(-2)
+            self._parts[name] = Rows(2)
             self._parts[name].adopt(x)
         self._n = sizes.pop()
 
@@ -187,7 +203,7 @@ class EncodedKeys:
         self._version, self._origin, self._span, self._n, data = state
         self._parts = {}
         for name, x in data.items():
-            self._parts[name] = Rows(-2)
+            self._parts[name] = Rows(2)
             self._parts[name].adopt(x)
 
 
@@ -215,7 +231,7 @@ class KVCache:
 
     def __init__(self) -> None:
         self._n = 0
-        self._k, self._v = Rows(-2), Rows(-2)  # (B, Hk, S, D) raw keys, (B, Hk, S, Dv) raw values
+        self._k, self._v = Rows(2), Rows(2)  # (B, Hk, S, D) raw keys, (B, Hk, S, Dv) raw values
         self._times = Rows(1)  # (B, S) or (B, S, axes) float64
         self._keep = Rows(1)  # (B, S) bool: False for padding
         self._docs = Rows(1)  # (B, S) long document ids
