@@ -237,3 +237,14 @@ self._fine = 1
 cache.public = 1
 """
     assert len(_foreign_private_writes("liepos.x", ast.parse(src))) == 9
+
+
+def test_a_prefill_under_inference_mode_decodes_outside_it():
+    enc = lp.rope(8)
+    q, k, v = (_rand(1, 2, 10, 8, seed=s) for s in (15, 16, 17))
+    cache = KVCache()
+    with torch.inference_mode():
+        pre = attention(q[:, :, :9], k[:, :, :9], v[:, :, :9], enc, cache=cache)
+    with torch.no_grad():
+        step = attention(q[:, :, 9:], k[:, :, 9:], v[:, :, 9:], enc, cache=cache)
+    assert torch.allclose(torch.cat((pre, step), 2), attention(q, k, v, enc), atol=1e-12, rtol=0)

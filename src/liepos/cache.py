@@ -78,7 +78,8 @@ class Rows:
                 # autograd: nothing changes in place (an earlier step may have saved the buffer for its backward)
                 self.data = new if n == 0 else torch.cat((buf.narrow(d, 0, n), new), dim=d)
                 return
-            if n + S > bs[d] or bs[0] < ns[0]:
+            if n + S > bs[d] or bs[0] < ns[0] or (buf.is_inference() and not torch.is_inference_mode_enabled()):
+                # full, a batch to widen, or a buffer made under inference_mode written outside it: a new one
                 shape = list(ns)
                 shape[0], shape[d] = max(bs[0], ns[0]), max(2 * bs[d], n + S, GROW) if n + S > bs[d] else bs[d]
                 out = new.new_empty(shape)

@@ -3,8 +3,10 @@
 A layer whose encoding is not a fixed rotation (xPos, RetNet, decays, ALiBi's slots, Jordan blocks)
 caches *raw* keys in Hugging Face's cache (:mod:`liepos.interop.hf_model`). Encoding every cached key
 again at each step would cost one pass over the cache per step before attention even starts; instead
-each layer keeps beside HF's cache the keys encoded at one *origin* ``o``, ``G(s − o) k``, and a step
-encodes only its query and its new key, because the score does not depend on ``o``::
+each layer keeps beside HF's cache the keys encoded at one *origin* ``o``, ``G(s − o) k``, in the
+store :class:`liepos.KVCache` uses (:class:`liepos.cache.EncodedKeys`: growth in place, the origin's
+span, re-encoding), and a step encodes only its query and its new key, because the score does not
+depend on ``o``::
 
     (F(t − o) q)ᵀ (G(s − o) k) = qᵀ A(t − s) k
 
