@@ -56,25 +56,33 @@ def _max_rate(enc: Encoding | None) -> float:
         return float(r.detach().abs().max()) if r.numel() else 0.0
 
 
+def _limit(dtype: torch.dtype) -> float:
+    """The exponent budget for inputs of ``dtype``: e^{±budget} factors on both sides stay far inside its range."""
+    work = torch.float32 if dtype in LOW else dtype
+    return min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
+
+
 def budget(call: Call) -> tuple[float, float, float]:
     """(max |λ|, exponent budget, time span allowed for polynomial parts) of the call's encodings."""
     rate = max(_max_rate(call.enc), _max_rate(call.venc))
     dtype = call.q.dtype
     work = torch.float32 if dtype in LOW else dtype
-    # e^{±budget} factors on both sides must stay far inside the dtype's range
-    limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
-    return rate, limit, _poly_span(call.enc, work) if call.venc is None else min(
+    return rate, _limit(dtype), _poly_span(call.enc, work) if call.venc is None else min(
         _poly_span(call.enc, work), _poly_span(call.venc, work))
 
 
 def origin_span(enc: Encoding, dtype: torch.dtype) -> float:
     """The largest ``|t − o|`` of a query or key around one origin for ``enc`` on inputs of ``dtype``:
-    ``min(limit / max |λ|, poly span)``, the :func:`budget` of a call with this encoding (a cache
-    store's span, :class:`liepos.cache.EncodedKeys`)."""
+    ``min(limit / max |λ|, poly span)``, the :func:`budget` of a call with this encoding as one number
+    (a cache store's span, :class:`liepos.cache.EncodedKeys`)."""
     work = torch.float32 if dtype in LOW else dtype
-    rate = enc.generator.bounds()[0]
-    limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
-    return min(limit / rate if rate > 0 else math.inf, _poly_span(enc, work))
+    return _span((enc.generator.bounds()[0], _limit(dtype), _poly_span(enc, work)))
+
+
+def _span(b: tuple[float, float, float]) -> float:
+    """The largest ``|t − o|`` the budget ``b`` allows around one origin: a cache store's span."""
+    rate, limit, poly_span = b
+    return min(limit / rate if rate > 0 else math.inf, poly_span)
 
 
 def _poly_span(enc: Encoding, work: torch.dtype) -> float:
@@ -489,12 +497,6 @@ def _window_starts(call: Call, qe: torch.Tensor, lo: int, slopes: torch.Tensor, 
 
 def _version(call: Call) -> tuple:
     return ("origin", call.enc.version, None if call.venc is None else call.venc.version)
-
-
-def _span(b: tuple[float, float, float]) -> float:
-    """The largest ``|t − o|`` the budget ``b`` allows around one origin: a cache store's span."""
-    rate, limit, poly_span = b
-    return min(limit / rate if rate > 0 else math.inf, poly_span)
 
 
 def _reset_cache_origin(call: Call, b) -> None:
