@@ -320,11 +320,11 @@ def test_per_head_keys_over_grouped_heads(name):
         full = model(x[:, :-1], use_cache=False).logits[:, 39:]
     assert (steps - full).abs().max() < 5e-5
     st = cache.__dict__[hf_decode.STORES][0]
-    assert st.v is None and not st.own_v
+    assert "v" not in st.keys and not st.own_v
     if name == "retnet":
-        assert st.k.shape[1] == 2 and st.factor is not None and st.scale.shape[1] == 4
+        assert st.keys.get("k").shape[1] == 2 and st.factor is not None and st.keys.get("scale").shape[1] == 4
     else:
-        assert st.k.shape[1] == 4 and st.factor is None
+        assert st.keys.get("k").shape[1] == 4 and st.factor is None
 
 
 def test_grouped_and_factored_attention_equal_sdpa():

@@ -76,6 +76,7 @@ def constant_result(fn: Callable) -> Callable:
 
 _lock = threading.RLock()  # re-entrant: a weakref callback may run inside a locked block (GC)
 _registry: dict[str, list[weakref.ref]] = {}  # structure -> the live encodings of that structure
+_keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # encoding -> (version, its structure key)
 _rebuilt: dict[str, Any] = {}  # structures met first in a graph (a loaded program): rebuilt once, kept
 _hooks: dict[str, Callable] = {}  # "key" / "rebuild": liepos._graph_key's, installed when liepos is imported
 
@@ -102,12 +103,14 @@ def graph_id(enc: Any) -> str:
     never an id of one process. Written once per version of the encoding (a learned generator's step
     changes it)."""
     version = enc.version
-    memo = enc.__dict__.get("_graph_key")
+    with _lock:
+        memo = _keys.get(enc)
     if memo is not None and memo[0] == version:
         key = memo[1]
     else:
         key = _hook("key")(enc)
-        enc.__dict__["_graph_key"] = (version, key)
+        with _lock:
+            _keys[enc] = (version, key)
     with _lock:
         refs = [r for r in _registry.get(key, ()) if r() is not None]
         if not any(r() is enc for r in refs):  # every live twin is kept: one dying leaves the others found

@@ -134,28 +134,30 @@ def _nothing_to_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: Any
     return None
 
 
-def _encoded(call: Call, enc: Encoding, x: torch.Tensor, slot: str) -> torch.Tensor:
-    """Keys (``slot="k"``) or values (``"v"``) encoded at absolute times; a cache keeps them per version."""
-    cache = call.cache
-    if cache is None or x.shape[1] != cache.k.shape[1]:
-        return enc.key(x, call.kpos)
-    version = ("abs", call.enc.version, None if call.venc is None else call.venc.version)
-    if cache._enc_version != version:
-        cache._enc, cache._enc_version, cache._origin = {}, version, None
-    old = cache._enc.get(slot)
-    n_old = 0 if old is None else old.shape[-2]
-    if n_old == x.shape[-2]:
-        return old
-    new = enc.key(x[..., n_old:, :], call.kpos[:, n_old:])
-    cache._enc[slot] = new if n_old == 0 else torch.cat((old, new), dim=-2)
-    return cache._enc[slot]
+def _encoded(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values (values encoded under a ``value_encoding``) at absolute times. A cache keeps them
+    in its store (origin 0, per version), so a decode step encodes only its new keys."""
+    cache, venc = call.cache, call.venc
+    if cache is None or call.k.shape[1] != cache.k.shape[1]:
+        return call.enc.key(call.k, call.kpos), call.v if venc is None else venc.key(call.v, call.kpos)
+    store = cache.encoded
+    version = ("abs", call.enc.version, None if venc is None else venc.version)
+    if store.version != version:
+        store.reencode(version)  # an empty store of this version: every key is new below
+    n_old = len(store)
+    if n_old < call.k.shape[-2]:
+        kpos = call.kpos[:, n_old:]
+        new = {"k": call.enc.key(call.k[..., n_old:, :], kpos)}
+        if venc is not None:
+            new["v"] = venc.key(call.v[..., n_old:, :], kpos)
+        store.append(**new)
+    return store.get("k"), call.v if venc is None else store.get("v")
 
 
 def _plain(call: Call) -> torch.Tensor:
     """Pure rotations (no re-centring): encode at absolute times, one fused call where possible."""
     qe = call.enc.query(call.q, call.qpos)
-    ke = _encoded(call, call.enc, call.k, "k")
-    ve = call.v if call.venc is None else _encoded(call, call.venc, call.v, "v")
+    ke, ve = _encoded(call)
     if call.simple and call.sinks is not None and available(qe):
         y = pieces(qe, [(ke, ve, True)], call.c, call.sinks)  # the sink rides in the log-sum-exp
     elif call.simple or call.unmasked:

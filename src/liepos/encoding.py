@@ -258,7 +258,7 @@ class Encoding:
         if memo is not None and memo[0] == stamp:
             return memo[1]
         if memo is not None and memo[0][0] == stamp[0]:  # the same generator, other values: recompute its memos
-            self.generator.__dict__.pop("_memos", None)
+            self.generator.forget_memos()
         slots = None
         if self.query_slots is not None:
             flat = lambda t: tuple(t.reshape(-1).tolist())  # noqa: E731 - ([heads,] slots) -> (values,)

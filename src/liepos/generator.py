@@ -205,6 +205,10 @@ class Generator:
         w = self.freqs.detach().reshape(-1, self.num_blocks).tolist()  # (rows, blocks)
         return [(float(rr[i]), float(ww[i]), self.sizes[i]) for rr, ww in zip(r, w) for i in range(self.num_blocks)]
 
+    def forget_memos(self) -> None:
+        """Drop every value memoised from the parameters (after a new storage of the same values' tensors)."""
+        self.__dict__.pop("_memos", None)
+
     def _memo(self, name: str, compute: Any) -> Any:
         """``compute()`` cached until a parameter tensor changes: in place (torch's version counter) or by a
         new storage (``p.data = …`` keeps the counter, so the storage's address is part of the stamp)."""

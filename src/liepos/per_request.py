@@ -92,13 +92,13 @@ class PerRequest:
             raise TypeError(f"`cache` must be this PerRequest's cache() (a PerRequestCache of {len(self.groups)} "
                             f"groups), got {describe(cache)}")
         # a refused call leaves every group's cache as it was (a later group may refuse after an earlier appended)
-        saved = None if cache is None else [{**c.__dict__, "_enc": dict(c._enc)} for c in cache.caches]
+        saved = None if cache is None else [c.state() for c in cache.caches]
         try:
             return self._run(q, k, v, positions, key_positions, cache, kwargs)
         except Exception:
             if saved is not None:
                 for c, state in zip(cache.caches, saved):
-                    c.__dict__.update(state)
+                    c.restore(state)
             raise
 
     def _run(self, q, k, v, positions, key_positions, cache, kwargs) -> torch.Tensor:

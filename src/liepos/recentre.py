@@ -14,9 +14,9 @@ triangle. Under a linear bias (ALiBi) the blocks stay, and leave out, per head, 
 is below the dtype's smallest normal times its rounding (:func:`_window_starts`). Values carried by a
 generator follow the same origin: ``A_v(t − o) · Σ_s w_ts G_v(s − o) v_s = Σ_s w_ts A_v(t − s) v_s``.
 
-A cache keeps its keys (and values) encoded at one origin; a decode step encodes the new key only,
-until a query moves too far from the origin (then every key is encoded afresh from the raw keys, at a
-new origin: no transport, no drift).
+A cache keeps its keys (and values) encoded at one origin, in its :class:`~liepos.cache.EncodedKeys`
+store; a decode step encodes the new key only and appends it, until a query moves past the store's span
+(then every key is encoded afresh from the raw keys, at a new origin: no transport, no drift).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.masks import finish, visible
 
-__all__ = ["recentred", "bias_mask", "constant_bias", "linear_bias", "MAX_EXPONENT", "POLY_SPAN", "poly_span"]
+__all__ = ["recentred", "bias_mask", "constant_bias", "linear_bias", "origin_span", "MAX_EXPONENT", "POLY_SPAN", "poly_span"]
 
 # largest |λ|·(time span of a query block) allowed, so e^{|λ| span} stays far from overflow
 MAX_EXPONENT = 30.0
@@ -56,15 +56,33 @@ def _max_rate(enc: Encoding | None) -> float:
         return float(r.detach().abs().max()) if r.numel() else 0.0
 
 
+def _limit(dtype: torch.dtype) -> float:
+    """The exponent budget for inputs of ``dtype``: e^{±budget} factors on both sides stay far inside its range."""
+    work = torch.float32 if dtype in LOW else dtype
+    return min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
+
+
 def budget(call: Call) -> tuple[float, float, float]:
     """(max |λ|, exponent budget, time span allowed for polynomial parts) of the call's encodings."""
     rate = max(_max_rate(call.enc), _max_rate(call.venc))
     dtype = call.q.dtype
     work = torch.float32 if dtype in LOW else dtype
-    # e^{±budget} factors on both sides must stay far inside the dtype's range
-    limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
-    return rate, limit, poly_span(call.enc, work) if call.venc is None else min(
+    return rate, _limit(dtype), poly_span(call.enc, work) if call.venc is None else min(
         poly_span(call.enc, work), poly_span(call.venc, work))
+
+
+def origin_span(enc: Encoding, dtype: torch.dtype) -> float:
+    """The largest ``|t − o|`` of a query or key around one origin for ``enc`` on inputs of ``dtype``:
+    ``min(limit / max |λ|, poly span)``, the :func:`budget` of a call with this encoding as one number
+    (a cache store's span, :class:`liepos.cache.EncodedKeys`)."""
+    work = torch.float32 if dtype in LOW else dtype
+    return _span((enc.generator.bounds()[0], _limit(dtype), poly_span(enc, work)))
+
+
+def _span(b: tuple[float, float, float]) -> float:
+    """The largest ``|t − o|`` the budget ``b`` allows around one origin: a cache store's span."""
+    rate, limit, span = b
+    return min(limit / rate if rate > 0 else math.inf, span)
 
 
 def poly_span(enc: Encoding, work: torch.dtype) -> float:
@@ -100,7 +118,7 @@ def recentred(call: Call) -> torch.Tensor:
     ax = call.qpos.dim() == 3  # several axes: positions (B, S, axes), one origin per axis
     b = budget(call)
     if call.cache is not None and not ax:
-        out = _from_cache_origin(call, b)
+        out = _from_cache_origin(call)
         if out is not None:
             return out
     if call.simple and not ax and available(call.q):
@@ -485,40 +503,41 @@ def _version(call: Call) -> tuple:
 
 
 def _reset_cache_origin(call: Call, b) -> None:
-    """Encode every cached key (and value) at a new origin, the latest query time of each row."""
-    cache = call.cache
+    """Encode every cached key (and value) afresh at a new origin, the latest query time of each row."""
+    store = call.cache.encoded
     o = call.qpos.amax(-1)  # (B,)
     ahead = torch.maximum(call.kpos, o.unsqueeze(-1))  # keys later than the origin grow: bound them
-    if call.k.shape[1] != cache.k.shape[1] or not _within(ahead, o, b):
-        cache._enc, cache._enc_version, cache._origin = {}, None, None
+    if call.k.shape[1] != call.cache.k.shape[1] or not _within(ahead, o, b):
+        store.clear()
         return
     rel = call.kpos - o.unsqueeze(-1)  # (B, Sk)
-    cache._enc = {"k": call.enc.key(call.k, rel)}
+    keys = {"k": call.enc.key(call.k, rel)}
     if call.venc is not None:
-        cache._enc["v"] = call.venc.key(call.v, rel)
-    cache._enc_version, cache._origin = _version(call), o
+        keys["v"] = call.venc.key(call.v, rel)
+    store.reencode(_version(call), o, _span(b), **keys)
 
 
-def _from_cache_origin(call: Call, b) -> torch.Tensor | None:
-    """Decode fast path: keys stay encoded at the cache's origin while the new times remain close to it."""
-    cache = call.cache
-    o = cache._origin
-    if o is None or cache._enc_version != _version(call) or call.k.shape[1] != cache.k.shape[1]:
+def _from_cache_origin(call: Call) -> torch.Tensor | None:
+    """Decode fast path: keys stay encoded at the cache's origin while the new times remain within its span."""
+    store = call.cache.encoded
+    o = store.origin
+    if o is None or store.version != _version(call) or call.k.shape[1] != call.cache.k.shape[1]:
         return None
-    n_old = cache._enc["k"].shape[-2]
+    n_old = len(store)
     if n_old + call.n_new != call.kpos.shape[1]:
         return None
     new_times = call.kpos[:, n_old:]
-    if not (_within(call.qpos, o, b) and _within(new_times, o, b)):
+    if not (store.within(call.qpos) and store.within(new_times)):
         return None
     rel = new_times - o.unsqueeze(-1)  # (B, n_new)
-    cache._enc["k"] = torch.cat((cache._enc["k"], call.enc.key(call.k[:, :, n_old:], rel)), dim=-2)
-    ve = call.v
+    new = {"k": call.enc.key(call.k[:, :, n_old:], rel)}
     if call.venc is not None:
-        ve = cache._enc["v"] = torch.cat((cache._enc["v"], call.venc.key(call.v[:, :, n_old:], rel)), dim=-2)
+        new["v"] = call.venc.key(call.v[:, :, n_old:], rel)
+    store.append(**new)
+    ve = call.v if call.venc is None else store.get("v")
     qe = call.enc.query(call.q, call.qpos - o.unsqueeze(-1))
     m = visible(*call.mask_args(slice(None)))
-    return _attend(call, qe, cache._enc["k"], ve, m, o, call.qpos)
+    return _attend(call, qe, store.get("k"), ve, m, o, call.qpos)
 
 
 # ---------------------------------------------------------------------------------------------- faded keys

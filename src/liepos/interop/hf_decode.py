@@ -3,8 +3,10 @@
 A layer whose encoding is not a fixed rotation (xPos, RetNet, decays, ALiBi's slots, Jordan blocks)
 caches *raw* keys in Hugging Face's cache (:mod:`liepos.interop.hf_model`). Encoding every cached key
 again at each step would cost one pass over the cache per step before attention even starts; instead
-each layer keeps beside HF's cache the keys encoded at one *origin* ``o``, ``G(s − o) k``, and a step
-encodes only its query and its new key, because the score does not depend on ``o``::
+each layer keeps beside HF's cache the keys encoded at one *origin* ``o``, ``G(s − o) k``, in the
+store :class:`liepos.KVCache` uses (:class:`liepos.cache.EncodedKeys`: growth in place, the origin's
+span, re-encoding), and a step encodes only its query and its new key, because the score does not
+depend on ``o``::
 
     (F(t − o) q)ᵀ (G(s − o) k) = qᵀ A(t − s) k
 
@@ -34,11 +36,12 @@ import torch.nn.functional as Fn
 
 from liepos._checks import all_finite
 from liepos._fast import TableCache, apply_fast, table_window
+from liepos.cache import EncodedKeys
 from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 from liepos.attention_pieces import available, pieces
-from liepos.recentre import MAX_EXPONENT, bias_mask, constant_bias, linear_bias, poly_span
+from liepos.recentre import bias_mask, constant_bias, linear_bias, origin_span
 from liepos.tables import check_range
 
 __all__ = ["attend", "remember", "budget", "checked_step_matrix", "hf_visible", "identity", "step_matrix", "MATRICES",
@@ -46,47 +49,42 @@ __all__ = ["attend", "remember", "budget", "checked_step_matrix", "hf_visible", 
 
 STORES = "_liepos_encoded"  # the cache attribute holding every layer's encoded keys
 _LOW = (torch.float16, torch.bfloat16)
-_GROW = 64  # the encoded-key buffer grows by doubling, at least by this many positions
 
 
 @dataclass
 class _Store:
-    """One layer's keys encoded at ``origin`` (buffers of ``cap`` positions, the first ``n`` filled)."""
+    """One layer's keys encoded at an origin (:class:`liepos.cache.EncodedKeys`) and what HF's cache tells of them.
 
-    origin: float
-    version: tuple  # what the encoded values depend on: the encoding, the work dtype, device, batch, heads
-    k: torch.Tensor | None  # (B, Hs, cap, content_dim) encoded keys, content dims
-    slots: torch.Tensor | None  # (B, H, cap, slots) the keys' encoded slot values (their bias: qₛᵀ kₛ)
-    v: torch.Tensor | None  # (B, Hk, cap, Dv) values when HF's cannot serve (half inputs upcast), HF's heads
-    n: int
+    ``keys`` holds, per key, the parts this layer's encoding needs: ``"k"`` ``(B, Hs, n, content_dim)`` the
+    encoded content (absent when ``plain``: HF's raw keys serve), ``"slots"`` ``(1|B, H, n, slots)`` the
+    keys' encoded slot values (their bias: qₛᵀ kₛ), ``"v"`` ``(B, Hk, n, Dv)`` values when HF's cannot serve
+    (half inputs upcast), ``"scale"`` ``(1|B, H, n, 1)`` with ``factor``: each key's e^{−λ_h (s − o)}.
+    Its version is what the encoded values depend on: the encoding, the work dtype, device, batch, heads.
+    """
+
+    keys: EncodedKeys
     raw: torch.Tensor  # HF's raw-key tensor after the last write: the cache is untouched while it stays
     finite: bool  # every key and value up to ``checked`` is finite
     own_v: bool  # the store keeps its own values (half inputs upcast)
     plain: bool  # the encoding leaves the content dims as they are: HF's raw keys serve as encoded content
-    span: float = math.inf  # the budget around the origin (:func:`budget`)
     checked: int = 0  # the keys whose finiteness is known (read only when a mask hides some key)
     factor: Any = None  # (the rotation shared by every head, rates (H,)): heads that differ by one decay only
-    scale: torch.Tensor | None = None  # (B|1, H, cap, 1) with ``factor``: each key's e^{−λ_h (s − o)}
 
-    def write(self, enc: Encoding, ke: torch.Tensor | None, v: torch.Tensor, S: int = 0) -> None:
-        """Append encoded keys ``(B, Hs, S, dim)`` (content, then slot values; None: the content of ``S``
-        keys is written already) and, if kept, their values."""
-        c = enc.content_dim
-        if ke is not None and not self.plain:
-            self.k = _grown(self.k, self.n, ke[..., :c])
-        if ke is not None and enc.num_slots:
-            self.slots = _grown(self.slots, self.n, ke[..., c:])
+    def parts(self, enc: Encoding, ke: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The store's parts of keys encoded by ``enc`` ``(B, Hs, S, content + slots)`` and their values."""
+        c, out = enc.content_dim, {}
+        if not self.plain:
+            out["k"] = ke[..., :c]
+        if enc.num_slots:
+            out["slots"] = ke[..., c:]
         if self.own_v:
-            self.v = _grown(self.v, self.n, v.to(self.k.dtype if ke is None else ke.dtype))
-        self.n += S if ke is None else ke.shape[-2]
+            out["v"] = v.to(ke.dtype)
+        return out
 
 
 def budget(enc: Encoding, dtype: torch.dtype) -> float:
     """The largest ``|t − o|`` of a query or new key around an origin, as :mod:`liepos.recentre` allows."""
-    work = torch.float32 if dtype in _LOW else dtype
-    rate = enc.generator.bounds()[0]
-    limit = min(MAX_EXPONENT, math.log(torch.finfo(dtype if dtype == torch.float16 else work).max) / 3)
-    return min(limit / rate if rate > 0 else math.inf, poly_span(enc, work))
+    return origin_span(enc, dtype)
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,30 +136,6 @@ def _decay(layer: Any, rates: torch.Tensor, rel: torch.Tensor, side: str, work: 
 def _work(enc: Encoding, dtype: torch.dtype) -> torch.dtype:
     """The dtype keys are encoded and attended in: float32 for half inputs with Jordan parts (as liepos.attention)."""
     return torch.float32 if dtype in _LOW and enc.plan.has_coupling else dtype
-
-
-def _room(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
-    """``buf`` ``(B, H, cap, d)`` with room for ``new``'s positions after the first ``n`` (doubling when full).
-
-    A batch of one (slot values depend on the times only, shared by the rows when their times are) widens
-    to ``new``'s batch when that has more rows (a later step's slot values from per-row times)."""
-    S = new.shape[-2]
-    B = new.shape[0] if buf is None else max(buf.shape[0], new.shape[0])
-    if buf is None or n + S > buf.shape[-2] or buf.shape[0] != B:
-        full = buf is None or n + S > buf.shape[-2]
-        cap = max(2 * (0 if buf is None else buf.shape[-2]), n + S, _GROW) if full else buf.shape[-2]
-        out = new.new_empty(B, new.shape[1], cap, new.shape[-1])
-        if n:
-            out[:, :, :n].copy_(buf[:, :, :n])  # (1|B, H, n, d): a batch of one broadcast
-        buf = out
-    return buf
-
-
-def _grown(buf: torch.Tensor | None, n: int, new: torch.Tensor) -> torch.Tensor:
-    """``buf`` with ``new`` ``(B, H, S, d)`` written at positions ``n …``."""
-    buf = _room(buf, n, new)
-    buf[:, :, n:n + new.shape[-2]].copy_(new)
-    return buf
 
 
 def _tables(layer: Any, enc: Encoding, rel: torch.Tensor, side: str, x: torch.Tensor, key: tuple) -> Any:
@@ -288,14 +262,16 @@ def _rebuild(layer: Any, enc: Encoding, k: torch.Tensor, v: torch.Tensor, kpos: 
     ks, vs = k[:, :, :n], v[:, :, :n]
     plain = work == k.dtype and _plain(enc, enc.version)
     own_v = work != v.dtype  # per-head keys over grouped heads read HF's values (_grouped)
-    st = _Store(origin, version, None, None, None, 0, k, True, own_v, plain, span)
+    st = _Store(EncodedKeys(), k, True, own_v, plain)
     st.factor = None if plain or work in _LOW else _factored(enc, enc.version)  # half: one rounding per key
+    parts: dict[str, torch.Tensor] = {}
     if n and st.factor is not None:  # rotated at HF's heads, one decay factor per head and key
         rot, rates = st.factor
-        st.scale = _grown(None, 0, _decay(None, rates, times - origin, "key", work))
-        st.write(rot, rot.key(ks.to(work), times - origin), vs)
-    elif n:
-        st.write(enc, enc.key(_expand(ks, heads, enc).to(work), times - origin), vs)
+        parts = {"scale": _decay(None, rates, times - origin, "key", work),
+                 **st.parts(rot, rot.key(ks.to(work), times - origin), vs)}
+    elif n and (not plain or enc.num_slots or own_v):
+        parts = st.parts(enc, enc.key(_expand(ks, heads, enc).to(work), times - origin), vs)
+    st.keys.reencode(version, origin, span, n, **parts)  # every key encoded afresh at the origin
     return st
 
 
@@ -317,11 +293,11 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     work = _work(enc, q.dtype)
     version = (_version(layer, enc), work, q.device, B, k.shape[1])
     st = stores.get(idx)
-    if st is not None and (st.version != version or st.raw is not raw_before or st.n != seen):
+    if st is not None and (st.keys.version != version or st.raw is not raw_before or len(st.keys) != seen):
         st = None  # another encoding, or the cache was reordered, cropped or reset: encode afresh
-    span = st.span if st is not None else budget(enc, work)
+    span = st.keys.span if st is not None else budget(enc, work)
     lo, hi = _bounds(layer, pos)
-    if st is None or max(hi - st.origin, st.origin - lo) > span:
+    if st is None or not st.keys.within_range(lo, hi):
         stores.pop(idx, None)
         if hi - lo > span:  # the queries need several origins: one per block of them, or liepos.attention
             out = _blocks(layer, enc, q, k, v, attention_mask, scaling, pos, kpos, seen, version, work, span)
@@ -418,48 +394,50 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
     head dim the fused kernel wants (a 66-wide head falls back to the slow math kernel on the CPU).
     """
     B, H, S, _ = q.shape
-    rel = layer.positions.tables.get(("rel", st.origin))
+    store, origin = st.keys, st.keys.origin
+    rel = layer.positions.tables.get(("rel", origin))
     if rel is None:
-        rel = pos - st.origin  # (1|B, S), the same in every layer
+        rel = pos - origin  # (1|B, S), the same in every layer
         if layer.positions.ids is not None:
-            layer.positions.tables[("rel", st.origin)] = rel
+            layer.positions.tables[("rel", origin)] = rel
     kn, vn = k[:, :, seen:], v[:, :, seen:]
     c = (1.0 / math.sqrt(enc.content_dim) if scaling is None else scaling) * enc.logit_scale
     _encode_keys(layer, enc, kn, rel, st, vn, work, H)
+    n = len(store)
     if st.plain:  # the content is HF's own q and k: only the slots' values are encoded (once per forward)
-        qc, ke, qs = q, k, _slot_values(layer, enc, q, rel, "query", st.origin, work, H) if enc.num_slots else None
+        qc, ke, qs = q, k, _slot_values(layer, enc, q, rel, "query", origin, work, H) if enc.num_slots else None
     else:
-        qe, ke = _encode(layer, st.factor[0] if st.factor else enc, q, rel, "query", st.origin, work), st.k[:, :, : st.n]
+        qe, ke = _encode(layer, st.factor[0] if st.factor else enc, q, rel, "query", origin, work), store.get("k")
         qc, qs = (qe[..., : enc.content_dim], qe[..., enc.content_dim:]) if enc.num_slots else (qe, None)
-    ve = (st.v[:, :, : st.n] if st.own_v else v).to(qc.dtype)
-    mask = _mask(attention_mask, S, st.n, seen, q.device)
-    if mask is not None and st.checked < st.n:
+    ve = (store.get("v") if st.own_v else v).to(qc.dtype)
+    mask = _mask(attention_mask, S, n, seen, q.device)
+    if mask is not None and st.checked < n:
         # a key hidden from some query must not reach it even when it is not finite: know whether
         # every key is (unmasked, a non-finite key reaches every query in either kernel alike)
-        st.finite = st.finite and all_finite(k[:, :, st.checked:st.n], v[:, :, st.checked:st.n])
-        st.checked = st.n
+        st.finite = st.finite and all_finite(k[:, :, st.checked:n], v[:, :, st.checked:n])
+        st.checked = n
     if st.factor is not None and (S > 1 or not st.finite):  # the per-head form: scaled keys and queries
-        ke = _expand(ke, H, enc) * st.scale[:, :, : st.n]  # (B, Hk, n, c) -> (B, H, n, c)
+        ke = _expand(ke, H, enc) * store.get("scale")  # (B, Hk, n, c) -> (B, H, n, c)
         qc = qc * _decay(layer, st.factor[1], rel, "query", work)
     if not st.finite:  # the select-masked form: slots ride as columns again (c applied to the content)
         if enc.num_slots:
-            ks = st.slots[:, :, : st.n].expand(B, -1, -1, -1)  # (B, H, n, slots)
+            ks = store.get("slots").expand(B, -1, -1, -1)  # (B, H, n, slots)
             ke = torch.cat((_expand(ke, H, enc).expand(-1, ks.shape[1], -1, -1).to(ks.dtype), ks), -1)
             qc, c = torch.cat((qc * c, qs.expand(B, -1, -1, -1)), -1), 1.0
         if ve.shape[1] != ke.shape[1]:  # per-head keys over HF's grouped values
             ve = ve.repeat_interleave(ke.shape[1] // ve.shape[1], dim=1)  # (B, Hk, n, Dv) -> (B, H, n, Dv)
         return sdpa(qc, ke, ve, mask, c, finite=False).to(v.dtype)
-    if enc.num_slots and S > 1 and st.factor is None and hf_visible(attention_mask, st.n) is None:
+    if enc.num_slots and S > 1 and st.factor is None and hf_visible(attention_mask, n) is None:
         # a causal multi-token step (every earlier key, its own causally: no padding, no other mask)
-        out = _linear_prefill(enc, qc, ke[:, :, : st.n], ve, kpos[:, : st.n] - st.origin, c)
+        out = _linear_prefill(enc, qc, ke[:, :, :n], ve, kpos[:, :n] - origin, c)
         if out is not None:
             return out.to(v.dtype)
     bias = None
     if enc.num_slots:
-        key = ("bias", id(enc), st.origin, st.n, work)
+        key = ("bias", id(enc), origin, n, work)
         bias = layer.positions.tables.get(key)
         if bias is None:
-            bias = qs @ st.slots[:, :, : st.n].transpose(-1, -2)  # (1|B, H, S, n): the same in every layer
+            bias = qs @ store.get("slots").transpose(-1, -2)  # (1|B, H, S, n): the same in every layer
             if layer.positions.ids is not None:
                 layer.positions.tables[key] = bias
     if mask is not None:  # an additive float mask (a boolean one is slow on the CPU)
@@ -467,11 +445,11 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         bias = base.masked_fill(~mask, -math.inf)
     causal = mask is None and S > 1
     if causal and bias is not None:  # a prefill-sized step with slots: the causal order goes into the bias
-        order = torch.ones(S, st.n, dtype=torch.bool, device=q.device).tril(st.n - S)
+        order = torch.ones(S, n, dtype=torch.bool, device=q.device).tril(n - S)
         bias, causal = bias.masked_fill(~order, -math.inf), False
     if st.factor is not None and S == 1:  # rotated keys at HF's heads, the heads' decays as factors
         a = _decay(layer, st.factor[1], rel, "query", work)  # (1|B, H, 1, 1)
-        return _factored_attention(qc, ke, st.scale[:, :, : st.n, 0], a[..., 0], ve, bias, c).to(v.dtype)
+        return _factored_attention(qc, ke, store.get("scale")[..., 0], a[..., 0], ve, bias, c).to(v.dtype)
     if ve.shape[1] != ke.shape[1] and S == 1:  # per-head keys over HF's grouped values: read once per group
         return _grouped(qc, ke, ve, bias, c).to(v.dtype)
     if ve.shape[1] != ke.shape[1]:  # a multi-token step: the values repeated to the keys' heads
@@ -536,24 +514,27 @@ def _encode_keys(layer: Any, enc: Encoding, kn: torch.Tensor, rel: torch.Tensor,
                  work: torch.dtype, heads: int) -> None:
     """Encode a step's new raw keys ``kn`` ``(B, Hk, S, D)`` at the store's origin and append them (and
     their values where the store keeps its own): the only key encoding of a decode step."""
-    S = kn.shape[-2]
+    S, origin = kn.shape[-2], st.keys.origin
     if st.plain:  # HF's raw keys are the content: only their slots' values
-        if enc.num_slots:
-            st.slots = _grown(st.slots, st.n, _slot_values(layer, enc, kn, rel, "key", st.origin, work, heads))
-        st.n += S
+        parts = {"slots": _slot_values(layer, enc, kn, rel, "key", origin, work, heads)} if enc.num_slots else {}
+        if st.own_v:
+            parts["v"] = vn.to(work)
+        st.keys.append(S, **parts)
         return
+    parts: dict[str, torch.Tensor] = {}
     if st.factor is not None:  # rotated at HF's heads; the per-head decay kept as one factor per key
-        st.scale = _grown(st.scale, st.n, _decay(layer, st.factor[1], rel, "key", work))
+        parts["scale"] = _decay(layer, st.factor[1], rel, "key", work)
         enc = st.factor[0]
     kn = _expand(kn, heads, enc).to(work)
-    m = _matrix(layer, enc, kn, rel, "key", st.origin, work)
-    if m is not None:  # one matmul, copied into the store's next rows (matmul's out= into the strided rows
-        # of the store took 9.8 µs a key against 5.4 + 3.2 for the matmul and the copy: torch.utils.benchmark)
-        st.k = _room(st.k, st.n, kn)
-        st.k[:, :, st.n:st.n + S].copy_(kn @ m)
-        st.write(enc, None, vn, S)
+    m = _matrix(layer, enc, kn, rel, "key", origin, work)
+    if m is not None:  # one matmul (no slots: a step matrix is linear), copied into the store's next rows
+        ke = kn @ m
+        parts["k"] = ke
+        if st.own_v:
+            parts["v"] = vn.to(ke.dtype)
     else:
-        st.write(enc, _encode(layer, enc, kn, rel, "key", st.origin, work), vn)
+        parts.update(st.parts(enc, _encode(layer, enc, kn, rel, "key", origin, work), vn))
+    st.keys.append(S, **parts)
 
 
 def _slot_values(layer: Any, enc: Encoding, x: torch.Tensor, rel: torch.Tensor, side: str, origin: float,
