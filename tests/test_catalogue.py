@@ -3,7 +3,7 @@
 ``build(name, dim, num_heads, **options)`` is the entry's own function called with exactly those
 arguments: generators, layouts, slots, heads and encoded outputs agree for every entry, with the
 defaults and with one non-default option each. Every builder takes the width ``dim`` first and
-``num_heads`` by keyword only, so an old ``(num_heads, dim)`` call raises. Two encodings that encode
+``num_heads`` by keyword only, so a ``(num_heads, dim)`` call raises. Two encodings that encode
 differently never print the same repr.
 """
 
@@ -104,7 +104,7 @@ def test_build_equals_the_function_called_directly(name, with_option):
         assert key(got) != key(lp.build(name, D, H))
 
 
-def test_the_defaults_that_used_to_differ_now_agree():
+def test_the_functions_defaults_hold_through_build():
     assert lp.build("decay_axial_rope", 24).num_axes == lp.decay_axial_rope(24).num_axes == 2
     assert_same(lp.build("mrope", 8), lp.mrope(8), 1)  # lp.mrope's sections default scales with dim
     assert lp.mrope(128).generator.freqs.ne(0).sum(-1).tolist() == [16, 24, 24]  # Qwen2-VL's split at 128
@@ -132,10 +132,10 @@ def test_the_per_head_entries_are_the_ones_that_take_num_heads():
 
 
 @pytest.mark.parametrize("name", PER_HEAD)
-def test_an_old_positional_call_raises(name):
+def test_a_heads_then_width_positional_call_raises(name):
     fn = getattr(lp, name)
     with pytest.raises(TypeError, match="positional argument"):
-        fn(8, 4)  # (num_heads, head_dim) for alibi/retnet before: never a silent other model
+        fn(8, 4)  # a second positional number is refused, never read as a width or a head count
     with pytest.raises(TypeError, match="num_heads"):
         fn(8)
     with pytest.raises(TypeError, match="`num_heads`"):

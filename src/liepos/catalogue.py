@@ -3,7 +3,7 @@
 Every entry is a generator X (plus slots for ALiBi); every one satisfies the same identity
 ``enc.query(q, t)ᵀ enc.key(k, s) = qᵀ exp((t − s) X) k`` (with several position axes,
 ``exp(Σ_a (t_a − s_a) X_a)``). Every builder takes the head's width ``dim`` first and ``num_heads=``
-by keyword only (where the encoding has per-head parameters), so an old ``(num_heads, dim)`` call
+by keyword only (where the encoding has per-head parameters), so a ``(num_heads, dim)`` call
 raises instead of building another model. :data:`CATALOGUE` maps a name to an entry holding the
 builder itself: ``build(name, dim, num_heads, **options)`` calls that function with exactly those
 arguments, and the function's own defaults apply. Each function's doctest checks its defining identity.
