@@ -205,3 +205,13 @@ def test_equal_reprs_imply_equal_encodings_over_the_catalogue():
     assert len({key(e) for e in zoo}) == len(by_repr)
     for enc in zoo[::7]:
         assert repr(rebuild(key(enc))) == repr(enc)
+
+
+def test_the_repr_inside_a_trace_reads_the_real_values():
+    """An error message inside ``torch.compile`` formats an encoding while a fake-tensor mode is on."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    enc = lp.alibi(8, num_heads=2)
+    with FakeTensorMode():
+        inside = repr(enc)
+    assert inside == repr(enc) and "values=#" in inside

@@ -585,17 +585,21 @@ class Encoding:
 
 def _digest(enc: Encoding) -> str | None:
     """Eight hex digits of a hash of everything that decides ``enc``'s encoded values (``None`` when a
-    tensor has no data to read, e.g. on the meta device)."""
+    tensor has no data to read: on the meta device, or a fake tensor of a trace). The values are read
+    with torch's dispatch modes off, so a repr inside a trace (an error message) reads the real ones."""
     import hashlib
+
+    from torch.utils._python_dispatch import _disable_current_modes
 
     g = enc.generator
     parts: list[object] = [g.sizes, g.complex, g.num_axes, g.allow_growth, enc.layout, repr(enc.logit_scale),
                            enc.name, enc.length]
     try:
-        for t in (g.rates, g.freqs, g.nus, g.basis, enc.query_slots, enc.key_slots, enc.query_scale):
-            parts.append(None if t is None else (tuple(t.shape), t.detach().to("cpu", torch.float64).flatten().tolist()))
-        parts.append(_rule_words(enc.length_rule))
-    except (RuntimeError, NotImplementedError):  # a tensor without data (meta, fake)
+        with _disable_current_modes():
+            for t in (g.rates, g.freqs, g.nus, g.basis, enc.query_slots, enc.key_slots, enc.query_scale):
+                parts.append(None if t is None else (tuple(t.shape), t.detach().to("cpu", torch.float64).flatten().tolist()))
+            parts.append(_rule_words(enc.length_rule))
+    except Exception:  # noqa: BLE001  (a repr never raises: a tensor without data has no digest)
         return None
     return hashlib.blake2b(repr(parts).encode(), digest_size=4).hexdigest()
 
