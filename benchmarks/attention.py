@@ -52,9 +52,9 @@ def encodings() -> dict[str, lp.Encoding]:
         "rope": lp.rope(DIM),
         "rope_half": lp.rope(DIM, layout="half"),
         "xpos": lp.xpos(DIM),
-        "retnet": lp.retnet(HEADS, DIM),
+        "retnet": lp.retnet(DIM, num_heads=HEADS),
         "decay": lp.build("decay", DIM, HEADS),
-        "alibi": lp.alibi(HEADS, DIM),
+        "alibi": lp.alibi(DIM, num_heads=HEADS),
         "jordan": lp.build("jordan", DIM),
     }
 

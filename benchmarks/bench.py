@@ -326,7 +326,7 @@ def bench_alibi(S: int = 8192, H: int = 8, D: int = 64, min_run_time: float = 1.
     """ALiBi through slots (lp.attention) against SDPA with a materialised float bias, causal."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, H, S, D, generator=g) for _ in range(3))
-    enc = lp.alibi(H, D)
+    enc = lp.alibi(D, num_heads=H)
     slopes = lp.alibi_slopes(H).to(torch.float32)
 
     def slots():

@@ -76,7 +76,7 @@ def alibi_memory(S: int = 8192, H: int = 8, D: int = 64) -> list[dict]:
     lag = t[:, None] - t[None, :]
     bias = (-lp.alibi_slopes(H).float()[:, None, None] * lag).masked_fill(lag < 0, -math.inf)
     with torch.no_grad():
-        diff = float((lp.attention(q, k, v, lp.alibi(H, D))
+        diff = float((lp.attention(q, k, v, lp.alibi(D, num_heads=H))
                       - torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])).abs().max())
     for r in rows:
         r["max_abs_diff_vs_bias_512_tokens"] = diff if r["provider"] == "liepos_alibi_slots" else 0.0

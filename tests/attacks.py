@@ -54,8 +54,8 @@ def ref(q, k, v, enc, p, kp=None, **kw):
     return lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p if kp is None else kp, **kw)
 
 ENCS = {"rope": lambda: lp.rope(8), "rope-half": lambda: lp.rope(8, layout="half"), "xpos": lambda: lp.xpos(8),
-        "decay": lambda: lp.decay([0.3, 0.1, 0.05, 0.0, 0.2, 0.02, 0.01, 0.1]), "alibi": lambda: lp.alibi(4, 8),
-        "jordan": lambda: lp.build("jordan", 8), "retnet": lambda: lp.retnet(4, 8)}
+        "decay": lambda: lp.decay([0.3, 0.1, 0.05, 0.0, 0.2, 0.02, 0.01, 0.1]), "alibi": lambda: lp.alibi(8, num_heads=4),
+        "jordan": lambda: lp.build("jordan", 8), "retnet": lambda: lp.retnet(8, num_heads=4)}
 EPS = {F64: 1e-9, torch.float32: 3e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 # 1. dtypes through every encoding, a unit ramp and real times
@@ -204,7 +204,7 @@ def _():
 
 @attack("alibi sinks far anti-aligned")
 def _():
-    enc = lp.alibi(4, 8); q, k, v = (rnd(1, 4, 8, 8, dtype=torch.float32, seed=i) for i in range(3))
+    enc = lp.alibi(8, num_heads=4); q, k, v = (rnd(1, 4, 8, 8, dtype=torch.float32, seed=i) for i in range(3))
     k[:, :, 4] = -q[:, :, 4] * 500; p = 700.0 * torch.arange(8, dtype=F64)
     s = torch.tensor([0.1, 2.0, -1.0, 0.0])
     return lp.attention(q, k, v, enc, p, p, sinks=s), ref(q, k, v, enc, p, sinks=s), 1e-4
@@ -214,7 +214,7 @@ for dt in (torch.float32, F64):
     for gqa in (False, True):
         @attack(f"alibi window batch-varying {dt} gqa={gqa}")
         def _(dt=dt, gqa=gqa):
-            enc = lp.alibi(4, 8); q = rnd(2, 4, 10, 8, dtype=dt, seed=0)
+            enc = lp.alibi(8, num_heads=4); q = rnd(2, 4, 10, 8, dtype=dt, seed=0)
             hk = 2 if gqa else 4
             k, v = rnd(2, hk, 10, 8, dtype=dt, seed=1), rnd(2, hk, 10, 8, dtype=dt, seed=2)
             k[1, :, 6] = -q[1, :hk, 6] * 300
@@ -224,7 +224,7 @@ for dt in (torch.float32, F64):
 for s_ in (1e100, 1e-100):
     @attack(f"alibi float64 norms x{s_:g}")
     def _(s_=s_):
-        enc = lp.alibi(4, 8); q, k = rnd(1, 4, 12, 8, seed=0), rnd(1, 4, 12, 8, seed=1) * s_
+        enc = lp.alibi(8, num_heads=4); q, k = rnd(1, 4, 12, 8, seed=0), rnd(1, 4, 12, 8, seed=1) * s_
         v = rnd(1, 4, 12, 8, seed=2); p = 400.0 * torch.arange(12, dtype=F64)
         return lp.attention(q, k, v, enc, p, p), ref(q, k, v, enc, p), 1e-9
 

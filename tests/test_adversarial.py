@@ -140,7 +140,7 @@ def _layout(x: torch.Tensor, how: str) -> torch.Tensor:
 PIECES = {
     "decay": (lambda: lp.decay([0.3, 0.1, 0.05, 0.0, 0.2, 0.02, 0.01, 0.1]), {}),
     "xpos": (lambda: lp.xpos(8), {}),
-    "alibi": (lambda: lp.alibi(2, 8), {}),
+    "alibi": (lambda: lp.alibi(8, num_heads=2), {}),
     "rope+sinks": (lambda: lp.rope(8), {"sinks": torch.tensor([0.5, -1.0], dtype=F64)}),
 }
 
@@ -196,7 +196,7 @@ def test_overlap_verdict_where_torch_cannot_say():
 def test_an_alibi_key_window_covers_the_own_key():
     """ALiBi at times 1000 apart: the first query of a block has a large anti-aligned own key, so its row's
     largest score is an earlier key's, which the window used to leave out (3.4 off in float32)."""
-    enc = lp.alibi(4, 8)
+    enc = lp.alibi(8, num_heads=4)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 6, 8, generator=g) for _ in range(3))
     k[:, :, 4] = -1000 * q[:, :, 4]  # blocks (0, 2), (2, 4), (4, 6): query 4 opens the last

@@ -208,7 +208,7 @@ def test_catalogue_entries_build_and_satisfy_the_identity():
 
 
 def test_alibi_slots_give_the_linear_bias():
-    enc = lp.alibi(5, 4)
+    enc = lp.alibi(4, num_heads=5)
     q, k = torch.randn(1, 5, 3, 4, dtype=F64), torch.randn(1, 5, 4, 4, dtype=F64)
     t, s = torch.tensor([10.0, 11.0, 12.0], dtype=F64), torch.tensor([0.0, 3.0, 7.0, 12.0], dtype=F64)
     scores = enc.query(q, t) @ enc.key(k, s).transpose(-1, -2)
@@ -241,7 +241,7 @@ def test_xpos_and_retnet_parameters():
     zeta = (2 * k + 0.4 * 8) / (1.4 * 8)
     assert torch.allclose(enc.generator.rates, torch.log(zeta) / 512.0)
     assert torch.allclose(enc.generator.freqs, 10000.0 ** (-2 * k / 8))
-    r = lp.retnet(3, 8)
+    r = lp.retnet(8, num_heads=3)
     gamma = 1 - 2.0 ** (-5 - torch.arange(3, dtype=F64))
     assert torch.allclose(r.generator.rates, torch.log(gamma)[:, None].expand(3, 4))
     assert torch.allclose(r.generator.freqs[0], 10000.0 ** -torch.linspace(0, 1, 4, dtype=F64))
@@ -264,7 +264,7 @@ def test_errors_name_the_argument_and_value():
     with pytest.raises(ValueError, match="positions must be finite"):
         enc.query(torch.randn(1, 1, 2, 8), torch.tensor([0.0, float("nan")]))
     with pytest.raises(ValueError, match="has 3 heads but the encoding has per-head parameters for 2"):
-        lp.retnet(2, 8).query(torch.randn(1, 3, 2, 8), torch.arange(2))
+        lp.retnet(8, num_heads=2).query(torch.randn(1, 3, 2, 8), torch.arange(2))
     with pytest.raises(ValueError, match="last dim 6 but the encoding expects 8"):
         enc.query(torch.randn(1, 1, 2, 6), torch.arange(2))
     with pytest.raises(ValueError, match="`rates` must be finite"):

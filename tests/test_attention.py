@@ -21,9 +21,9 @@ def encodings(heads=H, dim=D):
         "rope": lp.rope(dim),
         "rope_half": lp.rope(dim, layout="half"),
         "xpos": lp.xpos(dim),
-        "retnet": lp.retnet(heads, dim),
+        "retnet": lp.retnet(dim, num_heads=heads),
         "decay": lp.decay(torch.linspace(0.01, 0.5, dim, dtype=F64)),
-        "alibi": lp.alibi(heads, dim),
+        "alibi": lp.alibi(dim, num_heads=heads),
         "jordan": lp.build("jordan", dim),
         "mixed": lp.Encoding(
             lp.direct_sum(
@@ -121,7 +121,7 @@ def test_grouped_query_attention(name):
 
 
 def test_sdpa_scale_uses_the_content_dim_with_slots():
-    enc = lp.alibi(H, D)
+    enc = lp.alibi(D, num_heads=H)
     q, k, v = qkv()
     out = lp.attention(q, k, v, enc)
     t = torch.arange(12, dtype=F64)
@@ -195,7 +195,7 @@ class LargestTensor(TorchDispatchMode):
 @pytest.mark.parametrize("heads", [1, 3, 8, 12, 64])
 def test_alibi_equals_press_bias_and_never_builds_a_seq_by_seq_tensor(heads):
     S, dim = 96, 8
-    enc = lp.alibi(heads, dim)
+    enc = lp.alibi(dim, num_heads=heads)
     q, k, v = qkv(B=1, Sq=S, Sk=S, heads=heads, kv_heads=heads, dim=dim, dtype=torch.float32)
     with LargestTensor() as probe:
         out = lp.attention(q, k, v, enc, block_size=16)
@@ -327,7 +327,7 @@ def test_dynamic_generator_cache_has_no_stale_keys():
 def test_gradcheck_through_encoding_and_attention():
     torch.manual_seed(0)
     q, k, v = (t.requires_grad_() for t in qkv(B=1, Sq=5, Sk=5, heads=2, kv_heads=2, dim=6))
-    for enc in (lp.rope(6), lp.xpos(6), lp.alibi(2, 6), lp.build("jordan", 6)):
+    for enc in (lp.rope(6), lp.xpos(6), lp.alibi(6, num_heads=2), lp.build("jordan", 6)):
         assert torch.autograd.gradcheck(lambda q, k, v, enc=enc: lp.attention(q, k, v, enc, block_size=2), (q, k, v))
 
 

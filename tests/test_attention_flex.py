@@ -23,12 +23,12 @@ def _rope_alibi(H: int, D: int) -> lp.Encoding:
 
 
 def test_lag_bias_is_alibi_slopes():
-    beta, mu = lag_bias(lp.alibi(4, 8))
+    beta, mu = lag_bias(lp.alibi(8, num_heads=4))
     assert torch.equal(beta, torch.zeros(4, dtype=torch.float64))
     assert torch.allclose(mu, -lp.alibi_slopes(4), rtol=0, atol=1e-15)
 
 
-@pytest.mark.parametrize("make", [lambda: lp.alibi(2, 8), lambda: _rope_alibi(2, 8)], ids=["alibi", "rope_alibi"])
+@pytest.mark.parametrize("make", [lambda: lp.alibi(8, num_heads=2), lambda: _rope_alibi(2, 8)], ids=["alibi", "rope_alibi"])
 @pytest.mark.parametrize("Sq", [6, 3])
 def test_flex_equals_lp_attention(make, Sq):
     enc = make()
@@ -50,4 +50,4 @@ def test_refuses_what_is_not_a_lag_bias():
                              query_slots=[1.0, 0.0], key_slots=[0.0, -1.0]))
     with pytest.raises(ValueError, match="causal=False"):
         q = torch.randn(1, 2, 4, 8)
-        flex_attention(q, q, q, lp.alibi(2, 8), causal=False)
+        flex_attention(q, q, q, lp.alibi(8, num_heads=2), causal=False)

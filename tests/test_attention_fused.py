@@ -23,9 +23,9 @@ EPS = {torch.float64: 2.0**-52, torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8
 # (encoding, degree of its polynomial parts, T): every block type the fused path re-centres; T spans
 # several blocks
 CASES = {
-    "alibi": (lambda: lp.alibi(2, 16), 1, 1300),  # blocks of 1024, a per-head window past them
+    "alibi": (lambda: lp.alibi(16, num_heads=2), 1, 1300),  # blocks of 1024, a per-head window past them
     "decay": (lambda: lp.build("decay", 16), 0, 400),  # rate 1/2: blocks of 118
-    "retnet": (lambda: lp.retnet(2, 16), 0, 400),
+    "retnet": (lambda: lp.retnet(16, num_heads=2), 0, 400),
     "xpos": (lambda: lp.xpos(16), 0, 300),
     "jordan": (lambda: lp.build("jordan", 15), 2, 200),  # 3x3 blocks at rates 1/2 ... : blocks of 45 in float32
 }
@@ -77,7 +77,7 @@ def test_alibi_window_with_sinks_and_grouped_queries(dtype, monkeypatch):
     seen = []
     starts = recentre._window_starts
     monkeypatch.setattr(recentre, "_window_starts", lambda *a: seen.append(starts(*a)) or seen[-1])
-    enc = lp.alibi(4, 16, slopes=[2.0, 0.5, 0.1, 0.01])  # float64 keeps keys down to e^-750: steep slopes
+    enc = lp.alibi(16, num_heads=4, slopes=[2.0, 0.5, 0.1, 0.01])  # float64 keeps keys down to e^-750: steep slopes
     T = 1500
     q, k, v = inputs(T, 4, 16, dtype, seed=3, kv_heads=1)
     p = torch.arange(T) + 10**6
@@ -110,7 +110,7 @@ def test_alibi_bias_rides_as_a_per_key_mask_on_the_content(dtype, monkeypatch):
     sink logit moves by it. Two batch rows at different times (near 10 and past 10⁶), sinks, grouped keys,
     a window: fused == general == float64 reference."""
     seen = _spy_flash(monkeypatch)
-    enc = lp.alibi(4, 16, slopes=[0.5, 0.25, 0.05, 0.01])
+    enc = lp.alibi(16, num_heads=4, slopes=[0.5, 0.25, 0.05, 0.01])
     T = 1300
     g = torch.Generator().manual_seed(8)
     q = torch.randn(2, 4, T, 16, dtype=F64, generator=g).to(dtype)
@@ -134,7 +134,7 @@ def test_alibi_bias_gradients_with_learned_sinks_and_learned_slopes(monkeypatch)
     sinks = torch.tensor([0.3, -0.7], dtype=F64, requires_grad=True)
     p = torch.arange(T) + 10**6
     for learned in (False, True):
-        enc = lp.alibi(2, 8, slopes=[0.5, 0.02])
+        enc = lp.alibi(8, num_heads=2, slopes=[0.5, 0.02])
         leaves = [q, k, v, sinks]
         if learned:
             enc.key_slots.requires_grad_(True)
@@ -151,7 +151,7 @@ def test_alibi_bias_gradients_with_learned_sinks_and_learned_slopes(monkeypatch)
 
 def test_alibi_window_keeps_a_far_key_that_wins():
     """A key 1200 tokens back whose content score beats its bias must stay in the window."""
-    enc = lp.alibi(2, 16, slopes=[0.5, 0.25])
+    enc = lp.alibi(16, num_heads=2, slopes=[0.5, 0.25])
     T = 1400
     q, k, v = inputs(T, 2, 16, F64, seed=5)
     u = torch.zeros(16, dtype=F64)
@@ -427,7 +427,7 @@ def test_faded_heads_equal_the_tiled_triangle_with_gradients(monkeypatch):
     learned rates equal the tiled path's (every head tiled)."""
     seen = _spy_faded(monkeypatch)
     T = 1600
-    enc = lp.retnet(3, 16)
+    enc = lp.retnet(16, num_heads=3)
     g = torch.Generator().manual_seed(24)
     leaves = [torch.randn(1, 3, T, 16, generator=g).requires_grad_() for _ in range(3)]
     rates = enc.generator.rates.clone().requires_grad_()

@@ -28,7 +28,7 @@ def mixture():
 # ---------------------------------------------------------------------- 1. bfloat16 with Jordan blocks
 @pytest.mark.parametrize("name", ["jordan", "mixture", "alibi"])
 def test_bfloat16_error_is_the_rounding_of_the_inputs(name):
-    enc = {"jordan": lp.build("jordan", D), "mixture": mixture(), "alibi": lp.alibi(H, D)}[name]
+    enc = {"jordan": lp.build("jordan", D), "mixture": mixture(), "alibi": lp.alibi(D, num_heads=H)}[name]
     q, k, v = qkv(B=1, Sq=64, Sk=64, dtype=torch.bfloat16)
     ref = lp.attention_reference(q.double(), k.double(), v.double(), enc)  # exact on the rounded inputs
     out = lp.attention(q, k, v, enc)
@@ -57,7 +57,7 @@ def same(a, b):
 
 @pytest.mark.parametrize("name", ["rope", "xpos", "retnet"])
 def test_a_refused_call_leaves_the_cache_unchanged(name):
-    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "retnet": lp.retnet(H, D)}[name]
+    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "retnet": lp.retnet(D, num_heads=H)}[name]
     q, k, v = qkv()
     cache = lp.KVCache()
     lp.attention(q[:, :, :8], k[:, :, :8], v[:, :, :8], enc, cache=cache)
@@ -76,7 +76,7 @@ def test_a_refused_call_leaves_the_cache_unchanged(name):
             lp.attention(*step, enc, cache=cache, **kw)
         assert same(snapshot(cache), before), kw
     with pytest.raises(ValueError, match="per-head parameters for 3 heads"):
-        lp.attention(*step, lp.retnet(3, D), cache=cache)
+        lp.attention(*step, lp.retnet(D, num_heads=3), cache=cache)
     with pytest.raises(TypeError, match="must share one dtype"):  # a mixed-dtype call
         lp.attention(step[0].float(), step[1], step[2], enc, cache=cache)
     with pytest.raises(TypeError, match="must keep the cached dtype"):
@@ -93,7 +93,7 @@ def test_a_refused_call_leaves_the_cache_unchanged(name):
 @pytest.mark.parametrize("name", ["rope", "xpos", "alibi", "jordan"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_a_non_finite_key_or_value_no_query_sees_changes_nothing(name, bad):
-    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "alibi": lp.alibi(H, D), "jordan": lp.build("jordan", D)}[name]
+    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "alibi": lp.alibi(D, num_heads=H), "jordan": lp.build("jordan", D)}[name]
     q, k, v = qkv()
     t = torch.arange(12, dtype=F64)
     keep = torch.ones(2, 12, dtype=torch.bool)
@@ -121,7 +121,7 @@ def test_a_non_finite_key_or_value_no_query_sees_changes_nothing(name, bad):
 # ---------------------------------------------------------------------- 8. positions without key_positions
 @pytest.mark.parametrize("name", ["rope", "xpos", "alibi"])
 def test_positions_alone_in_self_attention_place_the_keys_there_too(name):
-    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "alibi": lp.alibi(H, D)}[name]
+    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "alibi": lp.alibi(D, num_heads=H)}[name]
     q, k, v = qkv()
     p = torch.arange(12, dtype=F64) + 5000
     alone = lp.attention(q, k, v, enc, positions=p)
@@ -135,7 +135,7 @@ def test_positions_alone_in_self_attention_place_the_keys_there_too(name):
 # ---------------------------------------------------------------------- crashes and bad scales
 @pytest.mark.parametrize("name", ["rope", "xpos", "alibi"])
 def test_empty_batches_and_sequences(name):
-    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "alibi": lp.alibi(H, D)}[name]
+    enc = {"rope": lp.rope(D), "xpos": lp.xpos(D), "alibi": lp.alibi(D, num_heads=H)}[name]
     q, k, v = qkv()
     assert lp.attention(q[:0], k[:0], v[:0], enc).shape == (0, H, 12, 5)
     assert lp.attention(q[:, :, :0], k[:, :, :0], v[:, :, :0], enc).shape == (2, H, 0, 5)

@@ -15,9 +15,9 @@ def encodings():
     return {
         "rope": lp.rope(D),
         "xpos": lp.xpos(D),
-        "retnet": lp.retnet(H, D),
+        "retnet": lp.retnet(D, num_heads=H),
         "decay": lp.decay(torch.linspace(0.05, 0.5, D, dtype=F64)),
-        "alibi": lp.alibi(H, D),
+        "alibi": lp.alibi(D, num_heads=H),
         "jordan": lp.build("jordan", D),
     }
 

@@ -44,7 +44,7 @@ def test_fullgraph_mixed_generator_with_slots_and_positions():
     from liepos.generator import Generator, direct_sum
 
     g = direct_sum(lp.rope(8).generator, Generator([-0.1, 0.0], [0.0, 0.0], [1, 3]), lp.nope(2).generator)
-    encs = [lp.Encoding(g), lp.alibi(2, 8)]
+    encs = [lp.Encoding(g), lp.alibi(8, num_heads=2)]
     for enc in encs:
         torch._dynamo.reset()
         counters.clear()
@@ -98,8 +98,8 @@ GRAPH_ENCODINGS = {
     "rope": lambda: lp.rope(16),
     "rope_half": lambda: lp.rope(16, layout="half"),
     "xpos": lambda: lp.xpos(16),
-    "retnet_half": lambda: lp.retnet(2, 16, layout="half"),
-    "alibi": lambda: lp.alibi(2, 8),
+    "retnet_half": lambda: lp.retnet(16, num_heads=2, layout="half"),
+    "alibi": lambda: lp.alibi(8, num_heads=2),
     "mixed": lambda: _mixed_jordan_nope(),
     "mixed_half": lambda: _mixed_jordan_nope("half"),
     "mrope": lambda: lp.mrope(16, sections=(2, 3, 3)),
@@ -263,7 +263,7 @@ def test_inplace_under_compile(backend):
     w = torch.randn(16, dtype=torch.float64)
     g = torch.autograd.grad((cf(q.clone()) * w).sum(), q)[0]
     assert torch.allclose(g, torch.autograd.grad((enc.query_reference(q) * w).sum(), q)[0], atol=1e-12)
-    alibi = lp.alibi(2, 8)
+    alibi = lp.alibi(8, num_heads=2)
     # fullgraph: dynamo reports the ValueError raised while tracing (with its message)
     with pytest.raises(Exception, match=r"ValueError.*slots make it 10"):
         torch.compile(lambda q: alibi.query(q, inplace=True), fullgraph=True, backend="aot_eager")(
@@ -285,7 +285,7 @@ def test_compiled_equals_eager_with_the_one_pass_kernel_inside():
 
 
 def _opcheck_encodings():
-    return (lp.alibi(2, 8), lp.rope(8), lp.xpos(8, layout="half"), _mixed_jordan_nope(), lp.nope(8))
+    return (lp.alibi(8, num_heads=2), lp.rope(8), lp.xpos(8, layout="half"), _mixed_jordan_nope(), lp.nope(8))
 
 
 @pytest.mark.slow  # the whole grid: 5 encodings x 4 ways of giving positions x 2 sides x 2 dtypes, 4 ops
@@ -441,7 +441,7 @@ def test_an_encoding_first_met_in_a_fake_implementation_is_rebuilt_real():
     made of real tensors, and the op still meets its fake."""
     import gc
 
-    enc = lp.alibi(2, 8)
+    enc = lp.alibi(8, num_heads=2)
     key = _graph.graph_id(enc)
     del enc
     gc.collect()

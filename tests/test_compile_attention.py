@@ -217,7 +217,7 @@ print(torch.equal(f(q, p), enc.query(q, p)))
 @pytest.mark.parametrize("imports,build", [
     ("import liepos as lp", "lp.rope(8)"),
     ("import liepos as lp", "lp.Encoding(lp.rope(8).generator)"),
-    ("from liepos.catalogue import alibi", "alibi(2, 8)"),
+    ("from liepos.catalogue import alibi", "alibi(8, num_heads=2)"),
 ])
 def test_an_encoding_compiles_in_a_fresh_process_whatever_was_imported(imports, build):
     """The structure writer that names an encoding inside a graph is loaded by the facade and by the

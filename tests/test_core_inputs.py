@@ -23,8 +23,8 @@ F64 = torch.float64
 # ---------------------------------------------------------------------- one validator, one verdict
 @pytest.mark.parametrize("make", [
     lambda: lp.rope("8"), lambda: lp.axial_rope("8"), lambda: LearnableGenerator("8"), lambda: lp.mrope(8.0),
-    lambda: lp.xpos(8.0), lambda: lp.retnet(2.0, 8), lambda: lp.alibi("2", 8), lambda: lp.nope(True),
-    lambda: lp.jordan(2.0), lambda: lp.build("rope", "8"), lambda: lp.rope_mixed(8, "2"),
+    lambda: lp.xpos(8.0), lambda: lp.retnet(8, num_heads=2.0), lambda: lp.alibi(8, num_heads="2"), lambda: lp.nope(True),
+    lambda: lp.jordan(2.0), lambda: lp.build("rope", "8"), lambda: lp.rope_mixed(8, num_heads="2"),
 ])
 def test_a_wrong_type_is_a_type_error_everywhere(make):
     with pytest.raises(TypeError, match=r"^`\w+` must be an integer, got"):
@@ -32,7 +32,7 @@ def test_a_wrong_type_is_a_type_error_everywhere(make):
 
 
 def test_heads_of_generator_and_slots_are_checked_at_construction():
-    g = lp.direct_sum(lp.retnet(3, 8).generator, lp.Generator(torch.zeros(3, 1), torch.zeros(3, 1), [2]))
+    g = lp.direct_sum(lp.retnet(8, num_heads=3).generator, lp.Generator(torch.zeros(3, 1), torch.zeros(3, 1), [2]))
     with pytest.raises(ValueError, match=r"disagree on the number of heads: \[2, 3\]"):
         lp.Encoding(g, query_slots=torch.ones(2, 2), key_slots=torch.ones(2, 2))
 
@@ -57,11 +57,11 @@ def test_growth_is_refused_unless_asked():
 ])
 def test_alibi_slopes_are_checked(slopes, exc):
     with pytest.raises(exc, match="`slopes`"):
-        lp.alibi(2, 4, slopes=slopes)
+        lp.alibi(4, num_heads=2, slopes=slopes)
 
 
 def test_slots_are_checked():
-    g = lp.alibi(2, 4).generator
+    g = lp.alibi(4, num_heads=2).generator
     with pytest.raises(ValueError, match="`query_slots` must be finite"):
         lp.Encoding(g, query_slots=[float("nan"), 0.0], key_slots=[0.0, 1.0])
     with pytest.raises(TypeError, match="`key_slots` must be real"):
@@ -104,7 +104,7 @@ def test_positions_beyond_float64_or_not_finite_are_refused(positions):
         lp.rope(8).query(q, positions)
 
 
-@pytest.mark.parametrize("make", [lambda: lp.xpos(8), lambda: lp.retnet(1, 8), lambda: lp.decay([0.1] * 8)])
+@pytest.mark.parametrize("make", [lambda: lp.xpos(8), lambda: lp.retnet(8, num_heads=1), lambda: lp.decay([0.1] * 8)])
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_far_positions_raise_the_same_named_error_on_both_sides(make, dtype):
     enc = make()

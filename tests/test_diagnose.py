@@ -155,7 +155,7 @@ def test_additive_sinusoid_is_not_linear():
 @pytest.mark.parametrize("head", [0, 1])
 def test_alibi_slots_are_a_relative_score_bias_with_its_slope(head):
     """ALiBi appends slots: affine, yet every cross term depends on t - s only (beta(u) = -m u)."""
-    enc = lp.alibi(2, D)
+    enc = lp.alibi(D, num_heads=2)
     d = diagnose(enc.query, enc.key, dim=D, heads=2, head=head)
     assert d.names() == ["score_bias"] and d.relative
     m = float(lp.alibi_slopes(2)[head])

@@ -15,8 +15,8 @@ ENCODINGS = {
     "rope_half": lambda: lp.rope(8, layout="half"),
     "xpos": lambda: lp.xpos(8),
     "decay": lambda: lp.build("decay", 8, 2),
-    "retnet_half": lambda: lp.retnet(2, 8, layout="half"),
-    "alibi": lambda: lp.alibi(2, 8),
+    "retnet_half": lambda: lp.retnet(8, num_heads=2, layout="half"),
+    "alibi": lambda: lp.alibi(8, num_heads=2),
     "jordan": lambda: lp.build("jordan", 8),
     "mrope": lambda: lp.mrope(8, sections=(1, 1, 2)),
 }

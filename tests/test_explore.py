@@ -201,7 +201,7 @@ def test_scaling_applies_past_the_training_length_with_factor_length_over_train_
     apply = scaling_transform(name, T)
     rope = lp.rope(16)
     assert apply(rope, T) is rope  # within the training length: unchanged
-    alibi = lp.alibi(2, 16)
+    alibi = lp.alibi(16, num_heads=2)
     assert apply(alibi, 4 * T) is alibi  # no rotation block: unchanged
     want = lp.scaling.scale(rope, name, factor=4.0, **({} if name in ("linear", "ntk") else
                                                         {"original_max_position_embeddings": T}))

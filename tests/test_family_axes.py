@@ -68,7 +68,7 @@ def test_mhrope_assigns_one_axis_per_head():
 
 
 @pytest.mark.parametrize("make", [lambda: lp.mrope_interleaved(16, (4, 2, 2)), lambda: lp.rope_directions(16, 3, "random"),
-                                  lambda: lp.mhrope(16, 2)], ids=["mrope_interleaved", "rope_directions", "mhrope"])
+                                  lambda: lp.mhrope(16, num_heads=2)], ids=["mrope_interleaved", "rope_directions", "mhrope"])
 def test_decode_equals_full_forward_on_several_axes(make):
     enc = make()
     A = enc.num_axes

@@ -29,12 +29,12 @@ ENCODINGS = {
     "rope_half": lambda: lp.rope(16, layout="half"),
     "xpos": lambda: lp.xpos(16),
     "xpos_half": lambda: lp.xpos(16, layout="half"),
-    "retnet": lambda: lp.retnet(4, 16),
+    "retnet": lambda: lp.retnet(16, num_heads=4),
     "nope": lambda: lp.nope(16),
     "decay": lambda: lp.decay(torch.linspace(0.0, 0.1, 16)),
     "jordan3": lambda: lp.jordan(3, -0.1),
     "complex_jordan": lambda: lp.jordan(2, -0.1, 0.5),
-    "alibi": lambda: lp.alibi(4, 16),
+    "alibi": lambda: lp.alibi(16, num_heads=4),
     "mixed": lambda: _mixed(),
     "mixed_half": lambda: _mixed(layout="half"),
 }
@@ -86,7 +86,7 @@ def test_per_batch_and_real_positions():
     pos = torch.tensor([[0.5, 1.5, 2.0, 7.25, 9.0, 11.0], [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]], dtype=torch.float64)
     assert torch.allclose(enc.query(x, pos), enc.query_reference(x, pos), atol=1e-12)
     assert torch.allclose(enc.key(x, pos), enc.key_reference(x, pos), atol=1e-12)
-    alibi = lp.alibi(3, 8)
+    alibi = lp.alibi(8, num_heads=3)
     x = torch.randn(2, 3, 6, 8, dtype=torch.float64)
     assert torch.allclose(alibi.query(x, pos), alibi.query_reference(x, pos), atol=1e-12)
     assert torch.allclose(alibi.key(x, pos), alibi.key_reference(x, pos), atol=1e-12)
@@ -159,7 +159,7 @@ def test_inplace_equals_out_of_place_and_backprops():
         (ge,) = torch.autograd.grad(enc.key(leaf, torch.arange(5)).square().sum(), leaf)
         assert torch.allclose(leaf.grad, ge, atol=1e-5)
     with pytest.raises(ValueError, match="inplace"):
-        lp.alibi(2, 8).query(torch.randn(1, 2, 3, 8), inplace=True)
+        lp.alibi(8, num_heads=2).query(torch.randn(1, 2, 3, 8), inplace=True)
 
 
 def test_decode_reads_a_cached_row_and_the_cache_is_bounded():

@@ -55,8 +55,8 @@ def custom_jordan():
 # decay 60, RetNet's slowest head ~930, the Jordan block 256: 300 decode steps leave all but RetNet's
 ENCODINGS = {
     "xpos": lambda: lp.xpos(16, scale_base=4.0, layout="half"),
-    "alibi": lambda: lp.alibi(4, 16),
-    "retnet": lambda: lp.retnet(4, 16),
+    "alibi": lambda: lp.alibi(16, num_heads=4),
+    "retnet": lambda: lp.retnet(16, num_heads=4),
     "decay": lambda: lp.catalogue.build("decay", 16, 4),
     "jordan": custom_jordan,
     "head decays": lambda: head_decays(),
@@ -206,7 +206,7 @@ def test_a_changed_encoding_is_never_read_from_stale_keys(how):
 
 
 def test_version_follows_the_parameters():
-    enc = lp.alibi(4, 16)
+    enc = lp.alibi(16, num_heads=4)
     q = torch.randn(1, 4, 3, 16)
     v0, a = enc.version, enc.query(q, torch.arange(3))
     assert enc.version is v0  # kept while nothing changed (no recomputation per call)
@@ -346,11 +346,11 @@ def test_grouped_and_factored_attention_equal_sdpa():
 
 
 def test_factored_only_for_one_decay_per_head():
-    assert hf_decode._factored(lp.retnet(4, 16), lp.retnet(4, 16).version) is not None
-    for enc in (per_head_rates(), lp.xpos(16), lp.alibi(4, 16), custom_jordan()):
+    assert hf_decode._factored(lp.retnet(16, num_heads=4), lp.retnet(16, num_heads=4).version) is not None
+    for enc in (per_head_rates(), lp.xpos(16), lp.alibi(16, num_heads=4), custom_jordan()):
         assert hf_decode._factored(enc, enc.version) is None
-    rot, rates = hf_decode._factored(lp.retnet(4, 16), lp.retnet(4, 16).version)
-    enc, kx = lp.retnet(4, 16), torch.randn(1, 4, 5, 16, dtype=torch.float64)
+    rot, rates = hf_decode._factored(lp.retnet(16, num_heads=4), lp.retnet(16, num_heads=4).version)
+    enc, kx = lp.retnet(16, num_heads=4), torch.randn(1, 4, 5, 16, dtype=torch.float64)
     s = torch.arange(5, dtype=torch.float64) * 7 - 3
     want = enc.key(kx, s)  # G_h(s) k
     got = rot.key(kx, s) * torch.exp(-rates[None, :, None, None] * s[None, None, :, None])
@@ -368,7 +368,7 @@ def test_alibi_prefill_runs_the_causal_kernel_with_a_per_key_mask(dtype, T, monk
     real = hf_decode._linear_prefill
     monkeypatch.setattr(hf_decode, "_linear_prefill", lambda *a: taken.append(real(*a)) or taken[-1])
     model = tiny().to(dtype)
-    patch_model(model, lp.alibi(4, 16))
+    patch_model(model, lp.alibi(16, num_heads=4))
     x = ids(T + 8, batch=2 if T < 1024 else 1)  # blocks of queries take one row of times (hf_decode._blocks)
     with torch.no_grad():
         fast = model(x[:, :T]).logits
@@ -391,7 +391,7 @@ def test_alibi_two_rows_past_the_first_origin_then_a_step():
     fail to grow: ``output with shape [1, 4, 513, 2] doesn't match [2, 4, 513, 2]``); the step equals the
     full forward."""
     model = tiny().to(torch.float64)
-    patch_model(model, lp.alibi(4, 16))
+    patch_model(model, lp.alibi(16, num_heads=4))
     x = ids(700, batch=2)
     with torch.no_grad():
         out = model(x[:, :699], use_cache=True)

@@ -261,8 +261,8 @@ def custom_generator():
 
 OTHERS = {
     "xpos": lambda: lp.xpos(16, layout="half"),
-    "alibi": lambda: lp.alibi(4, 16),
-    "retnet": lambda: lp.retnet(4, 16),
+    "alibi": lambda: lp.alibi(16, num_heads=4),
+    "retnet": lambda: lp.retnet(16, num_heads=4),
     "custom": custom_generator,
 }
 
@@ -297,7 +297,7 @@ def test_other_encodings_run_train_and_generate(name, family):
 def test_alibi_matches_a_dense_bias_model():
     """The patched ALiBi model equals the same attention written with an explicit bias -m(t-s)."""
     model = tiny(std=0.2)
-    patch_model(model, lp.alibi(4, 16))
+    patch_model(model, lp.alibi(16, num_heads=4))
     attn = model.model.layers[0].self_attn
     h = torch.randn(1, 40, 64, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -320,7 +320,7 @@ def test_errors():
     with pytest.raises(ValueError, match="rotates 16 dims"):
         patch_model(model, lp.rope(32))
     with pytest.raises(ValueError, match="5 heads"):
-        patch_model(model, lp.alibi(5, 16))
+        patch_model(model, lp.alibi(16, num_heads=5))
     with pytest.raises(TypeError, match="encoding"):
         patch_model(model, "rope")
     with pytest.raises(ValueError, match="gpt2"):
@@ -352,8 +352,8 @@ def test_per_layer_type_dict():
 # ---------------------------------------------------------------------- the raw-key path
 RAW = {
     "xpos": lambda: lp.xpos(16, layout="half"),
-    "alibi": lambda: lp.alibi(4, 16),
-    "retnet": lambda: lp.retnet(4, 16),
+    "alibi": lambda: lp.alibi(16, num_heads=4),
+    "retnet": lambda: lp.retnet(16, num_heads=4),
     "dynamic": lambda: lp.scaling.dynamic(lp.rope(16, layout="half"), factor=2.0, original_max_position_embeddings=16),
 }
 

@@ -38,7 +38,7 @@ def _half_mixed() -> lp.Encoding:
 
 
 def _half_with_slots() -> lp.Encoding:
-    a = lp.alibi(2, 8)
+    a = lp.alibi(8, num_heads=2)
     g = direct_sum(lp.rope(8).generator, a.generator)
     return lp.Encoding(g, layout="half", query_slots=a.query_slots, key_slots=a.key_slots)
 
@@ -46,7 +46,7 @@ def _half_with_slots() -> lp.Encoding:
 ENCODINGS = {
     "rope_half": lambda: lp.rope(16, layout="half"),
     "xpos_half": lambda: lp.xpos(16, layout="half"),
-    "retnet_half": lambda: lp.retnet(2, 16, layout="half"),  # per-head tables (H, S, P)
+    "retnet_half": lambda: lp.retnet(16, num_heads=2, layout="half"),  # per-head tables (H, S, P)
     "mixed_half": _half_mixed,
     "slots_half": _half_with_slots,
 }
@@ -223,7 +223,7 @@ def _jordan_mixed(layout: str) -> lp.Encoding:
 
 
 def _jordan_with_slots() -> lp.Encoding:
-    a = lp.alibi(2, 8)
+    a = lp.alibi(8, num_heads=2)
     g = direct_sum(lp.build("jordan", 9).generator, a.generator)
     return lp.Encoding(g, query_slots=a.query_slots, key_slots=a.key_slots, name="jordan_slots")
 

@@ -125,7 +125,7 @@ def test_bad_options():
 def test_learned_slots_get_the_readable_paths_gradient(side):
     """Slot values that need a gradient leave the fast path (whose cached tables hold them as numbers):
     ``query`` / ``key`` give the same values and slot gradients as the dense reference."""
-    enc = lp.alibi(3, 8, slopes=[0.5, 0.1, 0.01])
+    enc = lp.alibi(8, num_heads=3, slopes=[0.5, 0.1, 0.01])
     slots = enc.query_slots if side == "query" else enc.key_slots
     slots.requires_grad_(True)
     x = torch.randn(2, 3, 7, 8, dtype=torch.float64)

@@ -27,7 +27,7 @@ ENCODINGS = {
     "jordan": (lambda base, rate: lp.jordan(3, rate=-rate), True),
     "rope+jordan": (lambda base, rate: lp.Encoding(lp.direct_sum(
         lp.rope(4, base=base).generator, lp.jordan(2, rate=-rate).generator)), True),
-    "alibi": (lambda base, rate: lp.alibi(HEADS, 8), True),  # slots carry the per-head slopes
+    "alibi": (lambda base, rate: lp.alibi(8, num_heads=HEADS), True),  # slots carry the per-head slopes
     "per-head": (lambda base, rate: lp.Encoding(lp.Generator(  # a heads axis: (heads, blocks)
         [[-rate, 0.0], [-rate / 3, -rate]], [[1.0, 100.0 / base], [0.5, 10.0 / base]], [1, 1])), True),
 }

@@ -238,7 +238,7 @@ def test_maps_apply_to_any_generator():
     p = scaling.proportional(enc, partial_rotary_factor=0.5)
     assert freqs(p).tolist() == freqs(enc).tolist()[:4] + [0.0] * 4
     # per-head generators
-    r = lp.retnet(3, 16)
+    r = lp.retnet(16, num_heads=3)
     rs = scaling.ntk(r, factor=4.0)
     assert rs.generator.freqs.shape == (3, 8)
     assert torch.equal(rs.generator.freqs[:, 0], r.generator.freqs[:, 0])

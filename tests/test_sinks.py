@@ -20,8 +20,8 @@ def encodings():
         "rope": lp.rope(D),
         "rope_half": lp.rope(D, layout="half"),
         "xpos": lp.xpos(D),
-        "retnet": lp.retnet(H, D),
-        "alibi": lp.alibi(H, D),
+        "retnet": lp.retnet(D, num_heads=H),
+        "alibi": lp.alibi(D, num_heads=H),
         "jordan": lp.build("jordan", D),
     }
 
@@ -110,9 +110,9 @@ def test_learnable_sinks_gradcheck():
 
 def test_sinks_in_float32_and_bfloat16():
     q, k, v, s = qkv()
-    want = lp.attention_reference(q, k, v, lp.alibi(H, D), sinks=s)
+    want = lp.attention_reference(q, k, v, lp.alibi(D, num_heads=H), sinks=s)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
-        out = lp.attention(q.to(dtype), k.to(dtype), v.to(dtype), lp.alibi(H, D), sinks=s.to(dtype))
+        out = lp.attention(q.to(dtype), k.to(dtype), v.to(dtype), lp.alibi(D, num_heads=H), sinks=s.to(dtype))
         assert out.dtype == dtype
         assert (out.double() - want).abs().max() < tol
 

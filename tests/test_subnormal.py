@@ -28,11 +28,11 @@ def _damped() -> lp.Encoding:
 
 ENCODINGS = {
     "decay": lambda: lp.build("decay", DIM, HEADS),
-    "retnet": lambda: lp.retnet(HEADS, DIM),
+    "retnet": lambda: lp.retnet(DIM, num_heads=HEADS),
     "xpos": lambda: lp.xpos(DIM),
     "jordan": lambda: lp.build("jordan", DIM),
     "damped": _damped,
-    "alibi": lambda: lp.alibi(HEADS, DIM),
+    "alibi": lambda: lp.alibi(DIM, num_heads=HEADS),
 }
 
 

@@ -111,7 +111,7 @@ def test_refusals_leave_the_cache_untouched():
     q, k, v = (torch.randn(1, 2, 3, 4, dtype=F64) for _ in range(3))
     cache = lp.KVCache()
     with pytest.raises(ValueError, match="slots"):
-        lp.attention(q, k, v, lp.alibi(2, 4), cache=cache, temperature=ScalableSoftmax())
+        lp.attention(q, k, v, lp.alibi(4, num_heads=2), cache=cache, temperature=ScalableSoftmax())
     with pytest.raises(ValueError, match="3 heads"):
         lp.attention(q, k, v, lp.rope(4), cache=cache, temperature=ScalableSoftmax([1.0, 1.0, 1.0]))
     with pytest.raises(TypeError, match="temperature"):

@@ -90,9 +90,9 @@ def test_an_unpatched_model_computes_the_encoding(name, model_type):
 
 @pytest.mark.parametrize("enc, block", [
     (lp.xpos(16), "rate"),
-    (lp.retnet(4, 16), "per-head"),
+    (lp.retnet(16, num_heads=4), "per-head"),
     (lp.jordan(3), "Jordan block of size 3"),
-    (lp.alibi(4, 16), "slots"),
+    (lp.alibi(16, num_heads=4), "slots"),
     (lp.Encoding(lp.rope(4).generator.with_params(), name="x").replace(
         generator=lp.Generator([0.0, 0.0], [1.0, 0.1], [1, 1], basis=torch.eye(4) + 0.1 * torch.ones(4, 4))),
      "custom basis"),

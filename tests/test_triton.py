@@ -20,11 +20,11 @@ ENCODINGS = {
     "rope_half": lambda: lp.rope(16, layout="half"),
     "xpos": lambda: lp.xpos(16),
     "xpos_half": lambda: lp.xpos(16, layout="half"),
-    "retnet": lambda: lp.retnet(2, 16),
+    "retnet": lambda: lp.retnet(16, num_heads=2),
     "decay": lambda: lp.build("decay", 16, 2),
     "damped": lambda: lp.jordan(2, -0.1, 0.5),
     "jordan": lambda: lp.build("jordan", 16),
-    "alibi": lambda: lp.alibi(2, 16),
+    "alibi": lambda: lp.alibi(16, num_heads=2),
     "partial": lambda: lp.Encoding(lp.direct_sum(lp.rope(8).generator, lp.nope(8).generator)),
     "runs": lambda: lp.Encoding(_runs_generator()),  # rotation, decay and NoPE runs side by side
     "runs_half": lambda: lp.Encoding(_runs_generator(), layout="half"),

@@ -135,7 +135,7 @@ def test_x_transformers_alibi_slopes_and_bias():
         assert lp.alibi_slopes(n).tolist() == xt.AlibiPositionalBias._get_slopes(n), n
     H, D, S = 6, 8, 50
     bias = xt.AlibiPositionalBias(H, H)(S, S).double()  # (H, S, S): -m_h |i - j|
-    enc = lp.alibi(H, D)
+    enc = lp.alibi(D, num_heads=H)
     z = torch.zeros(1, H, S, D, dtype=F64)
     slot = enc.query(z, torch.arange(S)) @ enc.key(z, torch.arange(S)).transpose(-1, -2)  # -m_h (t - s)
     causal = torch.ones(S, S, dtype=torch.bool).tril()
@@ -187,7 +187,7 @@ def test_torchscale_retnet(retnet_relpos):
     (sin, cos), mask = RetNetRelPos(args).double()(n)  # mask: gamma^(n-m), rows divided by sqrt(row sum)
     q, k = rand(1, H, n, D, seed=9), rand(1, H, n, D, seed=10)
     ref = (theta_shift(q, sin, cos) @ theta_shift(k, sin, cos).transpose(-1, -2)) * mask
-    enc = lp.retnet(H, D)
+    enc = lp.retnet(D, num_heads=H)
     ours = xpos_scores(enc, q, k, torch.arange(n))
     gamma = 1 - 2.0 ** (-5 - torch.arange(H, dtype=F64))
     lag = (torch.arange(n)[:, None] - torch.arange(n)[None]).double()

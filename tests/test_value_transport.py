@@ -71,7 +71,7 @@ def test_values_carried_by_every_block_type_match_the_dense_reference(name, wher
 def test_values_carried_through_a_cache_equal_the_full_forward(name):
     venc = value_encodings()[name]
     q, k, v = qkv(kv_heads=2, seed=3)
-    for enc in (lp.rope(D), lp.retnet(H, D)):
+    for enc in (lp.rope(D), lp.retnet(D, num_heads=H)):
         t = torch.arange(10, dtype=F64) + 10**6
         full = lp.attention(q, k, v, enc, t, t, value_encoding=venc)
         cache = lp.KVCache()
@@ -87,7 +87,7 @@ def test_values_carried_through_a_cache_equal_the_full_forward(name):
 def test_the_identity_venc_is_ordinary_attention():
     q, k, v = qkv()
     nope = lp.nope(DV)
-    for enc in (lp.rope(D), lp.alibi(H, D)):
+    for enc in (lp.rope(D), lp.alibi(D, num_heads=H)):
         assert torch.allclose(lp.attention(q, k, v, enc, value_encoding=nope), lp.attention(q, k, v, enc), atol=1e-12)
 
 
@@ -119,6 +119,6 @@ def test_bad_value_encodings_are_refused():
     with pytest.raises(ValueError, match="`value_encoding` acts on 8 dims but v has 6"):
         lp.attention(q, k, v, lp.rope(D), value_encoding=lp.rope(8))
     with pytest.raises(ValueError, match="`value_encoding` must have no slots"):
-        lp.attention(q, k, v, lp.rope(D), value_encoding=lp.alibi(H, DV))
+        lp.attention(q, k, v, lp.rope(D), value_encoding=lp.alibi(DV, num_heads=H))
     with pytest.raises(ValueError, match="bidirectional"):
         lp.attention(q, k, v, lp.rope(D), causal=False, value_encoding=lp.xpos(DV))

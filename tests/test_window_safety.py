@@ -31,7 +31,7 @@ def _all_keys(call, qe, lo, slopes, knorm):
 )
 def test_the_key_window_changes_no_output(heads, gaps, norms, anti, dtype, seed):
     S = len(gaps)
-    enc = lp.alibi(heads, 8)
+    enc = lp.alibi(8, num_heads=heads)
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, heads, S, 8, dtype=F64, generator=g) for _ in range(3))
     scale = 10.0 ** torch.tensor(norms[:S], dtype=F64)  # (S,)

@@ -2,13 +2,17 @@
 
 Every entry is a generator X (plus slots for ALiBi); every one satisfies the same identity
 ``enc.query(q, t)ᵀ enc.key(k, s) = qᵀ exp((t − s) X) k`` (with several position axes,
-``exp(Σ_a (t_a − s_a) X_a)``). :data:`CATALOGUE` is a plain dict with one signature,
-``build(head_dim, num_heads=1, **options) -> Encoding``; the functions below keep their natural
-signatures. Each function's doctest checks its defining identity.
+``exp(Σ_a (t_a − s_a) X_a)``). Every builder takes the head's width ``dim`` first and ``num_heads=``
+by keyword only (where the encoding has per-head parameters), so a ``(num_heads, dim)`` call
+raises instead of building another model. :data:`CATALOGUE` maps a name to an entry holding the
+builder itself: ``build(name, dim, num_heads, **options)`` calls that function with exactly those
+arguments, and the function's own defaults apply. Each function's doctest checks its defining identity.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -157,25 +161,25 @@ def xpos(dim: int, base: float = 10000.0, scale_base: float = 512.0, layout: str
     return Encoding(Generator(torch.log(zeta) / scale_base, w, [1] * (dim // 2)), layout=_layout(layout), name="xpos")
 
 
-def retnet(num_heads: int, head_dim: int, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
+def retnet(dim: int, *, num_heads: int, base: float = 10000.0, layout: str = "interleaved") -> Encoding:
     """RetNet (Sun et al., "Retentive Network", 2023): per-head decay γ_h = 1 − 2^(−5−h) with rotation.
 
     Head h: every plane decays at ``λ_h = ln γ_h`` and plane k rotates at
-    ``ω_k = base^(−linspace(0, 1, head_dim/2)_k)`` (torchscale's schedule, not RoPE's 2k/d), so the
+    ``ω_k = base^(−linspace(0, 1, dim/2)_k)`` (torchscale's schedule, not RoPE's 2k/d), so the
     score is ``γ_h^{t−s} · qᵀ R(−ω(t−s)) k`` — the retention decay mask D_nm = γ^{n−m} (RetNet's
     separate normalisations are not part of the encoding).
 
     >>> import torch
     >>> q = torch.randn(1, 2, 1, 4, dtype=torch.float64)
     >>> gamma = 1 - 2.0 ** -torch.tensor([5.0, 6.0], dtype=torch.float64)
-    >>> ratio = retnet(2, 4).query(q, [10]).norm(dim=-1) / q.norm(dim=-1)  # (1, heads, 1)
+    >>> ratio = retnet(4, num_heads=2).query(q, [10]).norm(dim=-1) / q.norm(dim=-1)  # (1, heads, 1)
     >>> bool(torch.allclose(ratio.flatten(), gamma**10))
     True
     """
+    dim = check_int("dim", dim, min=2, even=True)
     num_heads = check_int("num_heads", num_heads, min=1)
-    head_dim = check_int("head_dim", head_dim, min=2, even=True)
     base = check_real("base", base, positive=True)
-    P = head_dim // 2
+    P = dim // 2
     w = base ** (-torch.linspace(0.0, 1.0, P, dtype=torch.float64))
     h = torch.arange(num_heads, dtype=torch.float64)
     lam = torch.log1p(-(2.0 ** (-_RETNET_FIRST_EXPONENT - h)))  # (H,)
@@ -211,7 +215,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(slopes(num_heads), dtype=torch.float64)
 
 
-def alibi(num_heads: int, head_dim: int, slopes: Sequence[float] | torch.Tensor | None = None) -> Encoding:
+def alibi(dim: int, *, num_heads: int, slopes: Sequence[float] | torch.Tensor | None = None) -> Encoding:
     """ALiBi (Press et al., "Train Short, Test Long", 2022) exactly, as a slide.
 
     Content dims are NoPE; two slots carry the nilpotent block ``N = [[0, 1], [0, 0]]`` with
@@ -219,19 +223,19 @@ def alibi(num_heads: int, head_dim: int, slopes: Sequence[float] | torch.Tensor 
     and the score is ``qᵀk − m_h (t − s)``: no bias matrix is ever built. ``slopes`` ``m_h ≥ 0``.
 
     >>> import torch
-    >>> enc, m = alibi(2, 4), alibi_slopes(2)
+    >>> enc, m = alibi(4, num_heads=2), alibi_slopes(2)
     >>> q, k = torch.randn(1, 2, 1, 4, dtype=torch.float64), torch.randn(1, 2, 1, 4, dtype=torch.float64)
     >>> score = (enc.query(q, [9]) * enc.key(k, [2])).sum(-1).flatten()
     >>> bool(torch.allclose(score, (q * k).sum(-1).flatten() - m * (9 - 2)))
     True
     """
+    dim = check_int("dim", dim, min=1)
     num_heads = check_int("num_heads", num_heads, min=1)
-    head_dim = check_int("head_dim", head_dim, min=1)
     m = alibi_slopes(num_heads) if slopes is None else check_real_tensor("slopes", slopes, ndim=1, nonnegative=True)
     if m.shape != (num_heads,):
         raise ValueError(f"`slopes` must have shape ({num_heads},), got {tuple(m.shape)}")
-    z = _zeros(head_dim)
-    g = direct_sum(Generator(z, z, [1] * head_dim), Generator([0.0], [0.0], [2]))
+    z = _zeros(dim)
+    g = direct_sum(Generator(z, z, [1] * dim), Generator([0.0], [0.0], [2]))
     qs = torch.tensor([1.0, 0.0], dtype=torch.float64).expand(num_heads, 2).clone()  # (2,) -> (H, 2)
     ks = torch.stack([torch.zeros_like(m), -m], dim=-1)  # (H, 2)
     return Encoding(g, query_slots=qs, key_slots=ks, name="alibi")
@@ -253,15 +257,16 @@ def jordan(size: int, rate: float = 0.0, freq: float = 0.0, *, allow_growth: boo
                     name=f"jordan{size}")
 
 
-def _jordan_bank(head_dim: int, num_heads: int = 1, size: int = 3, rate: float | None = None) -> Encoding:
-    """head_dim // size decaying Jordan blocks of ``size`` (rates spread like decay), the rest NoPE."""
-    head_dim = check_int("head_dim", head_dim, min=1)
-    size = check_int("size", size, min=1, max=head_dim)
-    nb = head_dim // size
+def _jordan_bank(dim: int, size: int = 3, rate: float | None = None) -> Encoding:
+    """The registry's jordan: ``dim // size`` decaying Jordan blocks of ``size`` (rates spread like
+    decay, or one ``rate``), the rest NoPE (:func:`jordan` is one block)."""
+    dim = check_int("dim", dim, min=1)
+    size = check_int("size", size, min=1, max=dim)
+    nb = dim // size
     rates = -default_decay_rates(nb) if rate is None else torch.full((nb,), check_real("rate", rate), dtype=torch.float64)
     gens = [Generator(rates, _zeros(nb), [size] * nb)]
-    if head_dim - nb * size:
-        gens.append(nope(head_dim - nb * size).generator)
+    if dim - nb * size:
+        gens.append(nope(dim - nb * size).generator)
     return Encoding(direct_sum(*gens), name=f"jordan{size}")
 
 
@@ -295,7 +300,7 @@ def axial_rope(dim: int, axes: int = 2, base: float = 10000.0, layout: str = "in
 
 
 def rope_mixed(
-    dim: int, num_heads: int, base: float = 10.0, *, angles: Any = None, seed: int = 0, layout: str = "interleaved",
+    dim: int, *, num_heads: int, base: float = 10.0, angles: Any = None, seed: int = 0, layout: str = "interleaved",
 ) -> Encoding:
     """RoPE-Mixed (Heo et al., 2024, naver-ai/rope-vit ``init_2d_freqs``): 2D frequency vectors.
 
@@ -328,13 +333,28 @@ def rope_mixed(
     return Encoding(_rotations(freqs, 2), layout=_layout(layout), name="rope_mixed")
 
 
-def mrope(dim: int, sections: Sequence[int] = (16, 24, 24), base: float = 10000.0, layout: str = "half") -> Encoding:
+def _interleaved_sections(dim: int) -> list[int]:
+    """Qwen3-VL's (24, 20, 20) of 64 planes, scaled to ``dim/2`` planes (t gets the rest)."""
+    P = check_int("dim", dim, min=6, even=True) // 2
+    hw = (20 * P) // 64
+    return [P - 2 * hw, hw, hw]
+
+
+def _mrope_sections(dim: int) -> list[int]:
+    """Qwen2-VL's split of the dim/2 planes, (16, 24, 24) at dim 128, scaled to ``dim/2`` planes (t gets the rest)."""
+    P = check_int("dim", dim, min=6, even=True) // 2
+    hw = (3 * P) // 8  # 24 of 64
+    return [P - 2 * hw, hw, hw]
+
+
+def mrope(dim: int, sections: Sequence[int] | None = None, base: float = 10000.0, layout: str = "half") -> Encoding:
     """M-RoPE (Qwen2-VL): RoPE's planes split into sections; section i follows axis ``i % 3`` (t, h, w).
 
     Plane k keeps RoPE's ``ω_k = base^(−2k/dim)`` and rotates with the axis of the section holding
-    it, as in transformers' ``Qwen2VLRotaryEmbedding`` (``sum(sections) == dim/2``; Hugging Face's
-    half layout by default). Positions ``(…, seq, 3)``; a text token has equal axes, so text-only input
-    is exactly ``rope(dim, base, layout)``.
+    it, as in transformers' ``Qwen2VLRotaryEmbedding`` (``sum(sections) == dim/2``; by default Qwen2-VL's
+    (16, 24, 24) of 64 planes scaled to ``dim/2``, t taking the rest; Hugging Face's half layout by
+    default). Positions ``(…, seq, 3)``; a text token has equal axes, so text-only input is exactly
+    ``rope(dim, base, layout)``.
 
     >>> import torch
     >>> q, t = torch.randn(1, 1, 3, 16, dtype=torch.float64), torch.tensor([4.0, 5.0, 6.0], dtype=torch.float64)
@@ -343,7 +363,7 @@ def mrope(dim: int, sections: Sequence[int] = (16, 24, 24), base: float = 10000.
     True
     """
     dim = check_int("dim", dim, min=2, even=True)
-    sections = check_ints("sections", sections, min=0)
+    sections = _mrope_sections(dim) if sections is None else check_ints("sections", sections, min=0)
     if sum(sections) != dim // 2:
         raise ValueError(f"`sections` must sum to dim/2 = {dim // 2}, got {sections}")
     w = rope_freqs(dim, base)
@@ -356,10 +376,11 @@ def mrope(dim: int, sections: Sequence[int] = (16, 24, 24), base: float = 10000.
 
 
 def decay_axial_rope(
-    dim: int, axes: int = 3, base: float = 10000.0, rates: Any = None, decay_axis: int = 0, layout: str = "interleaved",
+    dim: int, axes: int = 2, base: float = 10000.0, rates: Any = None, decay_axis: int = 0, layout: str = "interleaved",
 ) -> Encoding:
     """Decay along one axis, rotation along all: axial RoPE whose every plane also fades along
-    ``decay_axis`` (e.g. time in a video) at rate ``rates[k] ≥ 0`` (default: from 1/2 to 1/2048).
+    ``decay_axis`` (e.g. time in a video, ``axes=3``) at rate ``rates[k] ≥ 0`` (default: from 1/2 to 1/2048);
+    two axes by default, as :func:`axial_rope`.
 
     The generators commute (each is diagonal in the same planes), so scores are relative in every
     axis; along ``decay_axis`` plane k weighs a lag u by ``e^{−rate_k u}``. Causal along that axis
@@ -388,13 +409,14 @@ def decay_axial_rope(
 _GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 
 
-def mrope_interleaved(dim: int, sections: Sequence[int] = (24, 20, 20), base: float = 10000.0,
+def mrope_interleaved(dim: int, sections: Sequence[int] | None = None, base: float = 10000.0,
                       layout: str = "half") -> Encoding:
     """MRoPE-Interleave (Qwen3-VL, arXiv 2510.23095): the axes t, h, w interleaved across the spectrum.
 
     Plane k rotates at RoPE's ``ω_k`` along axis h when ``k ≡ 1 (mod 3)`` and ``k < 3·sections[1]``, along
     w when ``k ≡ 2 (mod 3)`` and ``k < 3·sections[2]``, else along t — transformers'
     ``Qwen3VLTextRotaryEmbedding``; every axis sees the whole frequency range (M-RoPE gives each a band).
+    ``sections`` defaults to Qwen3-VL's (24, 20, 20) of 64 planes scaled to ``dim/2`` (t taking the rest).
 
     >>> import torch
     >>> w = mrope_interleaved(16, (4, 2, 2)).generator.freqs  # (axes, planes): which axis owns plane k
@@ -402,7 +424,7 @@ def mrope_interleaved(dim: int, sections: Sequence[int] = (24, 20, 20), base: fl
     [0, 1, 2, 0, 1, 2, 0, 0]
     """
     dim = check_int("dim", dim, min=2, even=True)
-    sections = check_ints("sections", sections, min=0, length=3)
+    sections = _interleaved_sections(dim) if sections is None else check_ints("sections", sections, min=0, length=3)
     P = dim // 2
     if sum(sections) != P:
         raise ValueError(f"`sections` must sum to dim/2 = {P}, got {sections}")
@@ -456,7 +478,7 @@ def rope_directions(dim: int, axes: int = 2, directions: Any = "golden", base: f
     return Encoding(_rotations(freqs, axes), layout=_layout(layout), name="rope_directions")
 
 
-def mhrope(dim: int, num_heads: int, axes: int = 3, base: float = 10000.0, head_axes: Any = None,
+def mhrope(dim: int, *, num_heads: int, axes: int = 3, base: float = 10000.0, head_axes: Any = None,
            layout: str = "half") -> Encoding:
     """Multi-Head RoPE (Qwen, arXiv 2510.23095): each head rotates all its planes along one axis.
 
@@ -563,149 +585,136 @@ def string_google(dim: int, base: float = 10000.0, seed: int = 0, layout: str = 
 
 
 # ---------------------------------------------------------------------- the registry
+@functools.cache
+def _takes_heads(fn: Callable[..., Encoding]) -> bool:
+    """Whether ``fn`` has per-head parameters: a keyword-only ``num_heads``."""
+    p = inspect.signature(fn).parameters.get("num_heads")
+    return p is not None and p.kind is inspect.Parameter.KEYWORD_ONLY
+
+
 @dataclass(frozen=True)
 class CatalogueEntry:
-    """A registry entry: ``build(head_dim, num_heads=1, **options)``, its paper, identity and row of the six."""
+    """A registry entry: the builder ``fn(dim, *, num_heads, **options)`` itself (``num_heads`` only where the
+    encoding has per-head parameters), its paper, identity and row of the six."""
 
-    build: Callable[..., Encoding]
+    fn: Callable[..., Encoding]
     paper: str
     identity: str
     row: str
 
+    @property
+    def takes_heads(self) -> bool:
+        """Whether the builder needs ``num_heads`` (per-head parameters: ALiBi's slopes, RetNet's decays, ...)."""
+        return _takes_heads(self.fn)
 
-def _decay_entry(head_dim: int, num_heads: int = 1, rates: Any = None, rate: float | None = None) -> Encoding:
-    """The registry's decay: ``rates`` as given, one ``rate`` for every dim, or the default bank."""
+    @property
+    def options(self) -> list[str]:
+        """The builder's options: its parameters after ``dim`` and ``num_heads``."""
+        return [p for p in inspect.signature(self.fn).parameters if p not in ("dim", "num_heads")]
+
+    def build(self, dim: int, num_heads: int | None = None, **options: Any) -> Encoding:
+        """``fn(dim, num_heads=num_heads, **options)``, exactly as given: the builder's own defaults apply.
+
+        An encoding without per-head parameters serves every head count, so ``num_heads`` is checked
+        and then not passed; one with them refuses a missing ``num_heads``.
+        """
+        dim = check_int("dim", dim, min=1)
+        if num_heads is not None:
+            num_heads = check_int("num_heads", num_heads, min=1)
+        if not self.takes_heads:
+            return self.fn(dim, **options)
+        if num_heads is None:
+            raise TypeError(f"{self.fn.__name__}() has per-head parameters: give `num_heads` "
+                            f"(build(name, dim, num_heads), or {self.fn.__name__}(dim, num_heads=...))")
+        return self.fn(dim, num_heads=num_heads, **options)
+
+
+def _decay_bank(dim: int, rates: Any = None, rate: float | None = None) -> Encoding:
+    """The registry's decay: ``rates`` as given, one ``rate`` for every dim, or the default bank of ``dim``
+    rates (:func:`decay` takes the rates themselves)."""
     if rates is not None and rate is not None:
         raise ValueError(f"give `rates` or `rate`, not both; got rates={rates!r} and rate={rate!r}")
-    head_dim = check_int("head_dim", head_dim, min=1)
+    dim = check_int("dim", dim, min=1)
     if rate is not None:
-        return decay(torch.full((head_dim,), check_real("rate", rate, nonnegative=True), dtype=torch.float64))
-    return decay(default_decay_rates(head_dim) if rates is None else rates)
+        return decay(torch.full((dim,), check_real("rate", rate, nonnegative=True), dtype=torch.float64))
+    return decay(default_decay_rates(dim) if rates is None else rates)
 
 
 CATALOGUE: dict[str, CatalogueEntry] = {
-    "nope": CatalogueEntry(
-        lambda head_dim, num_heads=1: nope(head_dim), "Kazemnejad et al., 2023 (NoPE)", "A(u) = I", "nope",
-    ),
-    "decay": CatalogueEntry(_decay_entry, "linear attention / SSMs", "A(u) = diag(e^{-r u})", "decay"),
+    "nope": CatalogueEntry(nope, "Kazemnejad et al., 2023 (NoPE)", "A(u) = I", "nope"),
+    "decay": CatalogueEntry(_decay_bank, "linear attention / SSMs", "A(u) = diag(e^{-r u})", "decay"),
     "growth": CatalogueEntry(
-        lambda head_dim, num_heads=1, rate=0.05: growth(head_dim, rate),
-        "the row the theory calls forbidden", "A(u) = diag(e^{+r u}), r > 0 (explicitly allowed)", "growth",
+        growth, "the row the theory calls forbidden", "A(u) = diag(e^{+r u}), r > 0 (explicitly allowed)", "growth",
     ),
-    "rope": CatalogueEntry(
-        lambda head_dim, num_heads=1, base=10000.0, layout="interleaved": rope(head_dim, base, layout),
-        "Su et al., 2021 (RoFormer)", "A(u) = ⊕ R(-ω_k u), ω_k = base^(-2k/d)", "rotation",
-    ),
+    "rope": CatalogueEntry(rope, "Su et al., 2021 (RoFormer)", "A(u) = ⊕ R(-ω_k u), ω_k = base^(-2k/d)", "rotation"),
     "xpos": CatalogueEntry(
-        lambda head_dim, num_heads=1, base=10000.0, scale_base=512.0, layout="interleaved": xpos(
-            head_dim, base, scale_base, layout
-        ),
-        "Sun et al., 2022 (xPos)", "A(u) = ⊕ ζ_k^(u/scale_base) R(-ω_k u)", "damped_rotation",
+        xpos, "Sun et al., 2022 (xPos)", "A(u) = ⊕ ζ_k^(u/scale_base) R(-ω_k u)", "damped_rotation",
     ),
     "retnet": CatalogueEntry(
-        lambda head_dim, num_heads=1, base=10000.0, layout="interleaved": retnet(num_heads, head_dim, base, layout),
-        "Sun et al., 2023 (RetNet)", "A_h(u) = γ_h^u ⊕ R(-ω_k u), γ_h = 1 - 2^(-5-h)", "damped_rotation",
+        retnet, "Sun et al., 2023 (RetNet)", "A_h(u) = γ_h^u ⊕ R(-ω_k u), γ_h = 1 - 2^(-5-h)", "damped_rotation",
     ),
     "alibi": CatalogueEntry(
-        lambda head_dim, num_heads=1, slopes=None: alibi(num_heads, head_dim, slopes),
-        "Press et al., 2022 (ALiBi)", "score = q·k - m_h (t - s) via slots and N = [[0,1],[0,0]]", "polynomial",
+        alibi, "Press et al., 2022 (ALiBi)", "score = q·k - m_h (t - s) via slots and N = [[0,1],[0,0]]", "polynomial",
     ),
     "jordan": CatalogueEntry(_jordan_bank, "the theory's untried corner", "A(u) = e^{λu} Σ u^k/k! N^k", "polynomial"),
     "axial_rope": CatalogueEntry(
-        lambda head_dim, num_heads=1, axes=2, base=10000.0, layout="interleaved": axial_rope(head_dim, axes, base, layout),
-        "torchtune vision RoPE / CogVideo 3D", "A(u) = exp(Σ_a u_a X_a), axis a owns a block of planes", "rotation",
+        axial_rope, "torchtune vision RoPE / CogVideo 3D", "A(u) = exp(Σ_a u_a X_a), axis a owns a block of planes",
+        "rotation",
     ),
     "rope_mixed": CatalogueEntry(
-        lambda head_dim, num_heads=1, base=10.0, angles=None, seed=0, layout="interleaved": rope_mixed(
-            head_dim, num_heads, base, angles=angles, seed=seed, layout=layout
-        ),
-        "Heo et al., 2024 (RoPE-Mixed)", "A(u) = ⊕ R(-(ω_k · u)), ω_k a 2D frequency vector per head", "rotation",
+        rope_mixed, "Heo et al., 2024 (RoPE-Mixed)", "A(u) = ⊕ R(-(ω_k · u)), ω_k a 2D frequency vector per head",
+        "rotation",
     ),
     "mrope": CatalogueEntry(
-        lambda head_dim, num_heads=1, sections=None, base=10000.0, layout="half": mrope(
-            head_dim, _mrope_sections(head_dim) if sections is None else sections, base, layout
-        ),
-        "Wang et al., 2024 (Qwen2-VL M-RoPE)", "A(u) = ⊕ R(-ω_k u_{axis(k)}), sections of planes per (t, h, w)",
+        mrope, "Wang et al., 2024 (Qwen2-VL M-RoPE)", "A(u) = ⊕ R(-ω_k u_{axis(k)}), sections of planes per (t, h, w)",
         "rotation",
     ),
     "decay_axial_rope": CatalogueEntry(
-        lambda head_dim, num_heads=1, axes=2, base=10000.0, rates=None, decay_axis=0, layout="interleaved": (
-            decay_axial_rope(head_dim, axes, base, rates, decay_axis, layout)
-        ),
-        "decay along one axis, rotation along all", "A(u) = e^{-r u_decay} ⊕ R(-ω_k u_{axis(k)})", "damped_rotation",
+        decay_axial_rope, "decay along one axis, rotation along all", "A(u) = e^{-r u_decay} ⊕ R(-ω_k u_{axis(k)})",
+        "damped_rotation",
     ),
     "p_rope": CatalogueEntry(
-        lambda head_dim, num_heads=1, p=0.75, base=10000.0, layout="interleaved": p_rope(head_dim, p, base, layout),
-        "Barbero et al., 2024 (p-RoPE, arXiv 2410.06205)", "A(u) = ⊕_{k<p·d/2} R(-ω_k u) ⊕ I", "rotation",
+        p_rope, "Barbero et al., 2024 (p-RoPE, arXiv 2410.06205)", "A(u) = ⊕_{k<p·d/2} R(-ω_k u) ⊕ I", "rotation",
     ),
     "rope_id": CatalogueEntry(
-        lambda head_dim, num_heads=1, fraction=_ROPE_ID_FRACTION, base=10000.0, layout="interleaved": rope_id(
-            head_dim, fraction, base, layout
-        ),
-        "Wertheimer et al., 2026 (RoPE-ID, arXiv 2603.18017)", "A(u) = ⊕_{fast half} R(-ω_k u) ⊕ I", "rotation",
+        rope_id, "Wertheimer et al., 2026 (RoPE-ID, arXiv 2603.18017)", "A(u) = ⊕_{fast half} R(-ω_k u) ⊕ I", "rotation",
     ),
     "cope_clipped": CatalogueEntry(
-        lambda head_dim, num_heads=1, clip=None, base=10000.0, layout="interleaved": cope_clipped(
-            head_dim, clip, base, layout
-        ),
-        "Li et al., 2026 (clipped RoPE / CoPE, arXiv 2602.05258)", "A(u) = ⊕ R(-m_k ω_k u), m = Hann taper of the slowest",
-        "rotation",
+        cope_clipped, "Li et al., 2026 (clipped RoPE / CoPE, arXiv 2602.05258)",
+        "A(u) = ⊕ R(-m_k ω_k u), m = Hann taper of the slowest", "rotation",
     ),
     "string_google": CatalogueEntry(
-        lambda head_dim, num_heads=1, base=10000.0, seed=0, layout="interleaved": string_google(
-            head_dim, base, seed, layout
-        ),
-        "Schenck et al., 2025 (STRING, arXiv 2502.02562)", "A(u) = P exp(uJ) Pᵀ, P orthogonal", "rotation",
+        string_google, "Schenck et al., 2025 (STRING, arXiv 2502.02562)", "A(u) = P exp(uJ) Pᵀ, P orthogonal", "rotation",
     ),
     "mrope_interleaved": CatalogueEntry(
-        lambda head_dim, num_heads=1, sections=None, base=10000.0, layout="half": mrope_interleaved(
-            head_dim, _interleaved_sections(head_dim) if sections is None else sections, base, layout
-        ),
-        "Qwen3-VL, 2025 (MRoPE-Interleave, arXiv 2510.23095)", "A(u) = ⊕ R(-ω_k u_{k mod 3})", "rotation",
+        mrope_interleaved, "Qwen3-VL, 2025 (MRoPE-Interleave, arXiv 2510.23095)", "A(u) = ⊕ R(-ω_k u_{k mod 3})",
+        "rotation",
     ),
     "rope_directions": CatalogueEntry(
-        lambda head_dim, num_heads=1, axes=2, directions="golden", base=100.0, seed=0, layout="interleaved": (
-            rope_directions(head_dim, axes, directions, base, seed, layout)
-        ),
-        "golden-gate / random-direction N-D RoPE (NovelAI; \"On N-dimensional RoPE\")",
+        rope_directions, "golden-gate / random-direction N-D RoPE (NovelAI; \"On N-dimensional RoPE\")",
         "A(u) = ⊕ R(-ω_k ⟨d_k, u⟩)", "rotation",
     ),
     "mhrope": CatalogueEntry(
-        lambda head_dim, num_heads=1, axes=3, base=10000.0, head_axes=None, layout="half": mhrope(
-            head_dim, num_heads, axes, base, head_axes, layout
-        ),
-        "Qwen, 2025 (Multi-Head RoPE, arXiv 2510.23095)", "A_h(u) = ⊕ R(-ω_k u_{axis(h)})", "rotation",
+        mhrope, "Qwen, 2025 (Multi-Head RoPE, arXiv 2510.23095)", "A_h(u) = ⊕ R(-ω_k u_{axis(h)})", "rotation",
     ),
 }
 
 
-def _interleaved_sections(head_dim: int) -> list[int]:
-    """Qwen3-VL's (24, 20, 20) of 64 planes, scaled to ``head_dim`` (t gets the rest)."""
-    P = check_int("head_dim", head_dim, min=6, even=True) // 2
-    hw = (20 * P) // 64
-    return [P - 2 * hw, hw, hw]
-
-
-def _mrope_sections(head_dim: int) -> list[int]:
-    """Qwen2-VL's split of the dim/2 planes, (16, 24, 24) at head_dim 128, scaled to ``head_dim`` (t gets the rest)."""
-    P = check_int("head_dim", head_dim, min=6, even=True) // 2
-    hw = (3 * P) // 8  # 24 of 64
-    return [P - 2 * hw, hw, hw]
-
-
-def build(name: str, head_dim: int, num_heads: int = 1, **options: object) -> Encoding:
-    """Build a catalogue entry by name with the registry's one signature.
+def build(name: str, dim: int, num_heads: int | None = None, **options: object) -> Encoding:
+    """``CATALOGUE[name].fn(dim, num_heads=num_heads, **options)``: a catalogue entry by name, the width
+    first; ``num_heads`` is passed to the encodings with per-head parameters (and required by them).
 
     >>> import torch
     >>> bool(torch.equal(build("rope", 8, base=500.0).generator.freqs, rope(8, 500.0).generator.freqs))
     True
+    >>> build("alibi", 8, 4).num_heads == alibi(8, num_heads=4).num_heads == 4
+    True
     """
-    name = check_choice("name", name, sorted(CATALOGUE))
-    head_dim = check_int("head_dim", head_dim, min=1)
-    num_heads = check_int("num_heads", num_heads, min=1)
+    entry = CATALOGUE[check_choice("name", name, sorted(CATALOGUE))]
     try:
-        return CATALOGUE[name].build(head_dim, num_heads, **options)
+        return entry.build(dim, num_heads, **options)
     except TypeError as err:
         if "`" in str(err):  # a checked argument: already names itself
             raise
-        raise TypeError(f"bad options {sorted(options)} for encoding {name!r}: {err}") from err
+        raise TypeError(f"bad options {sorted(options)} for encoding {name!r}: {err}; its options: "
+                        f"{entry.options}") from err

@@ -303,6 +303,9 @@ class Encoding:
         return out.replace(length=L, **keep)
 
     def __repr__(self) -> str:
+        """The structure in words, the heads, and ``values=#…``: a digest of every value that decides the
+        encoded outputs (rates, frequencies, ν, basis, slots such as ALiBi's per-head slopes, scales,
+        length and length rule), so two encodings that encode differently never print the same."""
         name = f"{self.name!r}, " if self.name else ""
         slots = f", slots={self.num_slots}" if self.num_slots else ""
         if self.num_heads is not None and self.generator.num_heads is None:  # heads carried by the slots (ALiBi)
@@ -311,7 +314,9 @@ class Encoding:
         if self.query_scale is not None:
             vals = sorted(set(self.query_scale.tolist()))
             scale += f", query_scale={{{', '.join(f'{v:g}' for v in vals)}}}"
-        return f"Encoding({name}{self.generator!r}, layout={self.layout!r}{slots}{scale})"
+        digest = _digest(self)
+        values = "" if digest is None else f", values=#{digest}"
+        return f"Encoding({name}{self.generator!r}, layout={self.layout!r}{slots}{scale}{values})"
 
     def _query_scale(self, value: Any) -> torch.Tensor | None:
         """``query_scale``: ``None``, or ``(content_dim,)`` positive finite factors (all ones is ``None``)."""
@@ -576,3 +581,40 @@ class Encoding:
         self._check(k, "k")
         pos = self._relative(positions, k, origin, "positions")
         return apply_dense(self._with_slots(k, self.key_slots), self.generator, self.plan, pos, "key")
+
+
+def _digest(enc: Encoding) -> str | None:
+    """Eight hex digits of a hash of everything that decides ``enc``'s encoded values (``None`` when a
+    tensor has no data to read: on the meta device, or a fake tensor of a trace). The values are read
+    with torch's dispatch modes off, so a repr inside a trace (an error message) reads the real ones."""
+    import hashlib
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    g = enc.generator
+    parts: list[object] = [g.sizes, g.complex, g.num_axes, g.allow_growth, enc.layout, repr(enc.logit_scale),
+                           enc.name, enc.length]
+    try:
+        with _disable_current_modes():
+            for t in (g.rates, g.freqs, g.nus, g.basis, enc.query_slots, enc.key_slots, enc.query_scale):
+                parts.append(None if t is None else (tuple(t.shape), t.detach().to("cpu", torch.float64).flatten().tolist()))
+            parts.append(_rule_words(enc.length_rule))
+    except Exception:  # noqa: BLE001  (a repr never raises: a tensor without data has no digest)
+        return None
+    return hashlib.blake2b(repr(parts).encode(), digest_size=4).hexdigest()
+
+
+def _rule_words(rule: Any) -> object:
+    """A length rule as plain data for :func:`_digest`: its source encoding's digest and its map (a
+    ``functools.partial``: the function's name and arguments), else the rule's type name."""
+    if rule is None:
+        return None
+    source, at = getattr(rule, "source", None), getattr(rule, "at", None)
+    words: list[object] = [type(rule).__qualname__]
+    if isinstance(source, Encoding):
+        words.append(_digest(source))
+    fn = getattr(at, "func", at)
+    words.append(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}")
+    for a in (*getattr(at, "args", ()), *sorted(getattr(at, "keywords", {}).items())):
+        words.append(repr(a.tolist()) if isinstance(a, torch.Tensor) else repr(a))
+    return words

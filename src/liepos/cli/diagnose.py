@@ -55,7 +55,7 @@ def _lp(args: argparse.Namespace, name: str):
     if args.rope is not None:
         raise UsageError(f"--rope applies to hf: targets only, got it with {shown(args.target)}")
     try:
-        e = build(name, args.head_dim)
+        e = build(name, args.head_dim, 1)  # one head: the probe's queries and keys are (1, 1, seq, dim)
     except ValueError as err:  # an unknown name, or a head dim the entry refuses
         raise UsageError(f"{args.target} --head-dim {args.head_dim}: {err}") from None
     return e.query, e.key, args.target

@@ -6,7 +6,7 @@ embedding: the encoding is the only source of position (besides the causal mask)
 
 The encoding is pluggable per layer and per head: ``encoding`` is one spec (string such as
 ``"rope"``, ``"rope+decay"``, or an :class:`~liepos.Encoding`) for every layer, or a list with one
-spec per layer; within a layer, a string ``"rope|alibi"`` or a tuple ``("rope", lp.alibi(2, 32))``
+spec per layer; within a layer, a string ``"rope|alibi"`` or a tuple ``("rope", lp.alibi(32, num_heads=2))``
 splits the heads into contiguous equal groups (an Encoding in a tuple must be built for its group).
 A per-layer schedule (:mod:`liepos.schedule`) is the string ``"schedule:<name>[:key=value…]"`` (e.g.
 ``"schedule:rnope_swa:window=64"``, ``"schedule:ssmax"``), a :class:`~liepos.Schedule`, or a

@@ -29,7 +29,6 @@ True
 
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass
 
@@ -97,8 +96,7 @@ class Part:
         try:
             enc = entry.build(dim, num_heads, **dict(self.options))
         except TypeError as err:
-            known = [p for p in inspect.signature(entry.build).parameters if p not in ("head_dim", "num_heads")]
-            raise ValueError(f"bad option for {self.name!r} in {self.text!r}: {err}; its options: {known}") from None
+            raise ValueError(f"bad option for {self.name!r} in {self.text!r}: {err}; its options: {entry.options}") from None
         except ValueError as err:
             raise ValueError(f"{self.text!r}: {err}") from None
         if not one_axis(enc) or enc.generator.num_heads not in (None, num_heads):

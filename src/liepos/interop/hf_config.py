@@ -535,7 +535,7 @@ def _alibi(src: _Source, family: Family) -> Encoding:
     if family.model_type == "falcon":
         # Falcon adds its alibi tensor before the 1/√d softmax scaling (eager) or as alibi/√d (sdpa)
         slopes = slopes / math.sqrt(head_dim)
-    enc = alibi(int(heads), head_dim, slopes)
+    enc = alibi(head_dim, num_heads=int(heads), slopes=slopes)
     return enc.replace(name=f"hf:alibi[{family.model_type}]")
 
 

@@ -249,7 +249,7 @@ def _text_alibi(d: dict[str, Any]) -> str:
 block N = [[0, 1], [0, 0]], whose exponential stops after two terms, exp(uN) = I + uN: the hockey puck, position
 plus velocity times time. Give every query two constant slots (1, 0) and every key (0, −m): then
 (1, 0)·exp((t−s)N)·(0, −m)ᵀ = −m(t−s), exactly ALiBi's bias, with no (seq × seq) bias matrix ever built.
-liepos's <code>alibi({d['num_heads']}, {d['head_dim']})</code> does just that, one slope per head (Press et al.'s
+liepos's <code>alibi({d['head_dim']}, num_heads={d['num_heads']})</code> does just that, one slope per head (Press et al.'s
 geometric slopes {', '.join(f'{m:g}' for m in d['slopes'][:4])}, …).</p>
 <div class='two'><div>N = {_matrix(d['N'])}</div><div>exp(3N) = {_matrix(d['exp_uN_at_u3'])}</div>
 <div>query slots (head 0) = {d['query_slots'][0]}<br>key slots (head 0) = {d['key_slots'][0]}</div></div>

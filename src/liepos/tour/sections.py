@@ -238,7 +238,7 @@ def lookup_table(n: int = 16, dim: int = 8, seed: int = 1) -> dict[str, Any]:
     ks = k.expand(1, 1, n, dim)  # (1, 1, n, dim)
     enc = rope(dim)
     rope_scores = (enc.query(qs, pos) @ enc.key(ks, pos).transpose(-1, -2))[0, 0]
-    al = alibi(1, dim, slopes=[0.25])
+    al = alibi(dim, num_heads=1, slopes=[0.25])
     alibi_scores = (al.query(qs, pos) @ al.key(ks, pos).transpose(-1, -2))[0, 0]
     # an absolute encoding: sinusoidal vectors added to q and k (Vaswani et al.)
     ang = pos[:, None] * rope_freqs(dim)[None, :]
@@ -401,7 +401,7 @@ def precision(dim: int = 128, base: float = 500000.0, planes: tuple[int, ...] | 
 # ---------------------------------------------------------------------- 9. ALiBi is a slide
 def alibi_slide(num_heads: int = 8, head_dim: int = 4, n: int = 12, seed: int = 2) -> dict[str, Any]:
     """The nilpotent block, the slots, and the bias −m_h (t − s) they produce, against Press et al."""
-    enc = alibi(num_heads, head_dim)
+    enc = alibi(head_dim, num_heads=num_heads)
     m = alibi_slopes(num_heads)
     pos = torch.arange(n, dtype=f64)
     zero = torch.zeros(1, num_heads, n, head_dim, dtype=f64)
