@@ -54,3 +54,11 @@ class Torch64:
 
     def tensor(self, *args, **kwargs):
         return torch.tensor(*args, **kwargs).as_subclass(F64Tensor)
+
+
+def fast_lane(*values, fast: int = 1) -> list:
+    """Parameter values of which the first ``fast`` run in the everyday lane (``-m "not slow"``) and the
+    rest carry the ``slow`` marker: the whole grid still runs in CI, a representative case every day."""
+    import pytest
+
+    return [v if i < fast else pytest.param(v, marks=pytest.mark.slow) for i, v in enumerate(values)]

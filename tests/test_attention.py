@@ -324,6 +324,7 @@ def test_dynamic_generator_cache_has_no_stale_keys():
 
 
 # ---------------------------------------------------------------------- 6. gradients
+@pytest.mark.slow  # the everyday lane leaves it to CI (seconds to minutes on two cores)
 def test_gradcheck_through_encoding_and_attention():
     torch.manual_seed(0)
     q, k, v = (t.requires_grad_() for t in qkv(B=1, Sq=5, Sk=5, heads=2, kv_heads=2, dim=6))

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 import liepos as lp
 from liepos import recentre
+
+from helpers import fast_lane  # noqa: E402
 from liepos.recentre import POLY_ROUNDING
 
 F64 = torch.float64
@@ -57,8 +59,8 @@ def three_ways(enc, q, k, v, p, sinks=None):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("offset", [0, 10**6 + 17])
+@pytest.mark.parametrize("dtype", fast_lane(torch.float32, torch.float64, torch.bfloat16))
+@pytest.mark.parametrize("offset", fast_lane(10**6 + 17, 0))
 def test_fused_equals_general_equals_reference(name, dtype, offset):
     make, degree, T = CASES[name]
     enc = make()
@@ -71,7 +73,7 @@ def test_fused_equals_general_equals_reference(name, dtype, offset):
     assert float((general.double() - ref).abs().max()) <= b, name
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("dtype", fast_lane(torch.float32, torch.float64))
 def test_alibi_window_with_sinks_and_grouped_queries(dtype, monkeypatch):
     """Per-head windows (the steep heads leave out early keys) with learned sinks and one kv head."""
     seen = []
@@ -103,7 +105,7 @@ def _spy_flash(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", fast_lane(torch.bfloat16, torch.float64, torch.float32))
 def test_alibi_bias_rides_as_a_per_key_mask_on_the_content(dtype, monkeypatch):
     """ALiBi's bias ``−m_h (t − s) = m_h (s − o) − m_h (t − o)``: the flash kernel gets q and k of the
     content's head size with ``m_h (s − o)`` as its broadcast mask, the row's constant is left out, and a
@@ -256,7 +258,7 @@ TILED = {
 
 
 @pytest.mark.parametrize("name", sorted(TILED))
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", fast_lane(torch.float32, torch.float64, torch.bfloat16))
 def test_tiled_path_over_many_levels_with_batch_groups_and_sinks(name, dtype, monkeypatch):
     """Two batch rows at different times (near 0 and past 10⁶), grouped keys, learned sinks: the tiled
     path (taken: counted) == the general path == the float64 reference."""
@@ -383,7 +385,7 @@ def _spy_faded(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", fast_lane(torch.bfloat16, torch.float64, torch.float32))
 def test_faded_keys_score_zero_exactly_to_the_contract(dtype, monkeypatch):
     """Heads that fade within the sequence see the keys of their last blocks and every earlier key as
     score 0 (their count and mean value): per head windows (a fast and a slow head), a short last block,

@@ -197,6 +197,7 @@ def test_bench_writes_outside_the_checkout_and_exits_1_on_a_missed_target(tmp_pa
     assert bench_cli.default_out().resolve().is_relative_to(tmp_path)
 
 
+@pytest.mark.slow  # the everyday lane leaves it to CI (seconds to minutes on two cores)
 def test_the_messages_the_cli_guide_quotes_are_the_ones_printed():
     """Each `$ liepos …` line of docs/guide/cli.md's bad-input block, run, prints the line quoted under it."""
     import re

@@ -62,6 +62,7 @@ def results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     return done
 
 
+@pytest.mark.slow  # the everyday lane leaves it to CI (seconds to minutes on two cores)
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_line_and_exit_2_from_the_console_entry_point(results, case):
     r = results[case]

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from liepos.explore.spec import decoder_entries
@@ -24,6 +25,7 @@ ARGS = ["--task", "lookup", "--steps", "12", "--batch-size", "8", "--d-model", "
         "--warmup", "2", "--no-progress", "--save-model", "--threads", "1", "--encodings", ",".join(ENCODINGS)]
 
 
+@pytest.mark.slow  # the everyday lane leaves it to CI (seconds to minutes on two cores)
 def test_every_catalogue_encoding_trains_the_same_on_two_processes(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     one = subprocess.run([sys.executable, "-m", "liepos.explore", *ARGS, "--out", str(tmp_path / "one")],

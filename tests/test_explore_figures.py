@@ -64,6 +64,7 @@ def _render(fig) -> np.ndarray:
     return np.asarray(fig.canvas.buffer_rgba()).copy()
 
 
+@pytest.mark.slow  # the everyday lane leaves it to CI (seconds to minutes on two cores)
 def test_no_series_is_hidden(lookup, passkey):
     figs = _figures(lookup, passkey)
     figs.pop("map")  # one scatter per panel, its points jittered apart: test_the_map_colours_blocks_...
@@ -81,6 +82,7 @@ def test_no_series_is_hidden(lookup, passkey):
             assert not hidden, f"{kind}: {artist.get_label()} is fully hidden"
 
 
+@pytest.mark.slow  # the everyday lane leaves it to CI (seconds to minutes on two cores)
 def test_ticks_are_plain_and_distinct(lookup, passkey):
     """Every visible tick label is short and distinct on its axis, and no axis has an offset or 1e-6 text."""
     for kind, fig in _figures(lookup, passkey).items():

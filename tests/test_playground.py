@@ -19,6 +19,9 @@ import liepos as lp
 from liepos.tables import storage_order
 from liepos.tour import playground as PG
 
+
+pytestmark = pytest.mark.slow  # the page through a browser: CI runs it, the everyday lane does not
+
 ROOT = Path(__file__).resolve().parents[1]
 f64 = torch.float64
 # the one-block presets -> the row of the six that liepos.classify must give them

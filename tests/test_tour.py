@@ -18,6 +18,9 @@ pytest.importorskip("matplotlib")
 from liepos.tour import page  # noqa: E402
 from liepos.tour import sections as T  # noqa: E402
 
+
+pytestmark = pytest.mark.slow  # the tour run as a user runs it: CI runs it, the everyday lane does not
+
 ROOT = Path(__file__).resolve().parents[1]
 DPI = 50  # half the default: the same page, lighter figures, a quicker test
 
