@@ -288,7 +288,8 @@ def _report(module: str, info: dict, mutants: list[Mutant], equivalent: dict) ->
     for m in ran:
         change = f"`{m.original}` → `{m.mutated}`".replace("|", "\\|")
         why = equivalent.get(m.signature, "").replace("|", "\\|")
-        lines.append(f"| {m.id} | {m.line} | `{m.function}` | {change} | {m.status} | {m.before or m.status} | {m.seconds:.1f} | {why} |")
+        lines.append(f"| {m.id} | {m.line} | `{m.function}` | {change} | {m.status} | {m.before or m.status} "
+                     f"| {m.seconds:.1f} | {why} |")
     (RESULTS / f"{module}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", nargs="+", help="test files (default: the module's targeted files)")
     ap.add_argument("--only", type=int, nargs="+", help="re-run these mutant ids, keeping the other results")
     ap.add_argument("--list", action="store_true", help="print every mutant and exit")
+    ap.add_argument("--report", action="store_true", help="rewrite the report from the last results (equivalents)")
     args = ap.parse_args(argv)
     path = PACKAGE / f"{args.module}.py"
     source = path.read_bytes()
@@ -311,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     tests = args.tests or TARGETS[args.module]
     old = _load(RESULTS / f"{args.module}.json")
     equivalent = _load(RESULTS / "equivalent.json").get(args.module, {})
-    if args.only:
-        chosen = sorted(args.only)
+    if args.only or args.report:
+        chosen = sorted(args.only or [])
         done = {r["signature"]: r for r in old.get("mutants", [])}
         for m in mutants:
             r = done.get(m.signature)
@@ -323,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         n = len(mutants) if args.sample <= 0 else min(args.sample, len(mutants))
         chosen = sorted(random.Random(args.seed).sample(range(len(mutants)), n))
+    timeout = old.get("run", {}).get("timeout_s", 0)
     with tempfile.TemporaryDirectory(prefix="liepos-mutation-") as tmp:
+        if not chosen:
+            return _finish(args, old, mutants, tests, chosen, timeout, equivalent)
         src = _copy_src(Path(tmp), args.module)
         target = src / "liepos" / f"{args.module}.py"
         status, base, detail = _run_tests(src, tests, 600)
@@ -338,12 +343,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{k + 1}/{len(chosen)}] #{m.id} line {m.line} {m.signature}: {m.status} ({m.seconds:.1f} s)",
                   flush=True)
         target.write_bytes(source)
-    info = dict(old.get("run", {})) if args.only else {}
+    return _finish(args, old, mutants, tests, chosen, timeout, equivalent)
+
+
+def _finish(args, old: dict, mutants: list[Mutant], tests: list[str], chosen: list[int], timeout: float,
+            equivalent: dict) -> int:
+    again = bool(args.only or args.report)
+    info = dict(old.get("run", {})) if again else {}
     info.update(module=args.module, tests=tests, total=len(mutants), seed=old.get("run", {}).get("seed", args.seed)
-                if args.only else args.seed, sample=info.get("sample", len(chosen)) if args.only else len(chosen),
+                if again else args.seed, sample=info.get("sample", len(chosen)) if again else len(chosen),
                 timeout_s=timeout, date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 machine=f"{platform.machine()}, {os.cpu_count()} cores (load {os.getloadavg()[0]:.1f}), "
                         f"OMP_NUM_THREADS=1")
+    if not chosen:  # --report: the date and machine of the last run stay
+        info.update({k: old["run"][k] for k in ("date", "machine", "timeout_s") if k in old.get("run", {})})
     _report(args.module, info, mutants, equivalent)
     print(f"killed {info['killed']} / {info['ran']} ({100 * info['score']:.1f} %), survived {info['survived']}, "
           f"equivalent {info['equivalent']}")
