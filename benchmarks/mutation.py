@@ -54,7 +54,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "mutation"
 # the fast, targeted test files of each core module (a mutant costs seconds, not the whole suite)
 TARGETS: dict[str, list[str]] = {
     "_angles": ["tests/test_angles.py"],
-    "tables": ["tests/test_angles.py", "tests/test_algebra.py", "tests/test_jordan.py"],
+    "tables": ["tests/test_tables.py", "tests/test_core_inputs.py", "tests/test_angles.py", "tests/test_algebra.py",
+               "tests/test_jordan.py"],
     "_fast": ["tests/test_fast.py"],
     "recentre": ["tests/test_window_safety.py", "tests/test_attention.py"],
     "encoding": ["tests/test_algebra.py", "tests/test_core_inputs.py"],
