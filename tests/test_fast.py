@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import liepos as lp
-from liepos import _fast
+from liepos import _fast, _kernels
 from liepos.apply import apply_tables
 from liepos.generator import Generator, direct_sum
 
@@ -238,3 +240,28 @@ def test_shifted_terms_are_the_transform_and_their_transpose(name, side):
     rhs = (_eval_terms(g, to, tm, tT) * x).sum()
     assert torch.allclose(lhs, rhs, rtol=1e-12)
     assert torch.equal(ft.rows(1, 4).terms[2], T[..., 1:4, :, :])  # rows slice the term tables too
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "decay", "mixed", "mixed_half", "jordan3", "complex_jordan"])
+@pytest.mark.parametrize("layout", ["contiguous", "odd_row_stride", "odd_offset"])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_fast_path_equals_the_readable_path_in_every_layout(name, layout, kernels):
+    """The compiled kernels and the run-by-run torch ops (``_kernels.off()``: complex views where the
+    strides allow, the coupling by columns) equal the readable path on a contiguous copy, also when
+    the rows are not complex-aligned (an odd row stride, an odd storage offset)."""
+    enc = ENCODINGS[name]()
+    d = enc.content_dim
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(2, 3, 5, d + 1 + d % 2, dtype=torch.float64, generator=g)  # an odd width
+    if layout == "contiguous":
+        x = wide[..., :d].contiguous()
+    elif layout == "odd_row_stride":
+        x = wide[..., :d]  # (2, 3, 5, d) with row stride d + 1
+    else:
+        x = wide.reshape(-1)[1 : 1 + 30 * d].view(2, 3, 5, d)  # storage offset 1
+    pos = 3.0 * torch.arange(5, dtype=torch.float64) + 2.0
+    for side, fn in (("query", enc.query), ("key", enc.key)):
+        want = _eager(enc, x.contiguous(), pos, side)
+        with contextlib.nullcontext() if kernels else _kernels.off():
+            got = fn(x, pos)
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-12), (side, float((got - want).abs().max()))
