@@ -265,3 +265,29 @@ def test_fast_path_equals_the_readable_path_in_every_layout(name, layout, kernel
         with contextlib.nullcontext() if kernels else _kernels.off():
             got = fn(x, pos)
         assert torch.allclose(got, want, rtol=1e-12, atol=1e-12), (side, float((got - want).abs().max()))
+
+
+def test_table_cache_counts_hits_and_misses():
+    """A second ``get`` of a key is a hit that does not build; ``clear`` empties it and resets the counts."""
+    cache, built = _fast.TableCache(), []
+    ft = _fast.fast_tables(lp.rope(8).tables(torch.arange(4.0, dtype=torch.float64), "query"), 8, torch.float32)
+    assert cache.get("k", lambda: built.append(1) or ft) is ft and (cache.hits, cache.misses, len(built)) == (0, 1, 1)
+    assert cache.get("k", lambda: built.append(1) or ft) is ft and (cache.hits, cache.misses, len(built)) == (1, 1, 1)
+    cache.clear()
+    assert len(cache) == 0 and (cache.hits, cache.misses) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["rope", "mixed", "xpos_half"])
+def test_half_precision_in_per_head_chunks_equals_one_chunk(name, monkeypatch):
+    """bfloat16 runs in float32 scratch a few heads at a time: one head per chunk gives the same bits as
+    all heads in one chunk (and the readable path's values)."""
+    enc = ENCODINGS[name]()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, enc.content_dim, generator=g).to(torch.bfloat16)
+    pos = torch.arange(5, dtype=torch.float64) + 7.0
+    whole = enc.query(x, pos)
+    monkeypatch.setattr(_fast, "_CHUNK_ELEMS", 1)
+    _fast.CACHE.clear()
+    assert torch.equal(enc.query(x, pos), whole)
+    want = _eager(enc, x.to(torch.float64), pos, "query")
+    assert torch.allclose(whole.double(), want, rtol=2e-2, atol=2e-2)
