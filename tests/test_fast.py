@@ -275,6 +275,13 @@ def test_table_cache_counts_hits_and_misses():
     assert cache.get("k", lambda: built.append(1) or ft) is ft and (cache.hits, cache.misses, len(built)) == (1, 1, 1)
     cache.clear()
     assert len(cache) == 0 and (cache.hits, cache.misses) == (0, 0)
+    # bounded by entries alone, and by bytes alone (the newest entry always stays)
+    few, small = _fast.TableCache(max_entries=2), _fast.TableCache(max_bytes=ft.nbytes() + 1)
+    for k in range(3):
+        few.get(k, lambda: ft)
+        small.get(k, lambda: ft)
+    assert len(few) == 2 and len(small) == 1
+    assert few.get(2, lambda: None) is ft and few.hits == 1  # the newest kept, the oldest evicted
 
 
 @pytest.mark.parametrize("name", ["rope", "mixed", "xpos_half"])

@@ -70,25 +70,27 @@ def test_tables_leave_out_what_neither_scales_nor_rotates(enc, has_a, has_b):
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.floats(-300.0, 300.0), st.floats(-300.0, 300.0)), min_size=1, max_size=8),
        st.sampled_from(["query", "key"]), st.booleans(), st.floats(0.05, 3.0),
-       st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
-def test_several_axis_range_check_refuses_exactly_the_tables_that_leave_the_dtype(times, side, fade, rate, dtype):
+       st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), st.booleans())
+def test_several_axis_range_check_refuses_exactly_the_tables_that_leave_the_dtype(times, side, fade, rate, dtype,
+                                                                                  zero_block):
     """Two axes: ``λ·t = Σ_a λ_a t_a`` per block against every position computed directly (the scale
     overflows, the query scale underflows unless ``fade``, a coupling ``τ^k/k!`` overflows); with the
     second axis at 0 the decision is the one-axis generator's."""
     work = torch.float32 if dtype == torch.bfloat16 else dtype
     top, bottom = math.log(torch.finfo(work).max), math.log(torch.finfo(work).tiny)
+    rates = RATES if zero_block else [row[:2] + [w] + row[3:] for row, w in zip(RATES, (0.25, -0.5))]
     expected = False
     for t in times:
         for b, n in enumerate(SIZES):
-            E = sum(rate * RATES[a][b] * t[a] for a in range(2))
+            E = sum(rate * rates[a][b] * t[a] for a in range(2))
             E = E if side == "query" else -E
             expected |= E >= top or (side == "query" and not fade and E <= bottom)
             tau = abs(sum(NUS[a][b] * t[a] for a in range(2)))
             expected |= n > 1 and tau > 0 and (n - 1) * math.log(tau) - math.lgamma(n) >= top
-    assert refused(two_axes(rate), times, side, dtype, fade) == expected
+    assert refused(two_axes(rate, rates), times, side, dtype, fade) == expected
     first = [(t[0], 0.0) for t in times]
-    assert refused(two_axes(rate), first, side, dtype, fade) == refused(one_axis(rate), [t[0] for t in times], side,
-                                                                          dtype, fade)
+    assert refused(two_axes(rate, rates), first, side, dtype, fade) == \
+        refused(one_axis(rate, rates), [t[0] for t in times], side, dtype, fade)
 
 
 @pytest.mark.parametrize("side, fade", [("query", False), ("query", True), ("key", False)])
