@@ -58,7 +58,7 @@ TARGETS: dict[str, list[str]] = {
                "tests/test_jordan.py"],
     "_fast": ["tests/test_fast.py"],
     "recentre": ["tests/test_window_safety.py", "tests/test_attention.py"],
-    "encoding": ["tests/test_algebra.py", "tests/test_core_inputs.py"],
+    "encoding": ["tests/test_encoding.py", "tests/test_algebra.py", "tests/test_core_inputs.py"],
     "attention": ["tests/test_attention.py", "tests/test_oracle.py", "tests/test_sinks.py"],
     "attention_pieces": ["tests/test_attention.py", "tests/test_attention_fused.py"],
     "attention_call": ["tests/test_attention.py", "tests/test_attention_inputs.py"],
