@@ -252,14 +252,15 @@ def test_fast_path_equals_the_readable_path_in_every_layout(name, layout, kernel
     enc = ENCODINGS[name]()
     d = enc.content_dim
     g = torch.Generator().manual_seed(0)
-    wide = torch.randn(2, 3, 5, d + 1 + d % 2, dtype=torch.float64, generator=g)  # an odd width
+    # an odd width, an even sequence: only the row stride is odd (the batch and head strides are even)
+    wide = torch.randn(2, 3, 6, d + 1 + d % 2, dtype=torch.float64, generator=g)
     if layout == "contiguous":
         x = wide[..., :d].contiguous()
     elif layout == "odd_row_stride":
-        x = wide[..., :d]  # (2, 3, 5, d) with row stride d + 1
+        x = wide[..., :d]  # (2, 3, 6, d) with an odd row stride
     else:
-        x = wide.reshape(-1)[1 : 1 + 30 * d].view(2, 3, 5, d)  # storage offset 1
-    pos = 3.0 * torch.arange(5, dtype=torch.float64) + 2.0
+        x = wide.reshape(-1)[1 : 1 + 36 * d].view(2, 3, 6, d)  # storage offset 1
+    pos = 3.0 * torch.arange(6, dtype=torch.float64) + 2.0
     for side, fn in (("query", enc.query), ("key", enc.key)):
         want = _eager(enc, x.contiguous(), pos, side)
         with contextlib.nullcontext() if kernels else _kernels.off():
