@@ -63,3 +63,17 @@ def test_integer_times_past_two_to_the_53_are_refused_on_both_sides():
             enc.query(q, torch.tensor([t], dtype=torch.int64))
     exact = enc.query(q, torch.tensor([2**53], dtype=torch.int64))
     assert torch.equal(exact, enc.query(q, torch.tensor([2.0**53], dtype=F64)))
+
+
+@pytest.mark.parametrize("name", ["alibi", "xpos"])
+def test_per_batch_positions_equal_each_batch_element_alone(name):
+    """Positions of shape (batch, seq): each batch element is encoded at its own times, slot values included
+    (ALiBi's slots move with the position), as if it were alone."""
+    enc = lp.alibi(2, 8) if name == "alibi" else lp.xpos(8)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 2, 5, 8, dtype=F64, generator=g)
+    pos = torch.arange(5, dtype=F64) + torch.tensor([[0.0], [40.0], [7.5]], dtype=F64)  # (3, 5)
+    for fn in (enc.query, enc.key):
+        got = fn(q, pos)
+        alone = torch.cat([fn(q[i : i + 1], pos[i]) for i in range(3)])
+        assert torch.allclose(got, alone, rtol=1e-12, atol=1e-12)
