@@ -57,7 +57,7 @@ TARGETS: dict[str, list[str]] = {
     "tables": ["tests/test_tables.py", "tests/test_core_inputs.py", "tests/test_angles.py", "tests/test_algebra.py",
                "tests/test_jordan.py"],
     "_fast": ["tests/test_fast.py"],
-    "recentre": ["tests/test_window_safety.py", "tests/test_attention.py"],
+    "recentre": ["tests/test_recentre.py", "tests/test_window_safety.py", "tests/test_attention.py"],
     "encoding": ["tests/test_encoding.py", "tests/test_algebra.py", "tests/test_core_inputs.py"],
     "attention": ["tests/test_attention.py", "tests/test_oracle.py", "tests/test_sinks.py"],
     "attention_pieces": ["tests/test_attention.py", "tests/test_attention_fused.py"],
