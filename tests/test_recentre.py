@@ -3,9 +3,15 @@ origin is split, and several-axis positions keep one origin per batch element.""
 
 from __future__ import annotations
 
+from unittest import mock
+
+import pytest
 import torch
 
 import liepos as lp
+from liepos import recentre
+from liepos.recentre import _fade_plan
+from liepos.generator import direct_sum
 
 F64 = torch.float64
 
@@ -34,3 +40,29 @@ def test_several_axis_positions_per_batch_element_equal_each_element_alone():
     alone = torch.cat([lp.attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], enc, p[i], p[i], block_size=2)
                        for i in range(2)])
     assert torch.allclose(got, alone, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["decay", "xpos", "jordan"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_faded_keys_left_out_change_no_output(name, dtype):
+    """Past a head's fade window every score is within CLEAR_LOGIT of 0: the faded path (keys beyond the
+    window scored 0, grouped keys) equals attention with the fade plan off; an encoding whose norms do
+    not stay under its fade (a Jordan block's polynomial growth) gets no fade plan at all."""
+    enc = {"decay": lambda: lp.decay(torch.linspace(1.0, 2.0, 16)), "xpos": lambda: lp.xpos(16, scale_base=0.25),
+           "jordan": lambda: lp.Encoding(direct_sum(lp.decay(torch.full((13,), 0.5)).generator,
+                                                    lp.jordan(3, -0.5).generator))}[name]()
+    g = torch.Generator().manual_seed(2)
+    T = 8 * recentre.FLASH_ROWS  # fast fades over 256 positions: windows of a few blocks
+    q = torch.randn(1, 4, T, 16, dtype=F64, generator=g)
+    k, v = (torch.randn(1, 2, T, 16, dtype=F64, generator=g) for _ in range(2))
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    plans = []
+    spy = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
+    with torch.no_grad(), mock.patch.object(recentre, "_fade_plan", spy):
+        faded = lp.attention(q, k, v, enc)
+    assert (plans[0] is None) == (name == "jordan") and (recentre._fade_rates(enc) is None) == (name == "jordan")
+    with torch.no_grad():
+        with mock.patch.object(recentre, "_fade_plan", lambda call, b: None):
+            whole = lp.attention(q, k, v, enc)
+    eps = torch.finfo(dtype).eps
+    assert float((faded.double() - whole.double()).abs().max()) <= 16 * eps * float(v.double().abs().max())
