@@ -66,3 +66,36 @@ def test_faded_keys_left_out_change_no_output(name, dtype):
             whole = lp.attention(q, k, v, enc)
     eps = torch.finfo(dtype).eps
     assert float((faded.double() - whole.double()).abs().max()) <= 16 * eps * float(v.double().abs().max())
+
+
+def test_a_constant_bias_offset_on_alibi_is_read_as_an_offset_not_a_slope():
+    """Key slots ``[c, −m]``: the bias is ``c − m (t − s)``; the slope read from the slots stays ``m`` and
+    the constant ``c`` cancels in the softmax: the same attention as plain ALiBi, and as the reference."""
+    enc = lp.alibi(2, 8)
+    shifted = enc.replace(key_slots=enc.key_slots + torch.tensor([3.0, 0.0], dtype=F64))
+    m, b0 = recentre.linear_bias(shifted, 2)
+    m_plain, _ = recentre.linear_bias(enc, 2)
+    assert torch.equal(m, m_plain) and torch.allclose(b0, torch.full_like(b0, 3.0))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=F64, generator=g) for _ in range(3))
+    p = 7.0 * torch.arange(40, dtype=F64)
+    got = lp.attention(q, k, v, shifted, p, p)
+    assert torch.allclose(got, lp.attention(q, k, v, enc, p, p), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(got, lp.attention_reference(q, k, v, shifted, p, p), rtol=1e-10, atol=1e-12)
+
+
+def test_bfloat16_sinks_with_alibi_at_far_times_match_the_reference():
+    """With sinks, each row's sink logit carries the block's bias offset ``b − m (t − o)``, which spans
+    hundreds over a block at spread-out times: it is formed in float32, never rounded to bfloat16
+    (a 0.25 step there moves the sink's weight by up to 13 %)."""
+    enc = lp.alibi(2, 8)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 64, 8, dtype=F64, generator=g) for _ in range(3))
+    p = 25.0 * torch.arange(64, dtype=F64)
+    sinks = torch.tensor([0.5, -0.25], dtype=F64)
+    want = lp.attention_reference(q, k, v, enc, p, p, sinks=sinks)
+    bf = torch.bfloat16
+    got = lp.attention(q.to(bf), k.to(bf), v.to(bf), enc, p, p, sinks=sinks.to(bf))
+    as32 = lp.attention(q.to(bf), k.to(bf), v.to(bf), enc, p, p, sinks=sinks.float())
+    assert torch.equal(got, as32)
+    assert float((got.double() - want).abs().max()) < 0.05
