@@ -92,6 +92,7 @@ class Mutant:
     status: str = "not run"
     seconds: float = 0.0
     detail: str = ""
+    after: str = ""  # the mutated line
     before: str = ""  # the result of an earlier run (``--only``), before the tests that were added since
 
 
@@ -222,8 +223,9 @@ def find_mutants(source: bytes) -> list[Mutant]:
         key = f"{function}: {short} -> {text}"
         seen[key] = seen.get(key, 0) + 1
         line = source[:start].count(b"\n") + 1
+        after = mutated.decode().splitlines()[line - 1].strip()
         mutants.append(Mutant(len(mutants), line, function, kind, short, text, start, end, text,
-                              signature=f"{key} #{seen[key]}"))
+                              signature=f"{key} #{seen[key]}", after=after if len(after) <= 120 else after[:117] + "..."))
     return mutants
 
 
@@ -284,11 +286,13 @@ def _report(module: str, info: dict, mutants: list[Mutant], equivalent: dict) ->
              f"**Killed {len(killed)} / {len(ran)} ({100 * info['score']:.1f} %)**; survived {len(survived)}, "
              f"of which {len(eq)} equivalent (score over the non-equivalent: "
              f"{100 * info['score_without_equivalent']:.1f} %). Before the tests written for the survivors: "
-             f"{info['killed_before_new_tests']} / {len(ran)} killed.", "",
+             f"{info['killed_before_new_tests']} / {len(ran)} killed"
+             + (f" (that first run with {', '.join(f'`{t}`' for t in info['first_run_tests'])} only; the new test "
+                f"files were written for the survivors)" if info.get("first_run_tests") else "") + ".", "",
              "| id | line | function | mutation | result | first run | seconds | equivalent because |",
              "|---|---|---|---|---|---|---|---|"]
     for m in ran:
-        change = f"`{m.original}` → `{m.mutated}`".replace("|", "\\|")
+        change = f"`{m.original}` → `{m.mutated}`: `{m.after}`".replace("|", "\\|")
         why = equivalent.get(m.signature, "").replace("|", "\\|")
         lines.append(f"| {m.id} | {m.line} | `{m.function}` | {change} | {m.status} | {m.before or m.status} "
                      f"| {m.seconds:.1f} | {why} |")
