@@ -3,6 +3,7 @@ on the path without re-centring (an orthogonal encoding)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import liepos as lp
@@ -42,3 +43,15 @@ def test_value_encoding_without_recentring_matches_the_reference():
     got = lp.attention(q, k, v, enc, p, p, value_encoding=venc)
     want = lp.attention_reference(q, k, v, enc, p, p, value_encoding=venc)
     assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_block_size_one_is_accepted_and_changes_no_output():
+    """``block_size`` is any positive integer: query blocks of one row give the attention of the default
+    blocks (decay: re-centred per block), and 0 is refused by name."""
+    q, k, v = _qkv(3, S=6)
+    enc = lp.decay([0.5, 0.2, 0.1, 0.05, 0.5, 0.2, 0.1, 0.05])
+    p = 2.0 * torch.arange(6, dtype=F64)
+    one = lp.attention(q, k, v, enc, p, p - 0.5, block_size=1)
+    assert torch.allclose(one, lp.attention(q, k, v, enc, p, p - 0.5), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="block_size"):
+        lp.attention(q, k, v, enc, p, p - 0.5, block_size=0)
