@@ -55,3 +55,11 @@ def test_block_size_one_is_accepted_and_changes_no_output():
     assert torch.allclose(one, lp.attention(q, k, v, enc, p, p - 0.5), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="block_size"):
         lp.attention(q, k, v, enc, p, p - 0.5, block_size=0)
+
+
+def test_more_queries_than_keys_without_positions_is_refused():
+    """Without positions the queries are the last ``Sq`` of the keys' times: more queries than keys has no
+    such reading, and is refused by name rather than guessed."""
+    q, k, v = _qkv(4, S=5)
+    with pytest.raises(ValueError, match="5 queries but only 3 keys: pass positions explicitly"):
+        lp.attention(q, k[:, :, :3], v[:, :, :3], lp.rope(8))
