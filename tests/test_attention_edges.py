@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import liepos as lp
+from liepos.generator import direct_sum
 
 F64 = torch.float64
 
@@ -63,3 +64,16 @@ def test_more_queries_than_keys_without_positions_is_refused():
     q, k, v = _qkv(4, S=5)
     with pytest.raises(ValueError, match="5 queries but only 3 keys: pass positions explicitly"):
         lp.attention(q, k[:, :, :3], v[:, :, :3], lp.rope(8))
+
+
+def test_bfloat16_with_a_jordan_block_attends_as_its_float32_values():
+    """Polynomial (Jordan) parts cancel between F(t − o) and G(s − o), which bfloat16 cannot hold: such
+    calls encode and attend in float32 and cast the output once, bit for bit the float32 call's output cast."""
+    q, k, v = _qkv(5, S=6, D=6)
+    enc = lp.Encoding(direct_sum(lp.jordan(3, -0.2).generator, lp.rope(2).generator, lp.decay([0.1]).generator))
+    p = 5.0 * torch.arange(6, dtype=F64)
+    bf = torch.bfloat16
+    q, k, v = q.to(bf), k.to(bf), v.to(bf)
+    got = lp.attention(q, k, v, enc, p, p)
+    assert got.dtype == bf
+    assert torch.equal(got, lp.attention(q.float(), k.float(), v.float(), enc, p, p).to(bf))
