@@ -28,6 +28,8 @@ def random_generator(kind: str, seed: int = 0, heads: int | None = None) -> Gene
         return Generator(r(0.01, 0.5, 2), torch.zeros(*shape, 2, dtype=F64), [1, 1], allow_growth=True)
     if kind == "rotation":
         return Generator(torch.zeros(*shape, 3, dtype=F64), r(0.1, 3, 3), [1, 1, 1])
+    if kind == "one_plane":  # a single rotation plane: the smallest table that rotates
+        return Generator(torch.zeros(*shape, 1, dtype=F64), r(0.1, 3, 1), [1])
     if kind == "damped_rotation":
         return Generator(r(-0.5, -0.01, 2), r(0.1, 3, 2), [1, 1])
     if kind == "jordan":
@@ -39,7 +41,7 @@ def random_generator(kind: str, seed: int = 0, heads: int | None = None) -> Gene
     raise ValueError(kind)
 
 
-KINDS = ["nope", "decay", "growth", "rotation", "damped_rotation", "jordan", "complex_jordan", "mixed"]
+KINDS = ["nope", "decay", "growth", "rotation", "one_plane", "damped_rotation", "jordan", "complex_jordan", "mixed"]
 
 
 def rel_err(a, b):

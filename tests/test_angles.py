@@ -182,6 +182,7 @@ def test_inside_torch_compile_exact_where_it_applies_and_nan_past_it():
     assert torch.equal(f(w, t), reduced_angle(w, t))
     out = f(w, torch.tensor([[1e26]], dtype=F64))  # ω = 1: 1e26 > 2^80·2π; ω ≈ 3e-4: below
     assert torch.isnan(out[0, 0])
+    assert torch.isnan(f(w, torch.tensor([[1e25]], dtype=F64))[0, 0])  # 1e25: past 2^80·2π ≈ 7.6e24 too
     assert torch.equal(out[0, -1:], reduced_angle(w[0, -1:], torch.tensor([1e26], dtype=F64)))
 
 
@@ -198,3 +199,37 @@ def test_each_reduction_is_chosen_strictly_below_its_limit():
     assert not _angles._products_below(tiny, split, math.inf)  # t at the split limit
     assert _angles._products_below(split / 2, tiny, math.inf)
     assert not _angles._products_below(one, torch.tensor([math.nan], dtype=torch.float64), limit)
+
+
+def test_every_row_of_the_table_is_frac_of_a_power_of_two_over_two_pi():
+    """All rows, not a few: ``G[:, b]`` sums to ``frac(2^{24b}/(2π))`` (no integer bit kept in any row)."""
+    with mpmath.workprec(_angles.TABLE_BITS + 64):
+        for b in range(_angles._TABLE_SIZE):
+            want = mpmath.frac(mpmath.mpf(2) ** (24 * b) / (2 * mpmath.pi))
+            got = sum(mpmath.mpf(v) for v in _angles._G[:, b].tolist())
+            assert abs(got - want) < mpmath.mpf(2) ** -158, b
+
+
+def test_products_just_past_the_cody_waite_limit_are_exact():
+    """Between 2^27·2π and 2^28·2π the Cody–Waite split is no longer exact (k·_C1 needs 54 bits):
+    the reduction there must be another one, exact against mpmath."""
+    limit = 2.0**27 * 2 * math.pi  # the documented limit, not the module's constant
+    ws = [1.0, 0.7853981633974483, 3.3e-3]
+    ts = [limit / w * (1 + j / 16) for w in ws for j in range(1, 16)]
+    assert_exact([w for w in ws for _ in range(1, 16)], ts)
+
+
+def test_tiny_frequencies_at_far_times_are_exact():
+    """0 < |ω| < 2^-800 at times that make ω t large: the per-frequency split of ω/(2π) would be
+    subnormal, so these take Payne–Hanek (and stay exact)."""
+    for w, t in [(1.7 * 2.0**-1000, 2.0**1010), (2.0**-900, 1.3 * 2.0**905), (3 * 2.0**-850, 5.1 * 2.0**860)]:
+        assert_exact([w], [t])  # one product per call: each alone is below the per-frequency limit
+
+
+def test_eager_reduction_below_the_cody_waite_limit_is_cody_waite():
+    """The cheapest exact reduction is the one taken: below 2^27·2π the eager result is Cody–Waite's bit
+    for bit (the other reductions agree with it to one ulp, so only this identity tells them apart)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.exp(torch.empty(500, dtype=F64).uniform_(-14, 7, generator=g))
+    t = torch.rand(500, dtype=F64, generator=g) * (_angles._CODY_WAITE_LIMIT / w.max())  # max|ω|·max|t| < limit
+    assert torch.equal(reduced_angle(w, t), _angles._cody_waite(*_angles._two_prod(w, t)))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import liepos as lp
-from liepos import _fast
+from liepos import _fast, _kernels
 from liepos.apply import apply_tables
 from liepos.generator import Generator, direct_sum
 
@@ -238,3 +240,62 @@ def test_shifted_terms_are_the_transform_and_their_transpose(name, side):
     rhs = (_eval_terms(g, to, tm, tT) * x).sum()
     assert torch.allclose(lhs, rhs, rtol=1e-12)
     assert torch.equal(ft.rows(1, 4).terms[2], T[..., 1:4, :, :])  # rows slice the term tables too
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "decay", "mixed", "mixed_half", "jordan3", "complex_jordan"])
+@pytest.mark.parametrize("layout", ["contiguous", "odd_row_stride", "odd_offset"])
+@pytest.mark.parametrize("kernels", [True, False])
+def test_fast_path_equals_the_readable_path_in_every_layout(name, layout, kernels):
+    """The compiled kernels and the run-by-run torch ops (``_kernels.off()``: complex views where the
+    strides allow, the coupling by columns) equal the readable path on a contiguous copy, also when
+    the rows are not complex-aligned (an odd row stride, an odd storage offset)."""
+    enc = ENCODINGS[name]()
+    d = enc.content_dim
+    g = torch.Generator().manual_seed(0)
+    # an odd width, an even sequence: only the row stride is odd (the batch and head strides are even)
+    wide = torch.randn(2, 3, 6, d + 1 + d % 2, dtype=torch.float64, generator=g)
+    if layout == "contiguous":
+        x = wide[..., :d].contiguous()
+    elif layout == "odd_row_stride":
+        x = wide[..., :d]  # (2, 3, 6, d) with an odd row stride
+    else:
+        x = wide.reshape(-1)[1 : 1 + 36 * d].view(2, 3, 6, d)  # storage offset 1
+    pos = 3.0 * torch.arange(6, dtype=torch.float64) + 2.0
+    for side, fn in (("query", enc.query), ("key", enc.key)):
+        want = _eager(enc, x.contiguous(), pos, side)
+        with contextlib.nullcontext() if kernels else _kernels.off():
+            got = fn(x, pos)
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-12), (side, float((got - want).abs().max()))
+
+
+def test_table_cache_counts_hits_and_misses():
+    """A second ``get`` of a key is a hit that does not build; ``clear`` empties it and resets the counts."""
+    cache, built = _fast.TableCache(), []
+    ft = _fast.fast_tables(lp.rope(8).tables(torch.arange(4.0, dtype=torch.float64), "query"), 8, torch.float32)
+    assert cache.get("k", lambda: built.append(1) or ft) is ft and (cache.hits, cache.misses, len(built)) == (0, 1, 1)
+    assert cache.get("k", lambda: built.append(1) or ft) is ft and (cache.hits, cache.misses, len(built)) == (1, 1, 1)
+    cache.clear()
+    assert len(cache) == 0 and (cache.hits, cache.misses) == (0, 0)
+    # bounded by entries alone, and by bytes alone (the newest entry always stays)
+    few, small = _fast.TableCache(max_entries=2), _fast.TableCache(max_bytes=ft.nbytes() + 1)
+    for k in range(3):
+        few.get(k, lambda: ft)
+        small.get(k, lambda: ft)
+    assert len(few) == 2 and len(small) == 1
+    assert few.get(2, lambda: None) is ft and few.hits == 1  # the newest kept, the oldest evicted
+
+
+@pytest.mark.parametrize("name", ["rope", "mixed", "xpos_half"])
+def test_half_precision_in_per_head_chunks_equals_one_chunk(name, monkeypatch):
+    """bfloat16 runs in float32 scratch a few heads at a time: one head per chunk gives the same bits as
+    all heads in one chunk (and the readable path's values)."""
+    enc = ENCODINGS[name]()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 5, enc.content_dim, generator=g).to(torch.bfloat16)
+    pos = torch.arange(5, dtype=torch.float64) + 7.0
+    whole = enc.query(x, pos)
+    monkeypatch.setattr(_fast, "_CHUNK_ELEMS", 1)
+    _fast.CACHE.clear()
+    assert torch.equal(enc.query(x, pos), whole)
+    want = _eager(enc, x.to(torch.float64), pos, "query")
+    assert torch.allclose(whole.double(), want, rtol=2e-2, atol=2e-2)

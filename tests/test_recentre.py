@@ -1,0 +1,104 @@
+"""Attention by re-centred query blocks (liepos.recentre): a block whose queries span too much time for one
+origin is split, and several-axis positions keep one origin per batch element."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+
+import liepos as lp
+from liepos import recentre
+from liepos.recentre import _fade_plan
+from liepos.generator import direct_sum
+
+F64 = torch.float64
+
+
+def test_queries_far_apart_in_one_block_are_split_and_match_the_reference():
+    """Decay at rate 0.5 with queries 3000 apart inside one block of two (keys at their own times, half a
+    step before each query: the block-by-block path): one origin for both would put e^{0.5·3000} into the
+    tables; the block is halved instead, and attention equals the reference."""
+    enc = lp.decay([0.5, 0.1, 0.05, 0.01])
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 4, 4, dtype=F64, generator=g) for _ in range(3))
+    p = torch.tensor([0.0, 3000.0, 3001.0, 9000.0], dtype=F64)
+    got = lp.attention(q, k, v, enc, p, p - 0.5, block_size=2)
+    want = lp.attention_reference(q, k, v, enc, p, p - 0.5)
+    assert torch.isfinite(got).all() and torch.allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_several_axis_positions_per_batch_element_equal_each_element_alone():
+    """Positions (batch, seq, axes): every batch element re-centred at its own block origin, as if alone."""
+    enc = lp.decay_axial_rope(8, axes=2, rates=[0.3, 0.2, 0.1, 0.05])  # decays: re-centred per block
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 5, 8, dtype=F64, generator=g) for _ in range(3))
+    p = torch.stack([torch.stack([torch.arange(5.0), torch.zeros(5)], -1),
+                     torch.stack([torch.arange(5.0) * 3 + 100, torch.arange(5.0)], -1)]).to(F64)  # (2, 5, 2)
+    got = lp.attention(q, k, v, enc, p, p, block_size=2)
+    alone = torch.cat([lp.attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], enc, p[i], p[i], block_size=2)
+                       for i in range(2)])
+    assert torch.allclose(got, alone, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["decay", "xpos", "jordan"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("T", [256, 207])  # 207 = 9·23: blocks of 9 or 23 rows with no partial block left
+def test_faded_keys_left_out_change_no_output(name, dtype, T):
+    """Past a head's fade window every score is within CLEAR_LOGIT of 0: the faded path (keys beyond the
+    window scored 0, grouped keys) equals attention with the fade plan off; an encoding whose norms do
+    not stay under its fade (a Jordan block's polynomial growth) gets no fade plan at all."""
+    enc = {"decay": lambda: lp.decay(torch.linspace(1.0, 2.0, 16)), "xpos": lambda: lp.xpos(16, scale_base=0.25),
+           "jordan": lambda: lp.Encoding(direct_sum(lp.decay(torch.full((13,), 0.5)).generator,
+                                                    lp.jordan(3, -0.5).generator))}[name]()
+    g = torch.Generator().manual_seed(2)
+    # fast fades over a few hundred positions: windows of a few blocks
+    q = torch.randn(1, 4, T, 16, dtype=F64, generator=g)
+    k, v = (torch.randn(1, 2, T, 16, dtype=F64, generator=g) for _ in range(2))
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    plans = []
+    spy = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
+    with torch.no_grad(), mock.patch.object(recentre, "_fade_plan", spy):
+        faded = lp.attention(q, k, v, enc)
+    assert (recentre._fade_rates(enc) is None) == (name == "jordan") and (plans[0] is None or name != "jordan")
+    if T == 256:  # every fading encoding gets a fade plan here
+        assert (plans[0] is None) == (name == "jordan")
+    with torch.no_grad():
+        with mock.patch.object(recentre, "_fade_plan", lambda call, b: None):
+            whole = lp.attention(q, k, v, enc)
+    eps = torch.finfo(dtype).eps
+    assert float((faded.double() - whole.double()).abs().max()) <= 16 * eps * float(v.double().abs().max())
+
+
+def test_a_constant_bias_offset_on_alibi_is_read_as_an_offset_not_a_slope():
+    """Key slots ``[c, −m]``: the bias is ``c − m (t − s)``; the slope read from the slots stays ``m`` and
+    the constant ``c`` cancels in the softmax: the same attention as plain ALiBi, and as the reference."""
+    enc = lp.alibi(2, 8)
+    shifted = enc.replace(key_slots=enc.key_slots + torch.tensor([3.0, 0.0], dtype=F64))
+    m, b0 = recentre.linear_bias(shifted, 2)
+    m_plain, _ = recentre.linear_bias(enc, 2)
+    assert torch.equal(m, m_plain) and torch.allclose(b0, torch.full_like(b0, 3.0))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=F64, generator=g) for _ in range(3))
+    p = 7.0 * torch.arange(40, dtype=F64)
+    got = lp.attention(q, k, v, shifted, p, p)
+    assert torch.allclose(got, lp.attention(q, k, v, enc, p, p), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(got, lp.attention_reference(q, k, v, shifted, p, p), rtol=1e-10, atol=1e-12)
+
+
+def test_bfloat16_sinks_with_alibi_at_far_times_match_the_reference():
+    """With sinks, each row's sink logit carries the block's bias offset ``b − m (t − o)``, which spans
+    hundreds over a block at spread-out times: it is formed in float32, never rounded to bfloat16
+    (a 0.25 step there moves the sink's weight by up to 13 %)."""
+    enc = lp.alibi(2, 8)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 64, 8, dtype=F64, generator=g) for _ in range(3))
+    p = 25.0 * torch.arange(64, dtype=F64)
+    sinks = torch.tensor([0.5, -0.25], dtype=F64)
+    want = lp.attention_reference(q, k, v, enc, p, p, sinks=sinks)
+    bf = torch.bfloat16
+    got = lp.attention(q.to(bf), k.to(bf), v.to(bf), enc, p, p, sinks=sinks.to(bf))
+    as32 = lp.attention(q.to(bf), k.to(bf), v.to(bf), enc, p, p, sinks=sinks.float())
+    assert torch.equal(got, as32)
+    assert float((got.double() - want).abs().max()) < 0.05
