@@ -375,6 +375,8 @@ def test_pieces_refuse_keys_and_values_of_different_head_counts():
         pieces(q, [(k, torch.randn(1, 2, 8, 16), True)], 0.25)
     with pytest.raises(ValueError, match="one head count"):
         pieces(q, [(torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16), True)], 0.25)
+    with pytest.raises(ValueError, match="as many values as keys"):  # the kernel would read past v's rows
+        pieces(q, [(k, torch.randn(1, 4, 2, 16), True)], 0.25)
 
 
 def _spy_faded(monkeypatch) -> list:

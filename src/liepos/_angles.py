@@ -63,7 +63,7 @@ _G_PARTS = 3  # float64 chunks per table entry: 3·53 = 159 bits past the droppe
 _MAX_EXPONENT = 2 * 1024
 _TABLE_SIZE = (_MAX_EXPONENT - 53) // _CHUNK_BITS + 2
 TABLE_BITS = _TABLE_SIZE * _CHUNK_BITS + _G_PARTS * 53 + 64  # bits of 1/(2π) the table is cut from
-# Cody–Waite: 2π = _C1 + _C2 + _C3 with _C1, _C2 of 26 significant bits, so k·_C1, k·_C2 are exact
+# Cody–Waite: 2π = _C1 + _C2 + _C3 with _C1 of 25 and _C2 of 24 significant bits, so k·_C1, k·_C2 are exact
 # for |k| < 2^27: every |ω t| below 2^27·2π (≈ 8.4e8) reduces exactly with three products.
 _CODY_WAITE_LIMIT = 2.0**27 * _TWO_PI
 # the per-frequency path: ω/(2π) to 155 bits, so |ω t/(2π)| < 2^80 keeps the error below 2^-75 turns

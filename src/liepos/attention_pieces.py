@@ -219,6 +219,10 @@ def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: 
         # the flash kernel reads every head of k and v by q's strides: a mismatch would read past them
         raise ValueError(f"pieces need keys and values of one head count dividing the queries', got q "
                          f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[0] != v.shape[0] or k.shape[2] != v.shape[2]:
+        # the flash kernel takes the key count from k and reads v's rows by it: fewer value rows would read past them
+        raise ValueError(f"pieces need keys and values of one batch and as many values as keys, got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     g = q.shape[1] // k.shape[1]
     if g > 1:  # grouped queries: (G, Hk, S, ·) -> (G, H, S, ·)
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
