@@ -87,14 +87,17 @@ class ScalableSoftmax(Temperature):
 class Llama4Temperature(Temperature):
     """Llama 4's ``attn_temperature_tuning`` (its NoPE layers): ``τ(t) = log1p(⌊(t + 1)/floor_scale⌋)·attn_scale + 1``.
 
-    ``t`` is the query's time (transformers uses the token index ``past_seen_tokens + i``, which is the
-    time under default positions). Meta's values: ``floor_scale = 8192``, ``attn_scale = 0.1``; τ is 1
-    until ``t + 1`` reaches ``floor_scale``.
+    As transformers' ``Llama4TextAttention`` computes it: on the layers without rope only
+    (``no_rope_layers[ℓ] = 0``), multiplying the query states after the (absent) rope and before the
+    softmax, at ``t`` = the token index ``past_seen_tokens + i`` (the time under default positions;
+    transformers ignores ``position_ids`` here), evaluated in **float32** (``positions.float()``) and
+    returned as float64 (exact), so ``q · τ`` in float32 or bfloat16 is transformers' product bit for bit.
+    Meta's values: ``floor_scale = 8192``, ``attn_scale = 0.1``; τ is 1 until ``t + 1`` reaches ``floor_scale``.
 
     >>> import torch
     >>> T = Llama4Temperature()
     >>> T.factor(torch.tensor([[8190.0, 8191.0]], dtype=torch.float64), None).flatten().tolist()
-    [1.0, 1.0693147180559945]
+    [1.0, 1.06931471824646]
     """
 
     def __init__(self, floor_scale: float = 8192.0, attn_scale: float = 0.1) -> None:
@@ -102,8 +105,9 @@ class Llama4Temperature(Temperature):
         self.attn_scale = check_real("attn_scale", attn_scale)
 
     def factor(self, t: torch.Tensor, n: torch.Tensor | None) -> torch.Tensor:
-        tau = torch.log1p(torch.floor((t.to(torch.float64) + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
-        return tau.unsqueeze(1)  # (B, Sq) -> (B, 1, Sq)
+        t32 = t.to(torch.float32)  # transformers' positions.float(): the same roundings, in the same order
+        tau = torch.log1p(torch.floor((t32 + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+        return tau.to(torch.float64).unsqueeze(1)  # (B, Sq) -> (B, 1, Sq)
 
     def __repr__(self) -> str:
         return f"Llama4Temperature(floor_scale={self.floor_scale:g}, attn_scale={self.attn_scale:g})"
