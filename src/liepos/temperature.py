@@ -124,7 +124,8 @@ class SwanLengthScaling(Temperature):
     reference package): ``t + 1`` is the length of the context the query at time ``t`` closes (the number of
     keys it sees on a causal global layer), ``log`` is the natural logarithm, and the factor is 1 — the
     trained model unchanged — up to ``t + 1 = L_train`` and grows as ``α log`` of the extrapolation ratio
-    after it (continuous at ``L_train``). ``α ≥ 0``; ``α = 0`` is no scaling. Computed in float64 from the
+    after it (continuous at ``L_train``). ``α ≥ 0``; ``α = 0`` is no scaling; a logarithm to another base
+    is the same factor with ``α / ln(base)``. Computed in float64 from the
     query's absolute time, never from a cache origin, so it is exact through a :class:`~liepos.KVCache` and
     through re-centring.
 
