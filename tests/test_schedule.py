@@ -54,6 +54,7 @@ def layer_reference(spec, q, k, v, t):
 
 
 SCHED = [("rnope_swa", {"window": 3}), ("swan_gpt", {"window": 2}), ("ssmax", {"s": 0.7}),
+         ("swan_gpt", {"window": 2, "alpha": 0.5, "train_length": 3}),
          ("llama4", {"chunk": 4, "floor_scale": 2.0, "attn_scale": 0.3}), ("smollm3", {})]
 
 

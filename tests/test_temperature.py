@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos.temperature import TEMPERATURES, Llama4Temperature, ScalableSoftmax
+from liepos.temperature import TEMPERATURES, Llama4Temperature, ScalableSoftmax, SwanLengthScaling
 
 F64 = torch.float64
 
@@ -53,8 +53,8 @@ def test_ssmax_counts_only_visible_keys():
 
 
 @pytest.mark.parametrize("enc", [lp.rope(8), lp.xpos(8), lp.decay([0.1] * 8)], ids=["rope", "xpos", "decay"])
-@pytest.mark.parametrize("T", [ScalableSoftmax([0.5, 1.5]), Llama4Temperature(floor_scale=3, attn_scale=0.4)],
-                         ids=["ssmax", "llama4"])
+@pytest.mark.parametrize("T", [ScalableSoftmax([0.5, 1.5]), Llama4Temperature(floor_scale=3, attn_scale=0.4),
+                               SwanLengthScaling(alpha=0.7, train_length=3)], ids=["ssmax", "llama4", "swan"])
 def test_decode_equals_full_forward(enc, T):
     q, k, v = (torch.randn(1, 2, 8, 8, dtype=F64) for _ in range(3))
     full = lp.attention(q, k, v, enc, temperature=T)
@@ -100,7 +100,7 @@ def test_llama4_temperature_matches_transformers_attention():
         v = attn.v_proj(h).view(2, S, 2, 8).transpose(1, 2)
         y = lp.attention(q, k, v, lp.nope(8), temperature=Llama4Temperature(floor_scale=3, attn_scale=0.25))
         got = attn.o_proj(y.transpose(1, 2).reshape(2, S, 32))
-    assert rel_err(got, want) < 1e-7  # transformers computes τ in float32 (positions.float()); liepos in float64
+    assert rel_err(got, want) < 1e-12  # τ is transformers' float32 value in both; the rest is float64
     # and the temperature is not a no-op here: without it the output differs
     with torch.no_grad():
         plain = attn.o_proj(lp.attention(q, k, v, lp.nope(8)).transpose(1, 2).reshape(2, S, 32))
@@ -120,3 +120,47 @@ def test_refusals_leave_the_cache_untouched():
         ScalableSoftmax(-1.0)
     assert len(cache) == 0
     assert TEMPERATURES["ssmax"] is ScalableSoftmax and TEMPERATURES["llama4"] is Llama4Temperature
+
+
+def test_swan_length_scaling_is_its_formula():
+    """τ(t) = 1 + α·log(max(1, (t + 1)/L_train)), written out with math.log per time: 1 inside the training
+    length, continuous at it, α·log of the extrapolation ratio beyond."""
+    T = SwanLengthScaling(alpha=0.3, train_length=5)
+    t = torch.tensor([[0.0, 3.0, 4.0, 5.0, 9.0, 99.0, 1e9]], dtype=F64)
+    got = T.factor(t, None)
+    assert got.shape == (1, 1, 7)
+    want = [1.0 + 0.3 * math.log(max(1.0, (ti + 1.0) / 5)) for ti in t.flatten().tolist()]
+    assert max(abs(g - w) for g, w in zip(got.flatten().tolist(), want)) < 1e-15
+    assert got.flatten()[:3].tolist() == [1.0, 1.0, 1.0] and got.flatten()[3] > 1.0
+    assert TEMPERATURES["swan"] is SwanLengthScaling and repr(T) == "SwanLengthScaling(alpha=0.3, train_length=5)"
+    assert SwanLengthScaling(alpha=0.0).factor(t, None).eq(1.0).all()
+
+
+def test_swan_length_scaling_is_exact_through_re_centring_far_from_zero():
+    """xPos (re-centred) at times near 10⁹: the attention equals the readable reference at times from 0 with
+    the query rows multiplied by τ of their far absolute times (the factor reads the times, never an origin)."""
+    q, k, v = (torch.randn(1, 2, 7, 8, dtype=F64) for _ in range(3))
+    t0 = torch.arange(7, dtype=F64)
+    far = t0 + 1e9
+    T = SwanLengthScaling(alpha=0.2, train_length=4096)
+    tau = T.factor(far[None], None)  # (1, 1, 7): about 1 + 0.2·log(2.4e5) ≈ 3.5
+    assert float(tau.min()) > 3.0
+    got = lp.attention(q, k, v, lp.xpos(8), far, far, temperature=T)
+    ref = lp.attention_reference(q * tau.unsqueeze(-1), k, v, lp.xpos(8), t0, t0)
+    assert rel_err(got, ref) < 1e-9
+    cache = lp.KVCache()
+    parts = [lp.attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], lp.xpos(8), far[:3], far[:3], cache=cache,
+                          temperature=T)]
+    for i in range(3, 7):
+        parts.append(lp.attention(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], lp.xpos(8),
+                                  far[i : i + 1], far[i : i + 1], cache=cache, temperature=T))
+    assert rel_err(torch.cat(parts, 2), got) < 1e-9
+
+
+def test_swan_length_scaling_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="alpha"):
+        SwanLengthScaling(alpha=-0.1)
+    with pytest.raises(ValueError, match="train_length"):
+        SwanLengthScaling(train_length=0)
+    with pytest.raises((TypeError, ValueError), match="train_length"):
+        SwanLengthScaling(train_length=2.5)

@@ -35,7 +35,7 @@ from liepos.attention import KVCache, attention
 from liepos.attention_call import key_times
 from liepos.catalogue import nope, rope
 from liepos.encoding import Encoding, as_positions
-from liepos.temperature import Llama4Temperature, ScalableSoftmax, Temperature
+from liepos.temperature import Llama4Temperature, ScalableSoftmax, SwanLengthScaling, Temperature
 
 __all__ = ["LayerSpec", "Schedule", "SCHEDULES", "build_schedule", "window_mask"]
 
@@ -208,11 +208,14 @@ def rnope_swa(layers: int, head_dim: int, num_heads: int = 1, *, window: int = 4
 
 
 def swan_gpt(layers: int, head_dim: int, num_heads: int = 1, *, window: int = 512, every: int = 4,
-             base: float = 10000.0) -> Schedule:
+             base: float = 10000.0, alpha: float | None = None, train_length: int = 4096) -> Schedule:
     """SWAN-GPT (Puvvada et al., NVIDIA, arXiv 2504.08719): NoPE global layers interleaved with SWA-RoPE
-    layers (its inference-time logit scaling is a separate temperature, not part of the layout)."""
+    layers; with ``alpha``, its inference-time length scaling
+    :class:`~liepos.temperature.SwanLengthScaling` ``(alpha, train_length)`` on the NoPE global layers."""
     window = check_int("window", window, min=1)
-    return _interleaved(layers, head_dim, every, base, lambda e: LayerSpec(e, window=window), LayerSpec, "swan_gpt")
+    tau = None if alpha is None else SwanLengthScaling(alpha, train_length)
+    return _interleaved(layers, head_dim, every, base, lambda e: LayerSpec(e, window=window),
+                        lambda e: LayerSpec(e, temperature=tau), "swan_gpt")
 
 
 def llama4(layers: int, head_dim: int, num_heads: int = 1, *, every: int = 4, chunk: int | None = 8192,

@@ -10,11 +10,13 @@ call's absolute times and visibility, never from an origin. :func:`liepos.attent
     attention(q, k, v, enc, temperature=T)[i] = Σ_j softmax_j(τ_i · c · q_iᵀ A(t_i − s_j) k_j) v_j
 
 with ``τ_i = T.factor(t_i, n_i)``, ``n_i`` the number of keys query i sees (causality, padding,
-documents and ``attn_mask`` included). Two are built in (:data:`TEMPERATURES`):
+documents and ``attn_mask`` included). Three are built in (:data:`TEMPERATURES`):
 
 * :class:`ScalableSoftmax` (Nakanishi, arXiv 2501.19399): ``τ = s_h · log n``, ``s`` per head;
 * :class:`Llama4Temperature` (Hugging Face ``attn_temperature_tuning``):
-  ``τ = log1p(⌊(t + 1)/floor_scale⌋) · attn_scale + 1``.
+  ``τ = log1p(⌊(t + 1)/floor_scale⌋) · attn_scale + 1``;
+* :class:`SwanLengthScaling` (SWAN-GPT's inference-time scaling, arXiv 2504.08719):
+  ``τ = 1 + α · log(max(1, (t + 1)/L_train))``.
 
 >>> import torch, liepos as lp
 >>> T = Llama4Temperature(floor_scale=4, attn_scale=0.5)
@@ -31,11 +33,11 @@ from typing import Any
 
 import torch
 
-from liepos._checks import check_real, check_real_tensor, describe
+from liepos._checks import check_int, check_real, check_real_tensor, describe
 from liepos.masks import visible
 
-__all__ = ["Temperature", "ScalableSoftmax", "Llama4Temperature", "TEMPERATURES", "check_temperature", "visible_counts",
-           "scaled_queries"]
+__all__ = ["Temperature", "ScalableSoftmax", "Llama4Temperature", "SwanLengthScaling", "TEMPERATURES",
+           "check_temperature", "visible_counts", "scaled_queries"]
 
 
 class Temperature:
@@ -87,14 +89,17 @@ class ScalableSoftmax(Temperature):
 class Llama4Temperature(Temperature):
     """Llama 4's ``attn_temperature_tuning`` (its NoPE layers): ``τ(t) = log1p(⌊(t + 1)/floor_scale⌋)·attn_scale + 1``.
 
-    ``t`` is the query's time (transformers uses the token index ``past_seen_tokens + i``, which is the
-    time under default positions). Meta's values: ``floor_scale = 8192``, ``attn_scale = 0.1``; τ is 1
-    until ``t + 1`` reaches ``floor_scale``.
+    As transformers' ``Llama4TextAttention`` computes it: on the layers without rope only
+    (``no_rope_layers[ℓ] = 0``), multiplying the query states after the (absent) rope and before the
+    softmax, at ``t`` = the token index ``past_seen_tokens + i`` (the time under default positions;
+    transformers ignores ``position_ids`` here), evaluated in **float32** (``positions.float()``) and
+    returned as float64 (exact), so ``q · τ`` in float32 or bfloat16 is transformers' product bit for bit.
+    Meta's values: ``floor_scale = 8192``, ``attn_scale = 0.1``; τ is 1 until ``t + 1`` reaches ``floor_scale``.
 
     >>> import torch
     >>> T = Llama4Temperature()
     >>> T.factor(torch.tensor([[8190.0, 8191.0]], dtype=torch.float64), None).flatten().tolist()
-    [1.0, 1.0693147180559945]
+    [1.0, 1.06931471824646]
     """
 
     def __init__(self, floor_scale: float = 8192.0, attn_scale: float = 0.1) -> None:
@@ -102,16 +107,52 @@ class Llama4Temperature(Temperature):
         self.attn_scale = check_real("attn_scale", attn_scale)
 
     def factor(self, t: torch.Tensor, n: torch.Tensor | None) -> torch.Tensor:
-        tau = torch.log1p(torch.floor((t.to(torch.float64) + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
-        return tau.unsqueeze(1)  # (B, Sq) -> (B, 1, Sq)
+        t32 = t.to(torch.float32)  # transformers' positions.float(): the same roundings, in the same order
+        tau = torch.log1p(torch.floor((t32 + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+        return tau.to(torch.float64).unsqueeze(1)  # (B, Sq) -> (B, 1, Sq)
 
     def __repr__(self) -> str:
         return f"Llama4Temperature(floor_scale={self.floor_scale:g}, attn_scale={self.attn_scale:g})"
 
 
+class SwanLengthScaling(Temperature):
+    """SWAN-GPT's length scaling (Puvvada et al., NVIDIA, arXiv 2504.08719): ``τ(t) = 1 + α · log(max(1, (t + 1)/L_train))``.
+
+    SWAN-GPT interleaves NoPE global layers with sliding-window RoPE layers and, at inference, scales the
+    attention logits with the length of the context beyond the training length ``L_train``, logarithmically.
+    liepos implements exactly the formula above (reimplemented from the paper's description; there is no
+    reference package): ``t + 1`` is the length of the context the query at time ``t`` closes (the number of
+    keys it sees on a causal global layer), ``log`` is the natural logarithm, and the factor is 1 — the
+    trained model unchanged — up to ``t + 1 = L_train`` and grows as ``α log`` of the extrapolation ratio
+    after it (continuous at ``L_train``). ``α ≥ 0``; ``α = 0`` is no scaling; a logarithm to another base
+    is the same factor with ``α / ln(base)``. Computed in float64 from the
+    query's absolute time, never from a cache origin, so it is exact through a :class:`~liepos.KVCache` and
+    through re-centring.
+
+    >>> import torch, math
+    >>> T = SwanLengthScaling(alpha=0.5, train_length=4)
+    >>> tau = T.factor(torch.tensor([[0.0, 3.0, 7.0]], dtype=torch.float64), None).flatten()  # t + 1 = 1, 4, 8
+    >>> tau.tolist() == [1.0, 1.0, 1 + 0.5 * math.log(2.0)]
+    True
+    """
+
+    def __init__(self, alpha: float = 0.1, train_length: int = 4096) -> None:
+        self.alpha = check_real("alpha", alpha, nonnegative=True)
+        self.train_length = check_int("train_length", train_length, min=1)
+
+    def factor(self, t: torch.Tensor, n: torch.Tensor | None) -> torch.Tensor:
+        ratio = (t.to(torch.float64) + 1.0) / self.train_length  # (B, Sq) the extrapolation ratio
+        tau = 1.0 + self.alpha * torch.log(ratio.clamp_min(1.0))  # the clip: 1 inside the training length
+        return tau.unsqueeze(1)  # (B, Sq) -> (B, 1, Sq)
+
+    def __repr__(self) -> str:
+        return f"SwanLengthScaling(alpha={self.alpha:g}, train_length={self.train_length})"
+
+
 TEMPERATURES: dict[str, Callable[..., Temperature]] = {
     "ssmax": ScalableSoftmax,
     "llama4": Llama4Temperature,
+    "swan": SwanLengthScaling,
 }
 """Every temperature by name: ``TEMPERATURES[name](**params) -> Temperature``."""
 

@@ -714,7 +714,9 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
       ``output_attentions`` returns the softmax weights.
 
     ``encoding`` may be a dict ``{layer_type: Encoding}``. Layers the family runs without rope
-    (SmolLM3's and Llama 4's NoPE layers) stay NoPE. Patching a patched model replaces its
+    (SmolLM3's and Llama 4's NoPE layers) stay NoPE and upstream's, Llama 4's ``attn_temperature_tuning``
+    included (:class:`liepos.temperature.Llama4Temperature` is the same factor for liepos' own attention).
+    Patching a patched model replaces its
     encoding; :func:`unpatch_model` restores the upstream forward.
 
     Limits: on the raw-key path no attention dropout; a cache filled by the unpatched model is
