@@ -362,7 +362,7 @@ def _key_times(cache: Any, layer: int, pos: torch.Tensor, n_keys: int, seen: int
 def _raw_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
                    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """The attention interface of raw-key layers: :func:`liepos.attention` at the recorded times."""
-    from liepos.attention import attention
+    from liepos.attend import attention
 
     state: _Layer = module._liepos
     if dropout:

@@ -2,16 +2,16 @@
 
 An encoding is given as two callables ``encode_query(x, positions)`` and ``encode_key(x, positions)``
 with ``x: (batch, heads, seq, dim)`` and ``positions: (seq,)``. Probing them with the basis vectors
-``e_i`` at times ``t`` and ``s`` gives the bridge matrix (:mod:`liepos.diagnose.probes`)::
+``e_i`` at times ``t`` and ``s`` gives the bridge matrix (:mod:`liepos.diagnosis.probes`)::
 
     M(t, s)_ij = <F(t) e_i, G(s) e_j>,   i.e. M(t, s) = F(t)ᵀ G(s)
 
 The theorem says: if the encoding is linear, ``M(t + c, s + c) = M(t, s)`` (translation invariance),
 ``M(t, t) = I`` and ``M`` is continuous, then ``M(t, s) = A(t − s) = exp((t − s) X)``. Each assumption
 is tested on the probe, the generator is recovered as ``X = log A(δ) / δ`` with a branch-safe
-refinement over several δ (:mod:`liepos.diagnose.recovery`) and verified by ``exp(uX) ≈ A(u)`` at other
-``u``, then classified. The findings and the report text are in :mod:`liepos.diagnose.report`;
-Hugging Face's own rotary code, built from a small config, in :mod:`liepos.diagnose.hf`.
+refinement over several δ (:mod:`liepos.diagnosis.recovery`) and verified by ``exp(uX) ≈ A(u)`` at other
+``u``, then classified. The findings and the report text are in :mod:`liepos.diagnosis.report`;
+Hugging Face's own rotary code, built from a small config, in :mod:`liepos.diagnosis.hf`.
 
 >>> import liepos as lp
 >>> enc = lp.rope(8)
@@ -33,10 +33,10 @@ import numpy as np
 import torch
 
 from liepos._checks import check_choice, check_int, check_real
-from liepos.diagnose.hf import hf_encoder, hf_rotary_encoder
-from liepos.diagnose.probes import TINY, Bridge, Encoder, Linearized, Probe, ProbeError, Side, rel
-from liepos.diagnose.recovery import generator_from_matrix, recover
-from liepos.diagnose.report import (
+from liepos.diagnosis.hf import hf_encoder, hf_rotary_encoder
+from liepos.diagnosis.probes import TINY, Bridge, Encoder, Linearized, Probe, ProbeError, Side, rel
+from liepos.diagnosis.recovery import generator_from_matrix, recover
+from liepos.diagnosis.report import (
     AXES_DO_NOT_COMMUTE,
     GROUP_LAW,
     LENGTH_DEPENDENT,
@@ -244,7 +244,7 @@ class _Diagnoser:
         self.notes += rec.notes
         generator = classification = None
         if rec.matrix is not None:
-            from liepos.classify import classify
+            from liepos.classification import classify
 
             self.measures["generator_fit"] = rec.fit
             snap = min(max(_SNAP_MIN, 10 * max(trans, gl, rec.fit, 1e-9) / max(plan.ladder[-1], 1.0)), _SNAP_MAX)
