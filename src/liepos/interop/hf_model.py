@@ -43,7 +43,8 @@ from liepos.encoding import Encoding
 from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_decode import attend, checked_step_matrix, hf_visible, remember
-from liepos.interop.hf_config import HFRope, read_hf, times_logit
+from liepos.interop.hf_config import HFRope, read_hf
+from liepos.interop.rope_types import times_logit
 from liepos.interop.hf_packed import check_row, documents, per_document, restarted
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
