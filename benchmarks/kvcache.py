@@ -15,7 +15,7 @@ import time
 import torch
 
 import liepos as lp
-from liepos.attention import attention
+from liepos.attend import attention
 
 
 def run(enc: lp.Encoding, prefill: int, steps: int) -> tuple[float, int]:

@@ -10,7 +10,7 @@ from contract import contract_rows, measured_error
 
 import liepos as lp
 from liepos._jordan import canonical_form
-from liepos.classify import DEFAULT_TOL, classify
+from liepos.classification import DEFAULT_TOL, classify
 
 F64 = torch.float64
 

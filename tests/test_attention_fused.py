@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import liepos as lp
-from liepos import recentre
+from liepos import causal_tiling, faded_keys, origin_budget, recentre
 
 from helpers import fast_lane  # noqa: E402
 from liepos.recentre import POLY_ROUNDING
@@ -77,8 +77,8 @@ def test_fused_equals_general_equals_reference(name, dtype, offset):
 def test_alibi_window_with_sinks_and_grouped_queries(dtype, monkeypatch):
     """Per-head windows (the steep heads leave out early keys) with learned sinks and one kv head."""
     seen = []
-    starts = recentre._window_starts
-    monkeypatch.setattr(recentre, "_window_starts", lambda *a: seen.append(starts(*a)) or seen[-1])
+    starts = recentre.window_starts
+    monkeypatch.setattr(recentre, "window_starts", lambda *a: seen.append(starts(*a)) or seen[-1])
     enc = lp.alibi(16, num_heads=4, slopes=[2.0, 0.5, 0.1, 0.01])  # float64 keeps keys down to e^-750: steep slopes
     T = 1500
     q, k, v = inputs(T, 4, 16, dtype, seed=3, kv_heads=1)
@@ -240,9 +240,10 @@ def test_tiles_cover_the_causal_triangle_once(T, size):
 
 def _spy_tiles(monkeypatch) -> list:
     seen = []
-    real = recentre.made
-    monkeypatch.setattr(recentre, "made",
-                        lambda shape, makers, *a, **kw: seen.append(len(makers)) or real(shape, makers, *a, **kw))
+    real = causal_tiling.made
+    for module in (causal_tiling, faded_keys):
+        monkeypatch.setattr(module, "made",
+                            lambda shape, makers, *a, **kw: seen.append(len(makers)) or real(shape, makers, *a, **kw))
     return seen
 
 
@@ -320,8 +321,9 @@ def test_diagonal_blocks_at_the_edge_of_their_budget(dtype):
     rate = 1.38  # allowed 22 / 1.38 = 15.9 around the origin: blocks of 31 rows
     enc = lp.decay([rate, 0.5, 0.0])
     T = 512
-    size = recentre._tile_size(recentre._allowed(recentre._diagonal_budget((rate, 0.0, math.inf), dtype)), T)
-    assert size == 2 * math.floor(recentre.DIAGONAL_EXPONENT / rate) + 1 == 31
+    size = causal_tiling.tile_size(origin_budget.allowed(causal_tiling.diagonal_budget((rate, 0.0, math.inf), dtype)),
+                                   T)
+    assert size == 2 * math.floor(causal_tiling.DIAGONAL_EXPONENT / rate) + 1 == 31
     q, k, v = inputs(T, 2, 3, dtype, seed=12)
     q, k = 8 * q, 8 * k
     o = size // 2
@@ -381,8 +383,8 @@ def test_pieces_refuse_keys_and_values_of_different_head_counts():
 
 def _spy_faded(monkeypatch) -> list:
     """(heads, blocks of keys seen whole, rows per block) of every faded group."""
-    seen, real = [], recentre._faded
-    monkeypatch.setattr(recentre, "_faded", lambda call, m, n_b: seen.append((call.q.shape[1], m, n_b))
+    seen, real = [], faded_keys._faded
+    monkeypatch.setattr(faded_keys, "_faded", lambda call, m, n_b: seen.append((call.q.shape[1], m, n_b))
                         or real(call, m, n_b))
     return seen
 
@@ -439,7 +441,7 @@ def test_faded_heads_equal_the_tiled_triangle_with_gradients(monkeypatch):
     outs = []
     for faded in (True, False):
         if not faded:
-            monkeypatch.setattr(recentre, "_fade_plan", lambda *a: None)
+            monkeypatch.setattr(faded_keys, "_fade_plan", lambda *a: None)
         out = lp.attention(*leaves, enc)
         outs.append((out, torch.autograd.grad((out * torch.cos(out)).sum(), [*leaves, rates])))
     assert seen and seen[0][0] == 1  # the first head alone

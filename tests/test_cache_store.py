@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos.attention import attention, attention_reference
+from liepos.attend import attention, attention_reference
 from liepos.cache import GROW, EncodedKeys, KVCache, Rows
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "liepos"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from liepos import Generator
 from liepos._jordan import canonical_form
-from liepos.classify import NAMES, Classification, classify
+from liepos.classification import NAMES, Classification, classify
 
 from helpers import SEED_ROWS  # one block per row of the six
 
@@ -218,7 +218,7 @@ def test_classification_dataclass_fields():
 def test_rows_are_one_public_table():
     import re
 
-    from liepos.classify import ROW_COLORS, ROWS, row_of
+    from liepos.classification import ROW_COLORS, ROWS, row_of
 
     assert tuple(r.name for r in ROWS) == NAMES
     assert list(ROW_COLORS) == list(NAMES)

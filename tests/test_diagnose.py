@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos.diagnose import Diagnosis, ProbeError, diagnose, hf_encoder
+from liepos.diagnosis import Diagnosis, ProbeError, diagnose, hf_encoder
 
 D = 8
 
@@ -370,7 +370,7 @@ def test_branch_handling_recovers_frequencies_beyond_pi():
 
 
 def test_import_liepos_loads_none_of_the_heavy_dependencies_of_diagnose():
-    code = ("import sys, liepos, liepos.diagnose, liepos.cli; liepos.cli.build_parser(); "
+    code = ("import sys, liepos, liepos.diagnosis, liepos.cli; liepos.cli.build_parser(); "
             "print(sorted(m for m in ('transformers', 'scipy', 'sympy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

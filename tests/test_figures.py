@@ -80,11 +80,11 @@ def test_no_text_is_clipped(data, kind):
 
 
 def test_row_colours_are_defined_once_for_the_six_rows():
-    import liepos.classify
+    import liepos.classification
 
     assert tuple(F.ROW_COLORS) == S.ROWS
     assert len(set(F.ROW_COLORS.values())) == 6
-    assert getattr(liepos.classify, "ROW_COLORS", F.ROW_COLORS) == F.ROW_COLORS  # one table, once merged
+    assert getattr(liepos.classification, "ROW_COLORS", F.ROW_COLORS) == F.ROW_COLORS  # one table, once merged
 
 
 def test_six_rows_use_their_colours(data):

@@ -5,7 +5,7 @@ depth (the other families of the table: test_hf_families.py), random weights, no
   the unpatched model's to 1e-4 (float32) past ``original_max_position_embeddings`` and at
   shifted ``position_ids``, in both precisions, and greedy ``generate`` with the cache gives the
   same tokens;
-* the raw-key path (times kept beside HF's cache, liepos.attention) equals upstream too when fed
+* the raw-key path (times kept beside HF's cache, liepos.attend) equals upstream too when fed
   RoPE, with padding, sliding windows, the cache, static caches and ``output_attentions``; it is
   causal by token order (packed sequences);
 * xPos, ALiBi, RetNet and a custom generator: the patched model runs, trains (an optimizer step

@@ -329,9 +329,9 @@ def test_core_import_does_not_load_scipy_or_sympy():
     import inspect
 
     import liepos._jordan
-    import liepos.classify
+    import liepos.classification
 
-    for mod in (liepos._jordan, liepos.classify):
+    for mod in (liepos._jordan, liepos.classification):
         tree = ast.parse(inspect.getsource(mod))
         for node in tree.body:  # module level only
             names = []

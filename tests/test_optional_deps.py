@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 OPTIONAL = ("tqdm", "rich", "transformers", "matplotlib", "sympy", "scipy")
-HEAVY_PARTS = ("liepos.interop", "liepos.diagnose", "liepos.explore", "liepos.tour", "liepos.cli")
+HEAVY_PARTS = ("liepos.interop", "liepos.diagnosis", "liepos.explore", "liepos.tour", "liepos.cli")
 
 PROBE = """
 import json, sys

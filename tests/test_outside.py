@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos.diagnose.outside import OUTSIDE, fope_encoders
-from liepos.diagnose.report import GROUP_LAW, NOT_TRANSLATION_INVARIANT
-from liepos.diagnose.scores import CONTENT_DEPENDENT, diagnose_scores
+from liepos.diagnosis.outside import OUTSIDE, fope_encoders
+from liepos.diagnosis.report import GROUP_LAW, NOT_TRANSLATION_INVARIANT
+from liepos.diagnosis.scores import CONTENT_DEPENDENT, diagnose_scores
 
 F64 = torch.float64
 D = 8
@@ -55,7 +55,7 @@ def test_stick_breaking_is_its_product_formula():
 
 
 def test_contextual_cope_is_its_gate_count_formula():
-    from liepos.diagnose.outside import cope_contextual
+    from liepos.diagnosis.outside import cope_contextual
 
     q, k, t, s = inputs()
     E = torch.randn(17, D, generator=torch.Generator().manual_seed(0), dtype=F64)  # the table cope_contextual draws

@@ -5,6 +5,7 @@ attention, learned, ecosystem, analysis), and the old import paths of moved name
 from __future__ import annotations
 
 import importlib
+import types
 
 import pytest
 
@@ -59,9 +60,15 @@ def test_design_methods_exist():
     assert lp.diagnose.__name__ == "diagnose" and callable(lp.diagnose)
 
 
-def test_diagnose_stays_the_function_after_its_module_is_imported():
-    importlib.import_module("liepos.diagnose")
-    assert callable(lp.diagnose) and lp.diagnose.__name__ == "diagnose"
+@pytest.mark.parametrize("name, module", [("diagnose", "liepos.diagnosis"), ("classify", "liepos.classification"),
+                                          ("attention", "liepos.attend")])
+def test_a_function_stays_the_function_after_its_module_is_imported(name, module):
+    """The modules are named apart from the functions they define, so the package is a plain module (no
+    class of its own) and importing a module never replaces a facade name."""
+    importlib.import_module(module)
+    assert type(lp) is types.ModuleType
+    fn = getattr(lp, name)
+    assert callable(fn) and fn.__name__ == name and fn is getattr(importlib.import_module(module), name)
 
 
 @pytest.mark.parametrize("old, name", [

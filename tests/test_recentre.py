@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos import recentre
-from liepos.recentre import _fade_plan
+from liepos import faded_keys, recentre
+from liepos.faded_keys import _fade_plan
 from liepos.generator import direct_sum
 
 F64 = torch.float64
@@ -59,13 +59,13 @@ def test_faded_keys_left_out_change_no_output(name, dtype, T):
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     plans = []
     spy = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
-    with torch.no_grad(), mock.patch.object(recentre, "_fade_plan", spy):
+    with torch.no_grad(), mock.patch.object(faded_keys, "_fade_plan", spy):
         faded = lp.attention(q, k, v, enc)
-    assert (recentre._fade_rates(enc) is None) == (name == "jordan") and (plans[0] is None or name != "jordan")
+    assert (faded_keys._fade_rates(enc) is None) == (name == "jordan") and (plans[0] is None or name != "jordan")
     if T == 256:  # every fading encoding gets a fade plan here
         assert (plans[0] is None) == (name == "jordan")
     with torch.no_grad():
-        with mock.patch.object(recentre, "_fade_plan", lambda call, b: None):
+        with mock.patch.object(faded_keys, "_fade_plan", lambda call, b: None):
             whole = lp.attention(q, k, v, enc)
     eps = torch.finfo(dtype).eps
     assert float((faded.double() - whole.double()).abs().max()) <= 16 * eps * float(v.double().abs().max())

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 from liepos._version import __version__ as __version__  # the installed distribution's
@@ -28,7 +27,7 @@ from liepos._version import __version__ as __version__  # the installed distribu
 # what type checkers and the API reference read, and tests/test_public_api.py holds the two equal.
 _LAZY: dict[str, str | None] = {
     **dict.fromkeys(["Generator", "direct_sum"], "liepos.generator"),
-    **dict.fromkeys(["Classification", "classify"], "liepos.classify"),
+    **dict.fromkeys(["Classification", "classify"], "liepos.classification"),
     "Encoding": "liepos.encoding",
     **dict.fromkeys(["nope", "decay", "rope", "xpos", "retnet", "alibi", "jordan", "growth", "axial_rope",
                      "rope_mixed", "mrope", "decay_axial_rope", "CATALOGUE", "build", "alibi_slopes", "rope_freqs",
@@ -36,22 +35,23 @@ _LAZY: dict[str, str | None] = {
                      "mhrope"],
                     "liepos.catalogue"),
     "Mapped": "liepos.coordinates",
-    **dict.fromkeys(["attention", "attention_reference", "KVCache"], "liepos.attention"),
+    **dict.fromkeys(["attention", "attention_reference", "KVCache"], "liepos.attend"),
     **dict.fromkeys(["ScalableSoftmax", "Llama4Temperature"], "liepos.temperature"),
     **dict.fromkeys(["Schedule", "LayerSpec", "build_schedule"], "liepos.schedule"),
     "PerRequest": "liepos.per_request",
     **dict.fromkeys(["Clock", "LearnableGenerator", "LearnableEncoding"], "liepos.nn"),
     "scaling": None,
     # the ecosystem and the analysis (transformers, the diagnosis' probes)
-    "from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None, "Diagnosis": "liepos.diagnose",
+    "from_hf": "liepos.interop", "to_hf": "liepos.interop", "interop": None,
+    **dict.fromkeys(["diagnose", "Diagnosis"], "liepos.diagnosis"),
 }
 
 if TYPE_CHECKING:
     # the algebra
     from liepos.generator import Generator as Generator
     from liepos.generator import direct_sum as direct_sum
-    from liepos.classify import Classification as Classification
-    from liepos.classify import classify as classify
+    from liepos.classification import Classification as Classification
+    from liepos.classification import classify as classify
 
     # the catalogue
     from liepos.encoding import Encoding as Encoding
@@ -81,9 +81,9 @@ if TYPE_CHECKING:
     from liepos.coordinates import Mapped as Mapped
 
     # attention
-    from liepos.attention import attention as attention
-    from liepos.attention import attention_reference as attention_reference
-    from liepos.attention import KVCache as KVCache
+    from liepos.attend import attention as attention
+    from liepos.attend import attention_reference as attention_reference
+    from liepos.attend import KVCache as KVCache
     from liepos.temperature import ScalableSoftmax as ScalableSoftmax
     from liepos.temperature import Llama4Temperature as Llama4Temperature
     from liepos.schedule import Schedule as Schedule
@@ -102,10 +102,10 @@ if TYPE_CHECKING:
 def _register_ops() -> None:
     """Register liepos' torch ops (``torch.ops.liepos.*``) once torch is loaded: a program saved by
     ``torch.export`` then loads after a bare ``import liepos``, and every encoding compiles."""
-    if "torch" in sys.modules and "liepos.attention" not in sys.modules and not _registering:
+    if "torch" in sys.modules and "liepos.attend" not in sys.modules and not _registering:
         _registering.append(True)
         try:
-            importlib.import_module("liepos.attention")  # the ops, and the eager call the attention op runs
+            importlib.import_module("liepos.attend")  # the ops, and the eager call the attention op runs
         finally:
             _registering.clear()
 
@@ -124,39 +124,9 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | {"diagnose"})
+    return sorted(set(globals()) | set(_LAZY))
 
 
-class _Function:
-    """A facade name that is also the name of a submodule (``classify``, ``attention``, ``diagnose``): the
-    attribute is always the function, whatever was imported first.
-
-    (Importing the submodule makes the import system set the package attribute to the module; this data
-    descriptor on the package's class ignores that and keeps ``lp.classify(...)`` callable.)
-    """
-
-    def __init__(self, module: str) -> None:
-        self.module = module
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        value = getattr(importlib.import_module(self.module), self.name)
-        _register_ops()
-        return value
-
-    def __set__(self, obj: Any, module: Any) -> None:  # the import system recording the submodule: the function wins
-        pass
-
-
-class _Package(types.ModuleType):
-    classify = _Function("liepos.classify")
-    attention = _Function("liepos.attention")
-    diagnose = _Function("liepos.diagnose")
-
-
-sys.modules[__name__].__class__ = _Package
 _register_ops()  # torch already loaded (``import torch, liepos``): the ops now; otherwise on first use
 
 

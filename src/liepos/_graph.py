@@ -92,7 +92,7 @@ def _hook(name: str) -> Callable:
     except KeyError:
         raise RuntimeError(
             "an encoding met torch.compile before liepos could name it: the structure writer "
-            "(liepos._graph_key) is not loaded; `import liepos.attention` (or use any name of the liepos "
+            "(liepos._graph_key) is not loaded; `import liepos.attend` (or use any name of the liepos "
             "package, `lp.rope`, `lp.build`, ...) before compiling") from None
 
 

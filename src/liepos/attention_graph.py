@@ -40,7 +40,7 @@ _eager: dict[str, Callable] = {}
 
 
 def install(eager: Callable) -> None:
-    """The eager ``lp.attention`` the op runs (installed by :mod:`liepos.attention`, a module that imports this one)."""
+    """The eager ``lp.attention`` the op runs (installed by :mod:`liepos.attend`, a module that imports this one)."""
     _eager["attention"] = eager
 
 

@@ -219,7 +219,7 @@ class KVCache:
     >>> import torch, liepos as lp
     >>> q, k, v = (torch.randn(1, 2, 6, 8, dtype=torch.float64) for _ in range(3))
     >>> cache, enc = lp.KVCache(), lp.xpos(8)
-    >>> from liepos.attention import attention
+    >>> from liepos.attend import attention
     >>> pre = attention(q[:, :, :5], k[:, :, :5], v[:, :, :5], enc, cache=cache)
     >>> step = attention(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], enc, cache=cache)
     >>> bool(torch.allclose(torch.cat((pre, step), 2), attention(q, k, v, enc)))

@@ -551,7 +551,7 @@ def cope_clipped(dim: int, clip: int | None = None, base: float = 10000.0, layou
 
     :func:`liepos.scaling.clipped` of :func:`rope`; ``clip`` defaults to the reference code's 20 of
     64 planes, scaled to ``dim/2`` (at least 1). Not contextual CoPE (Golovneva et al., 2024),
-    which is outside the family (``liepos.diagnose.outside``).
+    which is outside the family (``liepos.diagnosis.outside``).
 
     >>> import torch
     >>> w = cope_clipped(128).generator.freqs  # 20 of 64 planes tapered, the slowest to 0
@@ -570,7 +570,7 @@ def string_google(dim: int, base: float = 10000.0, seed: int = 0, layout: str = 
     ``P`` is orthogonal (learned in the paper: :class:`liepos.LearnableGenerator` with
     ``basis="orthogonal"``; here a fixed random one from ``seed``, the Q of a QR of a Gaussian matrix), so
     ``A(u) = P exp(uJ) Pᵀ`` is still a one-parameter group: in the family. Not HKUNLP's STRING
-    (shifted RoPE, ``liepos.diagnose.outside``), which is outside.
+    (shifted RoPE, ``liepos.diagnosis.outside``), which is outside.
 
     >>> import torch
     >>> enc, J = string_google(4), rope(4).generator

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from liepos._checks import describe
-from liepos.attention import KVCache, attention
+from liepos.attend import KVCache, attention
 from liepos.encoding import Encoding
 
 __all__ = ["PerRequest", "PerRequestCache"]

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from liepos._checks import check_choice, check_int, check_real, describe
-from liepos.attention import KVCache, attention
+from liepos.attend import KVCache, attention
 from liepos.attention_call import key_times
 from liepos.catalogue import nope, rope
 from liepos.encoding import Encoding, as_positions

@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from liepos.catalogue import CATALOGUE, build
-    from liepos.classify import classify
+    from liepos.classification import classify
 
     rows = []
     for name, entry in CATALOGUE.items():

@@ -44,7 +44,7 @@ def square_matrix(data: Any, text: str) -> list[list[int | float]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from liepos.classify import classify
+    from liepos.classification import classify
 
     X = square_matrix(read_json("MATRIX", args.matrix), args.matrix)
     try:

@@ -36,7 +36,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _hf(args: argparse.Namespace, family: str):
     need_extra("transformers", "hf")
-    from liepos.diagnose import hf_encoder
+    from liepos.diagnosis import hf_encoder
 
     rope = None if args.rope is None else read_json("--rope", args.rope)
     if rope is not None and not isinstance(rope, dict):
@@ -63,7 +63,7 @@ def _lp(args: argparse.Namespace, name: str):
 
 def run(args: argparse.Namespace) -> int:
     need_extra("scipy", "algebra")
-    from liepos.diagnose import ProbeError, diagnose
+    from liepos.diagnosis import ProbeError, diagnose
 
     kind, _, name = args.target.partition(":")
     if kind not in ("hf", "lp") or not name:

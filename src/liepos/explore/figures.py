@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from liepos.classify import classify
+from liepos.classification import classify
 from liepos.explore.spec import from_spec
 from liepos.explore.stats import ci, headline
 
@@ -144,7 +144,7 @@ def _lengths_axis(ax, lens: list[int]) -> None:
 def plot_lengths(results: dict, path: Path | None = None):
     """The paired loss change from the training length (passkey: accuracy) against evaluation length,
     small multiples by row, 95 % bands (the change is paired, so its band is narrower than the loss')."""
-    from liepos.classify import ROW_COLORS
+    from liepos.classification import ROW_COLORS
 
     plt = _pyplot()
     cfg = results["config"]
@@ -263,7 +263,7 @@ def plot_trajectory(results: dict, path: Path | None = None):
     """Every learned block's path (λ, ω) over the snapshots, a panel per start; colour = the row it ends in."""
     from matplotlib.lines import Line2D
 
-    from liepos.classify import ROW_COLORS
+    from liepos.classification import ROW_COLORS
     from liepos.explore.train import NEGLIGIBLE
 
     plt = _pyplot()

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from liepos.classify import classify
+from liepos.classification import classify
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from liepos.attention import attention
+from liepos.attend import attention
 from liepos.encoding import Encoding
 from liepos.explore.spec import SpecEncoding, number_or_text, split_heads
 from liepos.schedule import LayerSpec, Schedule, build_schedule, window_mask

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from liepos.classify import classify
+from liepos.classification import classify
 from liepos.explore.eval_scaling import scaling_transform
 from liepos.explore.evaluate import EVAL_SEED, evaluate, evaluate_passkey
 from liepos.explore.model import Decoder, Transform

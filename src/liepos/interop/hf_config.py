@@ -9,7 +9,8 @@ to its queries and keys, in the layout the family stores::
 with partial rotary as rotation planes followed by NoPE dims, and the rope's temperature in
 ``enc.logit_scale`` (``attention_factor²``, since the model multiplies cos and sin by it).
 Every ``rope_type`` of ``transformers.modeling_rope_utils`` is a row of :data:`ROPE_TYPES`
-(required keys, optional keys, builder); the formulas are :mod:`liepos.scaling`. What depends on
+(required keys, optional keys, builder: :mod:`liepos.interop.rope_types`); the formulas are
+:mod:`liepos.scaling`. What depends on
 the family (its layout, whether its default rope reads ``partial_rotary_factor``, DeepSeek's
 softmax multiplier, ALiBi) comes from :mod:`liepos.interop.families`. Transformers itself is
 not imported.
@@ -17,358 +18,32 @@ not imported.
 Two precisions: ``"precise"`` (the default) evaluates every formula in float64;
 ``"compat"`` reproduces the float32 ``inv_freq`` that transformers computes on the CPU, bit for
 bit (:mod:`liepos.interop._f32`), and stores those values.
+
+This module reads one layer type and the whole config; the reading of a config object or dict is
+:mod:`liepos.interop.config_source`, ALiBi and absolute positions :mod:`liepos.interop.config_alibi`.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import math
-import warnings
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from liepos import scaling
 from liepos._checks import check_real
-from liepos.catalogue import alibi
 from liepos.encoding import Encoding
-from liepos.generator import Generator, direct_sum
-from liepos.interop import _f32
+from liepos.interop.config_alibi import config_alibi, position_kind
+from liepos.interop.config_source import ConfigSource, merge_top, rope_dicts, source_labels
 from liepos.interop.families import Family, family_of
+from liepos.interop.rope_types import (COMMON_KEYS, ROPE_TYPES, RopeContext, RopeType, half_rope, nope_encoding,
+                                       times_logit)
 
 __all__ = ["from_hf", "read_hf", "HFRope", "ROPE_TYPES", "RopeType", "PRECISIONS", "times_logit"]
 
 PRECISIONS = ("precise", "compat")
-_COMMON = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
 _DEFAULT_THETA = 10000.0
-
-
-# ---------------------------------------------------------------------- reading a config
-class _Source:
-    """Uniform read access to a transformers config object or a config.json dict."""
-
-    def __init__(self, config: Any) -> None:
-        self.is_dict = isinstance(config, Mapping)
-        if not self.is_dict and hasattr(config, "get_text_config"):
-            try:
-                config = config.get_text_config()
-            except Exception:  # noqa: BLE001 - a config without a text part is itself the text part
-                pass
-        if self.is_dict and not any(k in config for k in ("rope_parameters", "rope_scaling", "rope_theta")):
-            text = config.get("text_config")
-            if isinstance(text, Mapping):
-                config = text
-        self.obj = config
-
-    def get(self, name: str, default: Any = None, obj: Any = None) -> Any:
-        obj = self.obj if obj is None else obj
-        if isinstance(obj, Mapping):
-            value = obj.get(name, default)
-        else:
-            try:
-                value = getattr(obj, name, default)
-            except RuntimeError:  # a per-layer attribute read globally on a heterogeneous config
-                value = default
-        return default if value is None else value
-
-    def layer_view(self, layer_type: str | None) -> Any:
-        """The per-layer config transformers' rope functions read (``config.per_layer_config[lt]``)."""
-        if layer_type is None or self.is_dict:
-            return self.obj
-        try:
-            return self.obj.per_layer_config[layer_type]
-        except (AttributeError, ValueError, KeyError, TypeError, IndexError):
-            return self.obj
-
-
-def _labels(src: _Source) -> tuple[str, ...]:
-    labels = src.get("_rope_type_labels") or src.get("layer_types") or ()
-    return tuple(labels)
-
-
-def _rope_dicts(src: _Source) -> tuple[dict[str, Any], bool]:
-    """The rope parameters as ``({name: dict | None}, nested)``; a flat config uses the name ``None``."""
-    rp = src.get("rope_parameters")
-    rs = src.get("rope_scaling")
-    if src.is_dict and rp is not None and rs is not None and rp != rs:
-        raise ValueError(
-            f"config has both rope_parameters={rp!r} and rope_scaling={rs!r} and they differ; "
-            "keep one of them"
-        )
-    rope = rp if rp is not None else rs
-    if rope is not None and not isinstance(rope, Mapping):
-        raise TypeError(f"rope_parameters must be a dict, got {type(rope).__name__}")
-    rope = copy.deepcopy(dict(rope)) if rope is not None else {}
-
-    labels = _labels(src)
-    if rope and all(isinstance(v, Mapping) or v is None for v in rope.values()) and not (set(rope) & _ALL_KEYS):
-        nested_keys = list(rope)  # per layer type, also for a type no layer of this config has
-    elif labels:
-        nested_keys = [k for k in rope if k in labels]
-    elif rope and all(isinstance(v, Mapping) or v is None for v in rope.values()) and not (set(rope) & _ALL_KEYS):
-        nested_keys = list(rope)
-    else:
-        nested_keys = []
-    if nested_keys:
-        stray = sorted(set(rope) - set(nested_keys))
-        if stray:
-            raise ValueError(
-                f"rope_parameters mixes per-layer-type entries {nested_keys} with other keys {stray}"
-            )
-        return {k: (None if rope[k] is None else dict(rope[k])) for k in nested_keys}, True
-
-    local = src.get("rope_local_base_freq")
-    if local is not None:
-        # the Gemma-3 v4 shape: rope_scaling and rope_theta are the global layers', the local
-        # layers are plain RoPE at rope_local_base_freq (what Gemma3TextConfig converts it to)
-        full = rope or {"rope_type": "default"}
-        return {"full_attention": full, "sliding_attention": {"rope_type": "default", "rope_theta": local}}, True
-    return {None: rope}, False
-
-
-def _merge_top(
-    params: dict[str, Any], key: str, top: Any, is_dict: bool, nested: bool, where: str
-) -> None:
-    """Fill ``params[key]`` from the top level of the config; a dict that says both differently is an error."""
-    if top is None:
-        return
-    if key in params and params[key] is not None:
-        if is_dict and not nested and params[key] != top:
-            raise ValueError(
-                f"contradictory {key}{where}: {params[key]!r} in the rope parameters but {top!r} at the top level"
-            )
-        return
-    params[key] = top
-
-
-
-
-# ---------------------------------------------------------------------- building
-def _half(w: torch.Tensor, head_dim: int, name: str) -> Encoding:
-    """Rotation planes with frequencies ``w`` then NoPE dims, in the half layout (HF partial rotary)."""
-    P = int(w.shape[0])
-    rest = head_dim - 2 * P
-    if rest < 0:
-        raise ValueError(f"{P} rotation planes do not fit in head_dim={head_dim}")
-    z = torch.zeros(P, dtype=torch.float64)
-    gens = [Generator(z, w.to(torch.float64), [1] * P, complex=[True] * P)]
-    if rest:
-        zr = torch.zeros(rest, dtype=torch.float64)
-        gens.append(Generator(zr, zr, [1] * rest))
-    return Encoding(direct_sum(*gens), layout="half", name=name)
-
-
-def _nope(head_dim: int, name: str) -> Encoding:
-    z = torch.zeros(head_dim, dtype=torch.float64)
-    return Encoding(Generator(z, z, [1] * head_dim), layout="half", name=name)
-
-
-def times_logit(enc: Encoding, m: float) -> Encoding:
-    """``enc`` with its logit scale multiplied by ``m`` (scores ``m · qᵀA(t − s)k``), also at every length of
-    a length-dependent encoding (through :func:`liepos.scaling.map_spectrum`, so the result pickles)."""
-    return scaling.map_spectrum(enc, functools.partial(_logit_times, m=m))
-
-
-def _logit_times(e: Encoding, length: int | None, m: float) -> Encoding:
-    """``e`` with its logit scale multiplied by ``m`` (module level, so scaled encodings pickle)."""
-    return e.replace(logit_scale=e.logit_scale * m)
-
-
-@dataclass
-class _Ctx:
-    """What a rope type's builder reads: the parameters and the derived sizes of one layer type."""
-
-    kind: str
-    params: dict[str, Any]
-    where: str
-    base: Any
-    p: Any
-    head_dim: int
-    dim: int  # rotated dims
-    compat: bool
-    nested: bool
-    max_pos: Any
-    enc: Encoding = field(repr=False)  # plain RoPE at ``base`` over ``dim`` dims, then NoPE dims
-
-    @property
-    def factor(self) -> Any:
-        return self.params.get("factor")
-
-    @property
-    def L0(self) -> Any:
-        return self.params.get("original_max_position_embeddings")
-
-    def need_max_pos(self, why: str) -> Any:
-        if self.max_pos is None:
-            raise ValueError(
-                f"max_position_embeddings is missing from the config; rope_type {self.kind!r} needs it {why}"
-            )
-        return self.max_pos
-
-    def store(self, e: Encoding, w32: torch.Tensor) -> Encoding:
-        """``e`` with transformers' float32 frequencies in place of the float64 ones."""
-        return scaling.with_freqs(e, w32.to(torch.float64), 1.0, "compat")
-
-
-def _default(c: _Ctx) -> Encoding:
-    return c.store(c.enc, _f32.default(c.base, c.dim)) if c.compat else c.enc
-
-
-def _linear(c: _Ctx) -> Encoding:
-    enc = scaling.linear(c.enc, factor=c.factor)
-    return c.store(enc, _f32.default(c.base, c.dim) / c.factor) if c.compat else enc
-
-
-def _dynamic(c: _Ctx) -> Encoding:
-    L0 = c.need_max_pos("as the original length of dynamic NTK")
-    check_real("factor", c.factor, positive=True)
-    if not c.compat:
-        return scaling.dynamic(c.enc, factor=c.factor, original_max_position_embeddings=L0, rotary_dim=c.dim)
-    init = c.store(c.enc, _f32.dynamic(c.base, c.dim, c.factor, L0, None))
-
-    def rule(length: int) -> Encoding:
-        if length <= L0:
-            return init.replace(length_rule=rule)
-        return c.store(init, _f32.dynamic(c.base, c.dim, c.factor, L0, length)).replace(length_rule=rule)
-
-    return init.replace(length_rule=rule)
-
-
-def _yarn(c: _Ctx) -> Encoding:
-    params, L0 = c.params, c.L0
-    factor = c.factor if c.factor is not None else c.need_max_pos("to derive factor") / L0
-    truncate = params.get("truncate", True)
-    if c.nested and truncate is not True:
-        # transformers reads config.rope_parameters.get("truncate", True): for per-layer-type
-        # parameters that is the outer dict, so a layer's truncate is never seen
-        warnings.warn(
-            f"truncate={truncate!r}{c.where} is ignored by transformers for per-layer-type rope "
-            "parameters; using truncate=True as the model does",
-            stacklevel=4,
-        )
-        truncate = True
-    yp = dict(
-        factor=factor, original_max_position_embeddings=L0,
-        beta_fast=params.get("beta_fast") or 32, beta_slow=params.get("beta_slow") or 1,
-        mscale=params.get("mscale"), mscale_all_dim=params.get("mscale_all_dim"),
-        attention_factor=params.get("attention_factor"), truncate=bool(truncate),
-    )
-    enc = scaling.yarn(c.enc, base=float(c.base), rotary_dim=c.dim, **yp)
-    if not c.compat:
-        return enc
-    low, high = scaling.yarn_correction_range(
-        rotary_dim=c.dim, base=c.base, original_max_position_embeddings=L0,
-        beta_fast=yp["beta_fast"], beta_slow=yp["beta_slow"], truncate=yp["truncate"],
-    )
-    return c.store(enc, _f32.yarn(c.base, c.dim, factor, low, high))
-
-
-def _longrope(c: _Ctx) -> Encoding:
-    params, L0 = c.params, c.L0
-    for key in ("short_factor", "long_factor"):
-        # transformers multiplies a tensor of the list into inv_freq: one entry broadcasts to every plane
-        if len(params[key]) == 1:
-            params[key] = list(params[key]) * (c.dim // 2)
-    factor = c.factor if c.factor is not None else c.need_max_pos("to derive factor") / L0
-    enc = scaling.longrope(
-        c.enc, short_factor=params["short_factor"], long_factor=params["long_factor"],
-        original_max_position_embeddings=L0, factor=factor, attention_factor=params.get("attention_factor"),
-    )
-    if list(params["short_factor"]) == list(params["long_factor"]):
-        # one factor list: the switch at L0 changes nothing, so the rotation is fixed (what to_hf writes)
-        enc = enc.at_length(int(L0)).replace(length_rule=None)  # int: at_length takes a token count
-        return c.store(enc, _f32.longrope(c.base, c.dim, params["short_factor"])) if c.compat else enc
-    if not c.compat:
-        return enc
-    short = c.store(enc, _f32.longrope(c.base, c.dim, params["short_factor"]))
-    w_long = _f32.longrope(c.base, c.dim, params["long_factor"])
-
-    def rule(length: int) -> Encoding:
-        if length > L0:
-            return c.store(short, w_long).replace(length_rule=rule)
-        return short.replace(length_rule=rule)
-
-    return short.replace(length_rule=rule)
-
-
-def _llama3(c: _Ctx) -> Encoding:
-    low, high = c.params["low_freq_factor"], c.params["high_freq_factor"]
-    if low == high:
-        return _llama3_step(c, low)
-    enc = scaling.llama3(c.enc, factor=c.factor, original_max_position_embeddings=c.L0,
-                         low_freq_factor=low, high_freq_factor=high)
-    return c.store(enc, _f32.llama3(c.base, c.dim, c.factor, low, high, c.L0)) if c.compat else enc
-
-
-def _llama3_step(c: _Ctx, band: Any) -> Encoding:
-    """llama3 with ``low_freq_factor == high_freq_factor``: the smooth band is empty, as upstream computes it.
-
-    Transformers accepts the config: wavelengths above ``L0 / band`` are divided by ``factor``,
-    the others kept; only a wavelength exactly at the edge would divide 0 by 0 (NaN upstream).
-    """
-    w = scaling.rotation_freqs(c.enc)
-    edge = c.L0 / band
-    wavelen = 2 * math.pi / w
-    if bool((wavelen == edge).any()):
-        raise ValueError(
-            f"llama3 rope{c.where} with low_freq_factor == high_freq_factor == {band!r} and a wavelength exactly "
-            f"at L0/{band!r} = {edge!r}: transformers computes 0/0 (NaN) there; liepos refuses rather than guess"
-        )
-    stepped = torch.where(wavelen > edge, w / c.factor, w)
-    if c.compat:
-        w32 = _f32.default(c.base, c.dim)
-        stepped = torch.where(2 * math.pi / w32 > edge, w32 / c.factor, w32)
-    return scaling.with_freqs(c.enc, stepped, 1.0, "llama3")
-
-
-def _proportional(c: _Ctx) -> Encoding:
-    pf = 1.0 if c.factor is None else c.factor
-    enc = scaling.proportional(c.enc, partial_rotary_factor=c.p, factor=pf)
-    return c.store(enc, _f32.proportional(c.base, c.head_dim, c.p, pf)) if c.compat else enc
-
-
-@dataclass(frozen=True)
-class RopeType:
-    """One ``rope_type`` of transformers: the keys its validator accepts and the builder of its encoding.
-
-    ``original`` says the type reads ``original_max_position_embeddings`` (falling back on the
-    config's top-level value, then ``max_position_embeddings``, as transformers does).
-    """
-
-    required: frozenset[str]
-    optional: frozenset[str]
-    build: Callable[[_Ctx], Encoding]
-    original: bool = False
-
-
-def _keys(*names: str) -> frozenset[str]:
-    return frozenset(names)
-
-
-# the same key sets as transformers' RotaryEmbeddingConfigMixin validators
-ROPE_TYPES: dict[str, RopeType] = {
-    "default": RopeType(_keys(), _keys(), _default),
-    "linear": RopeType(_keys("factor"), _keys(), _linear),
-    "dynamic": RopeType(_keys("factor"), _keys(), _dynamic),
-    "yarn": RopeType(
-        _keys("factor", "original_max_position_embeddings"),
-        _keys("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
-        _yarn, original=True,
-    ),
-    "longrope": RopeType(
-        _keys("short_factor", "long_factor", "original_max_position_embeddings"),
-        _keys("attention_factor", "factor"), _longrope, original=True,
-    ),
-    "llama3": RopeType(
-        _keys("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"), _keys(),
-        _llama3, original=True,
-    ),
-    "proportional": RopeType(_keys(), _keys("factor"), _proportional),
-}
-_ALL_KEYS = _COMMON.union(*(r.required | r.optional for r in ROPE_TYPES.values()))
 
 
 # ---------------------------------------------------------------------- one layer type
@@ -384,7 +59,7 @@ def _rope_type(params: Mapping[str, Any], where: str) -> str:
 
 def _check_keys(params: Mapping[str, Any], kind: str, where: str, ignore: frozenset[str]) -> None:
     row = ROPE_TYPES[kind]
-    unknown = sorted(set(params) - _COMMON - row.required - row.optional - ignore)
+    unknown = sorted(set(params) - COMMON_KEYS - row.required - row.optional - ignore)
     if unknown:
         raise ValueError(
             f"unknown or unused rope parameters {unknown}{where} for rope_type {kind!r} "
@@ -415,16 +90,16 @@ def _rotary_fraction(params: Mapping[str, Any], kind: str, family: Family | None
     return p if family.default_partial else 1.0
 
 
-def _one(params: dict[str, Any], *, src: _Source, layer_type: str | None, nested: bool, head_dim: int,
+def _one(params: dict[str, Any], *, src: ConfigSource, layer_type: str | None, nested: bool, head_dim: int,
          precision: str, ignore_keys: frozenset[str], family: Family | None) -> tuple[Encoding, int]:
     """The encoding of one layer type (rope temperature in ``logit_scale``) and its rotated dims."""
     where = "" if layer_type is None else f" for layer type {layer_type!r}"
     kind = _rope_type(params, where)
-    _merge_top(params, "rope_theta", src.get("rope_theta"), src.is_dict, nested, where)
-    _merge_top(params, "partial_rotary_factor", src.get("partial_rotary_factor"), src.is_dict, nested, where)
+    merge_top(params, "rope_theta", src.get("rope_theta"), src.is_dict, nested, where)
+    merge_top(params, "partial_rotary_factor", src.get("partial_rotary_factor"), src.is_dict, nested, where)
     if ROPE_TYPES[kind].original:
         top = src.get("original_max_position_embeddings")
-        _merge_top(params, "original_max_position_embeddings", top, src.is_dict, nested, where)
+        merge_top(params, "original_max_position_embeddings", top, src.is_dict, nested, where)
         if params.get("original_max_position_embeddings") is None and src.get("max_position_embeddings") is not None:
             params["original_max_position_embeddings"] = src.get("max_position_embeddings")
     _check_keys(params, kind, where, ignore_keys)
@@ -441,14 +116,14 @@ def _one(params: dict[str, Any], *, src: _Source, layer_type: str | None, nested
         )
     name = f"hf:{kind}" + ("" if layer_type is None else f"[{layer_type}]")
     exps = torch.arange(0, dim, 2, dtype=torch.float64) / dim
-    ctx = _Ctx(kind, params, where, base, p, head_dim, dim, precision == "compat", nested,
-               src.get("max_position_embeddings"), _half(1.0 / (float(base) ** exps), head_dim, name))
+    ctx = RopeContext(kind, params, where, base, p, head_dim, dim, precision == "compat", nested,
+               src.get("max_position_embeddings"), half_rope(1.0 / (float(base) ** exps), head_dim, name))
     enc = ROPE_TYPES[kind].build(ctx).replace(name=name)
     rotated = dim if kind != "proportional" else 2 * int(p * head_dim // 2)
     return enc, rotated
 
 
-def _dict_layer_head_dim(src: _Source, layer_type: str, default: Any) -> Any:
+def _dict_layer_head_dim(src: ConfigSource, layer_type: str, default: Any) -> Any:
     """Per-layer head dims of a config.json: ``per_layer_config`` (transformers' heterogeneous
     configs, keyed by layer index) or Gemma 4's ``global_head_dim`` for its full-attention layers."""
     per = src.get("per_layer_config")
@@ -469,7 +144,7 @@ def _dict_layer_head_dim(src: _Source, layer_type: str, default: Any) -> Any:
     return default
 
 
-def _head_dim(src: _Source, layer_type: str | None, override: int | None) -> int:
+def _head_dim(src: ConfigSource, layer_type: str | None, override: int | None) -> int:
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise ValueError(f"head_dim must be a positive int, got {override!r}")
@@ -489,65 +164,6 @@ def _head_dim(src: _Source, layer_type: str | None, override: int | None) -> int
     return int(hd)
 
 
-
-
-# ---------------------------------------------------------------------- ALiBi and absolute positions
-def _f32_bloom_slopes(num_heads: int) -> torch.Tensor:
-    """Bloom's (and Falcon's) ``_get_alibi_slopes``, in float32 as upstream."""
-    closest = 2 ** math.floor(math.log2(num_heads))
-    base = torch.full((), 2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)
-    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32))
-    if closest != num_heads:
-        extra = torch.full((), 2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32)
-        n = min(closest, num_heads - closest)
-        slopes = torch.cat([slopes, torch.pow(extra, torch.arange(1, 1 + 2 * n, 2, dtype=torch.int32))])
-    return slopes
-
-
-def _f32_mpt_slopes(num_heads: int, bias_max: Any) -> torch.Tensor:
-    """MPT's ``build_mpt_alibi_tensor`` slopes (another order than Bloom's for other head counts)."""
-    n2 = 2 ** math.ceil(math.log2(num_heads))
-    slopes = 1.0 / torch.pow(2, torch.arange(1, n2 + 1, dtype=torch.int64).float() * (bias_max / n2))
-    if n2 != num_heads:
-        slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
-    return slopes
-
-
-def _alibi(src: _Source, family: Family) -> Encoding:
-    """Bloom, MPT, Falcon(alibi=True): ``qᵀk/√d − m_h (t − s)`` with the model's own slopes.
-
-    Bloom and MPT add ``m_h·s`` after the ``1/√d`` scaling; Falcon adds it before, so its
-    slopes in that identity are ``m_h/√d``.
-    """
-    if family.model_type == "mpt":
-        attn = src.get("attn_config") or {}
-        bias_max = attn.get("alibi_bias_max", 8) if isinstance(attn, Mapping) else getattr(attn, "alibi_bias_max", 8)
-        heads, hidden = src.get("n_heads"), src.get("d_model")
-        slopes = _f32_mpt_slopes(int(heads), bias_max)
-    else:
-        heads = src.get("num_attention_heads") or src.get("n_head")
-        hidden = src.get("hidden_size") or src.get("n_embed")
-        slopes = _f32_bloom_slopes(int(heads)) if heads is not None else None
-    if heads is None or hidden is None:
-        raise ValueError(f"the {family.model_type} config has no head count or hidden size to read its ALiBi from")
-    head_dim = int(hidden) // int(heads)
-    slopes = slopes.to(torch.float64)
-    if family.model_type == "falcon":
-        # Falcon adds its alibi tensor before the 1/√d softmax scaling (eager) or as alibi/√d (sdpa)
-        slopes = slopes / math.sqrt(head_dim)
-    enc = alibi(head_dim, num_heads=int(heads), slopes=slopes)
-    return enc.replace(name=f"hf:alibi[{family.model_type}]")
-
-
-def _position_kind(src: _Source, family: Family | None) -> str:
-    if family is not None and family.model_type == "falcon":
-        return "alibi" if src.get("alibi", False) else "rope"
-    if family is not None and family.model_type == "mpt":
-        attn = src.get("attn_config") or {}
-        on = attn.get("alibi", True) if isinstance(attn, Mapping) else getattr(attn, "alibi", True)
-        if not on:
-            raise ValueError("an MPT config with attn_config.alibi=False has no position encoding liepos can read")
-    return "rope" if family is None else family.positions
 
 
 # ---------------------------------------------------------------------- the whole config
@@ -590,7 +206,7 @@ def _softmax_multiplier(params: Mapping[str, Any] | None, family: Family | None)
     return m * m
 
 
-def _layout(enc: Encoding, src: _Source, family: Family | None) -> Encoding:
+def _layout(enc: Encoding, src: ConfigSource, family: Family | None) -> Encoding:
     """The family's layout; a config of no known family says it with ``rope_interleave`` (what to_hf writes)."""
     layout = "rope_interleave" if family is None else family.layout
     if family is not None and family.direction < 0:  # the rotation runs the other way: ω ↦ −ω
@@ -605,7 +221,7 @@ def _reversed(e: Encoding, length: int | None) -> Encoding:
     return e.replace(generator=e.generator.with_params(freqs=-e.generator.freqs))
 
 
-def _mrope(params: Mapping[str, Any], src: _Source, head_dim: int, where: str) -> Encoding:
+def _mrope(params: Mapping[str, Any], src: ConfigSource, head_dim: int, where: str) -> Encoding:
     """M-RoPE (Qwen2-VL, Qwen2.5-VL): planes in ``mrope_section`` sections, one position axis each."""
     from liepos.catalogue import mrope
 
@@ -617,11 +233,11 @@ def _mrope(params: Mapping[str, Any], src: _Source, head_dim: int, where: str) -
     return enc.replace(name="hf:mrope")
 
 
-def _checked_family(src: _Source, family: Family | None, ignore: frozenset[str]) -> tuple[str, Family | None]:
+def _checked_family(src: ConfigSource, family: Family | None, ignore: frozenset[str]) -> tuple[str, Family | None]:
     """The kind of positions and the family row of a config: the table's, or one verified against the
     modeling code (:mod:`liepos.interop.hf_verify`) for a ``model_type`` the table lacks."""
     model_type = src.get("model_type")
-    kind = _position_kind(src, family)
+    kind = position_kind(src, family)
     if kind == "absolute":
         raise ValueError(
             f"{model_type!r} models use learned absolute position embeddings (added to the input), which are "
@@ -652,6 +268,7 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
     the row to read the config with (default: the table's row of its ``model_type``, or one verified
     against the modeling code; :func:`~liepos.interop.patch_model` passes the row it verified with the model).
 
+    >>> import math
     >>> r = read_hf({"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4,
     ...              "partial_rotary_factor": 0.5, "max_position_embeddings": 128,
     ...              "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
@@ -662,10 +279,10 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     ignore = frozenset((ignore_keys,) if isinstance(ignore_keys, str) else ignore_keys)
-    src = _Source(config)
+    src = ConfigSource(config)
     kind, family = _checked_family(src, family_of(src.get("model_type")) if family is None else family, ignore)
     if kind == "alibi":
-        enc = _alibi(src, family)
+        enc = config_alibi(src, family)
         return HFRope(enc, 0, 1.0, 1.0, family)
     out = _read_layers(src, layer_type, precision, head_dim, ignore, family)
     if family is not None and family.verified:
@@ -675,14 +292,14 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
     return out
 
 
-def _read_layers(src: _Source, layer_type: str | None, precision: str, head_dim: int | None,
+def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head_dim: int | None,
                  ignore: frozenset[str], family: Family | None) -> HFRope | dict[str, HFRope]:
-    dicts, nested = _rope_dicts(src)
+    dicts, nested = rope_dicts(src)
 
     def read(lt: str | None, params: dict[str, Any] | None) -> HFRope:
         hd = _head_dim(src, lt, head_dim)
         if params is None:
-            return HFRope(_nope(hd, "hf:nope" + ("" if lt is None else f"[{lt}]")), 0, 1.0, 1.0, family)
+            return HFRope(nope_encoding(hd, "hf:nope" + ("" if lt is None else f"[{lt}]")), 0, 1.0, 1.0, family)
         where = "" if lt is None else f" for layer type {lt!r}"
         if "mrope_section" in params and "mrope_section" not in ignore:
             if family is not None and family.verified:
@@ -702,7 +319,7 @@ def _read_layers(src: _Source, layer_type: str | None, precision: str, head_dim:
 
     if not nested:
         if layer_type is not None:
-            labels = _labels(src)
+            labels = source_labels(src)
             if labels and layer_type not in labels:
                 raise ValueError(f"layer_type {layer_type!r} is not one of the config's layer types {sorted(set(labels))}")
         return read(layer_type, dicts[None])

@@ -41,7 +41,8 @@ from liepos.attention_sdpa import sdpa
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 from liepos.attention_pieces import available, pieces
-from liepos.recentre import bias_mask, constant_bias, linear_bias, origin_span
+from liepos.lag_bias import bias_mask, constant_bias, linear_bias
+from liepos.origin_budget import origin_span
 from liepos.tables import check_range
 
 __all__ = ["attend", "remember", "budget", "checked_step_matrix", "hf_visible", "identity", "step_matrix", "MATRICES",

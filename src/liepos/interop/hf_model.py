@@ -43,7 +43,8 @@ from liepos.encoding import Encoding
 from liepos.tables import check_range
 from liepos.interop.families import FAMILIES, Family, family_of
 from liepos.interop.hf_decode import attend, checked_step_matrix, hf_visible, remember
-from liepos.interop.hf_config import HFRope, read_hf, times_logit
+from liepos.interop.hf_config import HFRope, read_hf
+from liepos.interop.rope_types import times_logit
 from liepos.interop.hf_packed import check_row, documents, per_document, restarted
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -362,7 +363,7 @@ def _key_times(cache: Any, layer: int, pos: torch.Tensor, n_keys: int, seen: int
 def _raw_attention(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
                    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """The attention interface of raw-key layers: :func:`liepos.attention` at the recorded times."""
-    from liepos.attention import attention
+    from liepos.attend import attention
 
     state: _Layer = module._liepos
     if dropout:

@@ -2,7 +2,7 @@
 
 For a ``model_type`` that :mod:`liepos.interop.families` has no row for, liepos takes what
 transformers wires for it — the modeling module's ``apply_rotary_pos_emb`` and its
-``*RotaryEmbedding`` — and probes them with basis vectors (:class:`liepos.diagnose.probes.Probe`)::
+``*RotaryEmbedding`` — and probes them with basis vectors (:class:`liepos.diagnosis.probes.Probe`)::
 
     F(t)_ji = ⟨e_j, apply_rotary_pos_emb(e_i, cos(t), sin(t))⟩
 
@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from liepos.diagnose.probes import Probe
+from liepos.diagnosis.probes import Probe
 from liepos.interop.families import FAMILIES, Family
 
 __all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove"]

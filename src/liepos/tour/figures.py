@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from liepos.classify import ROW_COLORS  # one colour per row of the six, defined once with the rows
+from liepos.classification import ROW_COLORS  # one colour per row of the six, defined once with the rows
 import liepos.tour.sections as S
 from liepos.tour.kinds import KIND_TITLES
 

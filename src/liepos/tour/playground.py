@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from liepos.classify import classify
+from liepos.classification import classify
 from liepos.generator import Generator
 
 __all__ = ["Block", "PRESETS", "CHECK_U", "YARN", "block_text", "parse_blocks", "generator", "exp_blocks",

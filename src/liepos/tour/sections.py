@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from liepos.attention import attention
-from liepos.classify import NAMES, classify
+from liepos.attend import attention
+from liepos.classification import NAMES, classify
 from liepos.catalogue import CATALOGUE, alibi, alibi_slopes, rope, rope_freqs, xpos
 from liepos.encoding import Encoding
 from liepos.generator import Generator
@@ -36,7 +36,7 @@ __all__ = [
 
 f64 = torch.float64
 
-# the theory's six rows, in the order of its table (defined once, in liepos.classify)
+# the theory's six rows, in the order of its table (defined once, in liepos.classification)
 ROWS = NAMES
 # the tour's words for each row: a name a reader knows, and the picture of A(u)v as the lag grows
 # each row as the page labels it: the name liepos.classify gives it first, then what it is known as

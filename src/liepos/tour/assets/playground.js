@@ -30,7 +30,7 @@
     if (dim > 24) throw "X is " + dim + " × " + dim + ": keep it to 24 dims or fewer here";
     return blocks;
   }
-  function rowOf(b) {  // liepos.classify.row_of: the sign of the rate, whether ω ≠ 0, the size
+  function rowOf(b) {  // liepos.classification.row_of: the sign of the rate, whether ω ≠ 0, the size
     if (b.rate > 0) return "growth";
     if (b.size >= 2) return "polynomial";
     if (b.freq !== 0) return b.rate === 0 ? "rotation" : "damped_rotation";

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from liepos.diagnose.probes import TINY, rel
-from liepos.diagnose.report import DISCRETE_GROUP, NO_GENERATOR, Finding
+from liepos.diagnosis.probes import TINY, rel
+from liepos.diagnosis.report import DISCRETE_GROUP, NO_GENERATOR, Finding
 
 __all__ = ["Recovery", "expm", "generator_from_matrix", "logm_real", "negative_eigen", "recover"]
 

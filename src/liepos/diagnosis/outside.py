@@ -2,13 +2,13 @@
 
 Every entry of :data:`OUTSIDE` builds ``score(q (Sq, d), k (Sk, d), t (Sq,), s (Sk,)) -> (Sq, Sk)`` from
 its paper's formulas (reimplemented here: none of these ships a package liepos could call), with small
-fixed parameters so that :func:`liepos.diagnose.scores.diagnose_scores` finds the failing property
+fixed parameters so that :func:`liepos.diagnosis.scores.diagnose_scores` finds the failing property
 inside its probes. Ids are namespaced where names clash: ``cope_contextual`` (Golovneva et al.) is not
 the catalogue's ``cope_clipped`` (clipped RoPE, in the family), and ``string_hkunlp`` (shifted RoPE) is
 not Google's STRING (Schenck et al., RoPE in a learned orthogonal basis: in the family, the catalogue's
 ``string_google`` and :class:`liepos.LearnableGenerator` with ``basis="orthogonal"``).
 
->>> from liepos.diagnose.scores import diagnose_scores
+>>> from liepos.diagnosis.scores import diagnose_scores
 >>> m = OUTSIDE["rerope"]
 >>> diagnose_scores(m.build(8), 8).names() == [m.fails]
 True
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from liepos._checks import check_int
-from liepos.diagnose.report import GROUP_LAW, NOT_TRANSLATION_INVARIANT
-from liepos.diagnose.scores import CONTENT_DEPENDENT, ScoreFunction
+from liepos.diagnosis.report import GROUP_LAW, NOT_TRANSLATION_INVARIANT
+from liepos.diagnosis.scores import CONTENT_DEPENDENT, ScoreFunction
 
 __all__ = ["OUTSIDE", "OutsideMethod", "string_hkunlp", "self_extend", "rerope", "carope", "cope_contextual",
            "tapa", "stick_breaking", "fope", "fope_encoders"]

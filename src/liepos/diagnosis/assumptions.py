@@ -1,25 +1,9 @@
-"""Diagnosis of a black-box positional encoding: recover X, check the assumptions, name violations.
+"""The theorem's assumptions tested on a probe, one step each: ``M(t, s) = F(t)ᵀ G(s)`` linear,
+translation invariant (``M(t + c, s + c) = M(t, s)``), the identity at equal times and continuous, then
+``A(u) = exp(uX)`` recovered and verified.
 
-An encoding is given as two callables ``encode_query(x, positions)`` and ``encode_key(x, positions)``
-with ``x: (batch, heads, seq, dim)`` and ``positions: (seq,)``. Probing them with the basis vectors
-``e_i`` at times ``t`` and ``s`` gives the bridge matrix (:mod:`liepos.diagnose.probes`)::
-
-    M(t, s)_ij = <F(t) e_i, G(s) e_j>,   i.e. M(t, s) = F(t)ᵀ G(s)
-
-The theorem says: if the encoding is linear, ``M(t + c, s + c) = M(t, s)`` (translation invariance),
-``M(t, t) = I`` and ``M`` is continuous, then ``M(t, s) = A(t − s) = exp((t − s) X)``. Each assumption
-is tested on the probe, the generator is recovered as ``X = log A(δ) / δ`` with a branch-safe
-refinement over several δ (:mod:`liepos.diagnose.recovery`) and verified by ``exp(uX) ≈ A(u)`` at other
-``u``, then classified. The findings and the report text are in :mod:`liepos.diagnose.report`;
-Hugging Face's own rotary code, built from a small config, in :mod:`liepos.diagnose.hf`.
-
->>> import liepos as lp
->>> enc = lp.rope(8)
->>> d = diagnose(enc.query, enc.key, dim=8)
->>> d.relative, d.violations
-(True, [])
->>> d.classification.counts["rotation"]
-4
+:class:`Plan` is the probed offsets (per domain: real or integer positions); :class:`Diagnoser` runs the
+steps in order over them and gathers the findings into a :class:`~liepos.diagnosis.report.Diagnosis`.
 """
 
 from __future__ import annotations
@@ -27,17 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
 
-from liepos._checks import check_choice, check_int, check_real
-from liepos.diagnose.hf import hf_encoder, hf_rotary_encoder
-from liepos.diagnose.probes import TINY, Bridge, Encoder, Linearized, Probe, ProbeError, Side, rel
-from liepos.diagnose.recovery import generator_from_matrix, recover
-from liepos.diagnose.report import (
-    AXES_DO_NOT_COMMUTE,
+from liepos._checks import check_int
+from liepos.diagnosis.probes import TINY, Bridge, Linearized, Probe, ProbeError, Side, rel
+from liepos.diagnosis.recovery import generator_from_matrix, recover
+from liepos.diagnosis.report import (
     GROUP_LAW,
     LENGTH_DEPENDENT,
     LOGIT_TEMPERATURE,
@@ -52,7 +33,7 @@ from liepos.diagnose.report import (
     Finding,
 )
 
-__all__ = ["Diagnosis", "Finding", "ProbeError", "diagnose", "hf_encoder", "hf_rotary_encoder"]
+__all__ = ["Plan", "Diagnoser"]
 
 # the continuity test steps h = 2^-7 and 2^-10 past u: |A(u + h) - A(u)| shrinks 8x when A is smooth,
 # so a ratio above this is a jump; u sits just below k/4 (by 2^-12) to straddle a grid of quarter steps
@@ -70,81 +51,8 @@ _N_LENGTH = 4
 _SHOWN_ERROR = 120
 
 
-def diagnose(
-    encode_query: Encoder,
-    encode_key: Encoder | None = None,
-    dim: int | None = None,
-    *,
-    axes: int | None = None,
-    domain: str = "auto",
-    tol: float = 1e-3,
-    shifts: Sequence[float] | None = None,
-    lengths: Sequence[int] = (32, 8192),
-    heads: int = 1,
-    head: int = 0,
-    dtype: torch.dtype = torch.float64,
-    seed: int = 0,
-    label: str | None = None,
-) -> Diagnosis:
-    """Probe an encoding and say which point of the design space it is, or which assumption fails.
-
-    Args:
-        encode_query: ``(x: (batch, heads, seq, dim), positions: (seq,)) -> tensor`` (the query side;
-            the output may have more channels than the input, e.g. slots).
-        encode_key: the key side; default: the query encoder.
-        dim: the head dim of the inputs; default: ``encode_query.dim`` when it has one.
-        axes: number of position axes; positions then have shape ``(seq, axes)`` and each axis is
-            diagnosed alone, then the generators' commutators are measured.
-        domain: ``"real"``, ``"integer"`` or ``"auto"`` (real if the encoder accepts fractional
-            positions and is continuous there).
-        tol: relative tolerance of every residual (the encoder's own rounding must be below it;
-            Hugging Face computes angles in float32, about 1e-6).
-        shifts: the translations c of the invariance test; default ``(1, 5, 17, 64, 251)`` (plus 2.5
-            on the real domain).
-        lengths: two total sequence lengths ``(L1, L2)`` probed with positions ``arange(L)``; the
-            scores at the shared (t, s) must agree (a dynamic NTK changes them).
-        heads, head: the number of heads of the probe input and the head that is read.
-        dtype: the dtype of the probe vectors.
-        seed: the seed of the random vectors of the linearity and length tests.
-        label: what the report's title calls the encoder (default: its name).
-
-    Returns:
-        a :class:`Diagnosis` (``print`` it for the report).
-
-    Raises:
-        ProbeError: the encoder returned something that is not a finite (batch, heads, seq, dim_out)
-            tensor (the message names the probe, the positions and what came back).
-
-    The defining identity checked, for a relative encoding::
-
-        F(t)ᵀ G(s) = τ · exp((t − s) X)   for every probed t, s
-    """
-    try:
-        import scipy.linalg  # noqa: F401
-    except ImportError as err:  # pragma: no cover
-        raise ImportError("liepos.diagnose needs scipy (matrix logarithms): pip install 'liepos[algebra]'") from err
-    encode_key = encode_query if encode_key is None else encode_key
-    if dim is None:
-        dim = getattr(encode_query, "dim", None) or getattr(getattr(encode_query, "__self__", None), "dim", None)
-    if dim is None:
-        raise ValueError("diagnose needs dim (the head dim of the probe vectors); pass dim=...")
-    dim = check_int("dim", dim, min=1)
-    check_choice("domain", domain, ("auto", "real", "integer"))
-    tol = check_real("tol", tol, positive=True)
-    heads = check_int("heads", heads, min=1)
-    head = check_int("head", head, min=0, max=heads - 1)
-    label = label or getattr(encode_query, "__qualname__", None) or type(encode_query).__name__
-    if axes is not None:
-        axes = check_int("axes", axes, min=1)
-        return _diagnose_axes(encode_query, encode_key, dim, axes, domain=domain, tol=tol, shifts=shifts,
-                              lengths=lengths, heads=heads, head=head, dtype=dtype, seed=seed, label=label)
-    pq = Probe(encode_query, dim, "query", dtype=dtype, heads=heads, head=head)
-    pk = Probe(encode_key, dim, "key", dtype=dtype, heads=heads, head=head)
-    return _Diagnoser(pq, pk, dim, domain, tol, shifts, lengths, seed, label).run()
-
-
 @dataclass(frozen=True)
-class _Plan:
+class Plan:
     """The probed offsets: ``base`` (t, s) pairs moved by ``shifts``, the ``diag_t`` of M(t, t), the
     ``ladder`` of δ and the ``verify`` offsets of the recovery, the group-law ``pairs`` and the points
     ``cont_u`` of the continuity test."""
@@ -158,7 +66,7 @@ class _Plan:
     cont_u: list[float]
 
     @classmethod
-    def for_domain(cls, real: bool, shifts: Sequence[float] | None) -> _Plan:
+    def for_domain(cls, real: bool, shifts: Sequence[float] | None) -> Plan:
         return cls(
             shifts=list(shifts) if shifts is not None else [1, 5, 17, 64, 251] + ([2.5] if real else []),
             base=[(0, 0), (1, 0), (0, 1), (3, 1), (2, 5), (7, 3)] + ([(0.5, 1.75)] if real else []),
@@ -181,7 +89,7 @@ class _Plan:
             values |= {u, u + _H_COARSE, u + _H_FINE}
         return values
 
-    def integers(self) -> _Plan:
+    def integers(self) -> Plan:
         """The plan restricted to integer offsets (a rounding encoder is judged there)."""
         whole = lambda *v: all(float(x).is_integer() for x in v)  # noqa: E731
         return replace(self, ladder=[1.0], verify=[v for v in self.verify if whole(v)],
@@ -191,8 +99,9 @@ class _Plan:
                        diag_t=[t for t in self.diag_t if whole(t)], cont_u=[])
 
 
-class _Diagnoser:
-    """One diagnosis: the steps run in order, each adds its measures and findings."""
+class Diagnoser:
+    """One diagnosis of the probes ``pq`` and ``pk``: the steps run in order (:meth:`run`), each tests one
+    assumption of the theorem on the bridge ``M(t, s) = F(t)ᵀ G(s)`` and adds its measures and findings."""
 
     def __init__(self, pq: Probe, pk: Probe, dim: int, domain: str, tol: float,
                  shifts: Sequence[float] | None, lengths: Sequence[int], seed: int, label: str) -> None:
@@ -218,7 +127,7 @@ class _Diagnoser:
     def run(self) -> Diagnosis:
         self.detect_domain()
         fq, fk = self.linearity()
-        plan = _Plan.for_domain(self.domain == "real", self.shifts)
+        plan = Plan.for_domain(self.domain == "real", self.shifts)
         br = Bridge(fq, fk, self.d, self.pos(plan.positions()), "bridge")
         if self.domain == "integer":
             br.index = {float(round(k)): v for k, v in br.index.items()}
@@ -244,7 +153,7 @@ class _Diagnoser:
         self.notes += rec.notes
         generator = classification = None
         if rec.matrix is not None:
-            from liepos.classify import classify
+            from liepos.classification import classify
 
             self.measures["generator_fit"] = rec.fit
             snap = min(max(_SNAP_MIN, 10 * max(trans, gl, rec.fit, 1e-9) / max(plan.ladder[-1], 1.0)), _SNAP_MAX)
@@ -313,7 +222,7 @@ class _Diagnoser:
                  worst)
         return self.pq, self.pk
 
-    def additive(self, br: Bridge, plan: _Plan) -> None:
+    def additive(self, br: Bridge, plan: Plan) -> None:
         """Name what the added parts b(t) (query) and c(s) (key) do to the score.
 
         ``<F(t)q + b(t), G(s)k + c(s)> = qᵀM(t, s)k + q·u(t, s) + v(t, s)·k + β(t, s)`` with
@@ -387,7 +296,7 @@ class _Diagnoser:
         self.domain = "integer"
         return True
 
-    def translation(self, br: Bridge, plan: _Plan, B: np.ndarray) -> float:
+    def translation(self, br: Bridge, plan: Plan, B: np.ndarray) -> float:
         """M(t + c, s + c) = M(t, s); when it fails, look for per-channel weights after a rotation."""
         trans = max((rel(br.M(t + c, s + c), br.M(t, s)) for t, s in plan.base for c in plan.shifts), default=0.0)
         self.measures["translation"] = trans
@@ -485,40 +394,3 @@ class _Diagnoser:
                      "with dynamic NTK scaling). Keys cached at one length and queries at another are then "
                      "inconsistent. The generator reported is the one seen at short positions.",
                      diff)
-
-
-def _diagnose_axes(fq: Encoder, fk: Encoder, dim: int, axes: int, **kw: Any) -> Diagnosis:
-    """Each axis diagnosed alone (the others at 0), then the commutators of the recovered generators."""
-    label = kw.pop("label")
-
-    def on_axis(fn: Encoder, k: int) -> Encoder:
-        def encode(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            pos = torch.zeros(*positions.shape, axes, dtype=positions.dtype)
-            pos[..., k] = positions  # (seq,) -> (seq, axes), the other axes at 0
-            return fn(x, pos)
-
-        return encode
-
-    subs = [diagnose(on_axis(fq, k), on_axis(fk, k), dim, label=f"{label} axis {k}", **kw) for k in range(axes)]
-    findings = [Finding(f.name, f"axis {k}: {f.message}", f.size, f.breaks_relativity)
-                for k, s in enumerate(subs) for f in s.violations]
-    pairs = []
-    for i in range(axes):
-        for j in range(i + 1, axes):
-            Xi, Xj = subs[i].matrix, subs[j].matrix
-            if Xi is not None and Xj is not None:
-                den = max(np.linalg.norm(Xi) * np.linalg.norm(Xj), TINY)
-                pairs.append((i, j, float(np.linalg.norm(Xi @ Xj - Xj @ Xi) / den)))
-    comm = max((c for _, _, c in pairs), default=0.0)
-    tol = kw["tol"]
-    if comm > tol:
-        bad = ", ".join(f"|[X_{i}, X_{j}]| = {c:.3g}" for i, j, c in pairs if c > tol)
-        findings.append(Finding(
-            AXES_DO_NOT_COMMUTE,
-            f"the generators of different axes do not commute ({bad}, relative to |X_i||X_j|): "
-            "exp(t1 X1) exp(t2 X2) depends on the order of the moves, so a 2-D offset is not one group "
-            "element and the scores are not relative in the joint position.", comm))
-    relative = not any(f.breaks_relativity for f in findings)
-    return Diagnosis(relative=relative, generator=[s.generator for s in subs],
-                     classification=[s.classification for s in subs], violations=findings,
-                     domain=subs[0].domain, measures={"commutator": comm}, axes=subs, tol=tol, label=label)

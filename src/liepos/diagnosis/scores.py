@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from liepos._checks import check_int, check_real
-from liepos.diagnose.report import GROUP_LAW, NOT_TRANSLATION_INVARIANT, Finding
+from liepos.diagnosis.report import GROUP_LAW, NOT_TRANSLATION_INVARIANT, Finding
 
 __all__ = ["CONTENT_DEPENDENT", "ScoreFunction", "Verdict", "diagnose_scores"]
 

@@ -1,0 +1,131 @@
+"""The tiling of the causal triangle: diagonal blocks around a middle origin, off-diagonal tiles whose origin
+lies between their keys and their queries.
+
+Over a unit range of times (``t₀ + 0, 1, …``) the causal triangle is cut by :func:`tile_plan`: diagonal
+blocks keep their origin in their middle (bounded by :func:`diagonal_budget`); every other tile puts its
+origin ``p`` between its keys and its queries (``s < p ≤ t``), where decays are ``≤ 1`` on both sides
+and a Jordan block's binomial terms share their sign, so a tile may be as wide as half the triangle.
+:func:`tiled` runs the plan, one flash call per family of equal tiles, merged per row by log-sum-exp.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from functools import partial
+
+import torch
+
+from liepos.attention_call import Call
+from liepos.attention_pieces import Rows, Tile, made
+from liepos.origin_budget import allowed
+
+__all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "FLASH_ROWS", "DIAGONAL_EXPONENT"]
+
+
+def tile_plan(T: int, size: int) -> tuple[list[tuple[Rows, int]], list[tuple[Rows, Rows]]]:
+    """The causal triangle of ``T`` rows cut into diagonal blocks of ``size`` rows and off-diagonal tiles.
+
+    Diagonal: ``(rows, origin offset)`` per family of equal blocks (the origin ``offset = ⌊w / 2⌋`` rows
+    into each block of ``w`` rows, its middle: every row within ``⌊w / 2⌋`` of it). Off-diagonal, a
+    binary tiling: at level ℓ (half-width ``S = size·2^ℓ``) every node of ``2S`` rows pairs its second
+    half's queries with its first half's keys, ``(query rows, key rows)``, the origin at the first
+    query. Every pair ``s < t`` outside a diagonal block lies in exactly one tile; ``T log(T / size)``
+    rows are encoded in all, not ``T² / size``.
+    """
+    diag, off = [], []
+    full = T // size
+    if full:
+        diag.append((Rows(0, full, size, 0, size), size // 2))
+    rest = T - full * size
+    if rest:
+        diag.append((Rows(full * size, 1, rest, 0, rest), rest // 2))
+    S = size
+    while S < T:
+        n = T // (2 * S)  # whole nodes of 2S rows
+        if n:
+            off.append((Rows(0, n, 2 * S, S, 2 * S), Rows(0, n, 2 * S, 0, S)))
+        start = n * 2 * S
+        if T - start > S:  # the last node, its second half cut short
+            w = T - start - S
+            off.append((Rows(start + S, 1, w, 0, w), Rows(start, 1, S, 0, S)))
+        S *= 2
+    return diag, off
+
+
+# the CPU flash kernel cuts queries in blocks of 32 (short sequences) and runs a whole multiple of 32
+# rows markedly faster (float32, 8 heads, dim 64, 2048 rows as blocks of 30 / 32 / 119 / 128: 6.1 /
+# 3.9 / 10.2 / 9.1 ms): diagonal blocks are a multiple of it when the span allows
+FLASH_ROWS = 32
+
+
+# largest |λ|·|t − o| of a tiled diagonal block: a query factor e^{−λ(t − o)} and a key factor
+# e^{λ(s − o)} each ≥ e^{−22} ≈ 2^-31.7, so every product the kernel forms of them, e^{−λ(t − s)}, is at
+# least 2^-63.5 times the raw entries' product: a normal float32 / bfloat16 number (no microcode assist)
+DIAGONAL_EXPONENT = 22.0
+
+
+def diagonal_budget(b: tuple[float, float, float], dtype: torch.dtype) -> tuple[float, float, float]:
+    """The budget of a tiled diagonal block: its factors ``e^{±λ|t − o|}`` may reach
+    :data:`DIAGONAL_EXPONENT` (at most the square root of the dtype's range) instead of the cube root of
+    the range. Only the causal kernel reads them, and it overwrites every masked score (``s > t``, where
+    ``F(t − o)ᵀ G(s − o)`` grows) before the softmax, while every visible product is at most the true
+    ``e^{−λ(t − s)}`` and at least ``e^{−44}``: neither factor nor product is a subnormal number. The
+    general path adds its mask and keeps the cube root."""
+    rate, _, poly_span = b
+    work = dtype if dtype in (torch.float16, torch.float64, torch.float32) else torch.float32
+    return rate, min(DIAGONAL_EXPONENT, math.log(torch.finfo(work).max) / 2), poly_span
+
+
+def tile_size(allowed: float, T: int) -> int:
+    """Rows of a diagonal block: at most ``2⌊allowed⌋ + 1`` (every time within ``allowed`` of the middle
+    origin). Below :data:`FLASH_ROWS` that; else the multiple of it giving the fewest flash calls (families
+    of equal tiles, :func:`tile_plan`), the larger on a tie: each family encodes up to ``T`` rows of q and
+    k and merges them once (T = 2048, decay at rate 1/2: blocks of 128 give 5 families, 96 gave 9)."""
+    if not math.isfinite(allowed):
+        return T
+    top = 2 * math.floor(allowed) + 1
+    return top if top < FLASH_ROWS or top >= T else _fewest_calls(top, T)
+
+
+@functools.lru_cache(maxsize=256)
+def _fewest_calls(top: int, T: int) -> int:
+    def calls(w: int) -> int:
+        diag, off = tile_plan(T, w)
+        return len(diag) + len(off)
+
+    return min(range(FLASH_ROWS, top + 1, FLASH_ROWS), key=lambda w: (calls(w), -w))
+
+
+def tiled(call: Call, b) -> torch.Tensor | None:
+    """Equal times ``t₀ + 0, 1, …, T − 1`` (per batch row): diagonal blocks with their origin in their
+    middle, and the rest of the causal triangle in tiles whose origin lies *between* their keys and their
+    queries (``s < p ≤ t``), one flash call per family of equal tiles, merged per row (:func:`made`).
+
+    With ``s ≤ p ≤ t`` every factor of ``F(t − p)ᵀ G(s − p) = A(t − s)`` is a decay ``≤ 1`` (an
+    underflow drops a term below the dtype's smallest normal), and a Jordan block's binomial terms of
+    ``(t − p)`` and ``(p − s)`` share their sign, so the product rounds like ``A(t − s)`` itself: a tile
+    may be as large as the triangle. Only the diagonal blocks are bounded by the span of one origin
+    (:func:`diagonal_budget`); one block may hold them all. None when the times are not such a range.
+    """
+    q, k, v, enc = call.q, call.k, call.v, call.enc
+    B, H, T, _ = q.shape
+    t = call.qpos
+    ramp = torch.arange(T, dtype=t.dtype, device=t.device)
+    size = min(T, tile_size(allowed(diagonal_budget(b, q.dtype)), T))  # T: one causal block
+    if not torch.equal(t - t[:, :1], ramp.expand(B, T)):
+        return None
+    diag, off = tile_plan(T, size)
+
+    def diagonal(rows: Rows, o: int) -> Tile:
+        rel = ramp[: rows.width] - o  # the block's times from its origin
+        return Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True,
+                    first=True)
+
+    def between(rq: Rows, rk: Rows) -> Tile:
+        qe = enc._query_after(rq.gather(q), ramp[: rq.width])  # t − p ≥ 0
+        ke = enc.key(rk.gather(k), ramp[: rk.width] - rk.width)  # s − p < 0
+        return Tile(rq, qe, ke, rk.gather(v), False)
+
+    makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]
+    return made((B, H, T), makers, call.c, call.sinks)

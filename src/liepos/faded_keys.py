@@ -1,0 +1,193 @@
+"""Faded keys: per head, the keys past a decay's fade taken as one key of score 0 (their count and mean value).
+
+Where every block of a head keeps norms up to its fade (decay dims, damped rotation planes), a key further
+back than the head's window scores within a rounding of 0 whatever the data; queries then see the few
+blocks of keys before them as tiles and every earlier key as one key of weight their count carrying
+their mean value (:func:`tiled_or_faded`), linear in the sequence past the fade. Heads whose window
+reaches past half the sequence keep the tiled triangle (:mod:`liepos.causal_tiling`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import torch
+
+from liepos.attention_call import LOW, Call
+from liepos.attention_pieces import Rows, Tile, made
+from liepos.causal_tiling import FLASH_ROWS, diagonal_budget, tile_plan, tile_size, tiled
+from liepos.encoding import Encoding
+from liepos.origin_budget import allowed
+
+__all__ = ["tiled_or_faded", "FADE_ROWS"]
+
+# rows of the faded path's query blocks at most (its near tiles pair blocks of this many queries and keys)
+FADE_ROWS = 128
+
+
+def _fade_rates(enc: Encoding) -> torch.Tensor | None:
+    """Per head, the slowest decay ``r_h`` ``(H,)`` (or ``(1,)`` when shared), float64, when every block
+    keeps norms up to its fade (decay dims and damped rotation planes: ``|A(u) x| ≤ e^{−r u} |x|``); else
+    None. A head with a block that does not fade has ``r_h ≤ 0``."""
+    g = enc.generator
+    if (enc.num_slots or g.basis is not None or g.num_axes is not None or enc.plan.has_coupling
+            or enc.query_scale is not None
+            or any(n > 2 or (n == 2 and not c) for n, c in zip(g.sizes, g.complex))):
+        return None
+    with torch.no_grad():
+        return (-g.rates.detach().double().reshape(-1, g.num_blocks)).amin(-1)  # (H or 1,)
+
+
+def _fade_plan(call: Call, b) -> tuple[int, dict[int, list[int]], list[int]] | None:
+    """``(rows per block, {m: heads}, heads seen whole)`` when some head's keys fade out within the
+    sequence, else None.
+
+    Head ``h`` scores a key at lag ``d`` at most ``c |q̃_t| |k̃_s| ≤ c Q_h K_h e^{−r_h d}`` (``Q_h``,
+    ``K_h``: the largest query and key norms of the head; every block keeps norms up to its fade, so
+    encoded norms are the raw ones). Past ``W_h = log(c Q_h K_h / δ) / r_h`` every score is within
+    ``δ`` (:data:`~liepos.attention_pieces.CLEAR_LOGIT`) of 0: such a key weighs ``e^0`` to a relative
+    ``δ``, whatever the data. Query blocks of ``n_b`` rows see the ``m_h = ⌈W_h / n_b⌉`` blocks before
+    them as keys and every earlier key as score 0 (:func:`_faded`); a head whose window reaches past
+    half the sequence keeps the tiled triangle."""
+    rmin = _fade_rates(call.enc)
+    q, k = call.q, call.k
+    B, H, T, _ = q.shape
+    if rmin is None or float(rmin.max()) <= 0 or T < 4 * FLASH_ROWS:
+        return None
+    ramp = torch.arange(T, dtype=call.qpos.dtype, device=call.qpos.device)
+    if not torch.equal(call.qpos - call.qpos[:, :1], ramp.expand(B, T)):
+        return None
+    from liepos.attention_pieces import CLEAR_LOGIT
+
+    delta = CLEAR_LOGIT.get(q.dtype)
+    if delta is None:
+        return None
+    size = tile_size(allowed(diagonal_budget(b, q.dtype)), T)
+    rows = size if size < FLASH_ROWS else min(FADE_ROWS, size)
+    with torch.no_grad():
+        qn = q.detach().float().norm(dim=-1).amax((0, 2)).double()  # (H,)
+        kn = k.detach().float().norm(dim=-1).amax((0, 2)).double()  # (Hk,)
+        kn = kn.repeat_interleave(H // kn.shape[0])  # (H,)
+        # room for the float32 norms and the encoding's rounding
+        reach = torch.log((call.c * qn * kn * (1 + 1e-3) / delta).clamp_min(1.0))  # (H,)
+        r = rmin.expand(H) if rmin.numel() == 1 else rmin
+        W = torch.where(r > 0, reach / r.clamp_min(1e-300), torch.full_like(reach, math.inf))  # (H,)
+    if k.shape[1] != H:  # grouped keys under a shared encoding: one window for every head
+        W = W.amax().expand(H)
+    groups: dict[int, list[int]] = {}
+    whole: list[int] = []
+    for h, w in enumerate(W.tolist()):
+        m = max(1, math.ceil(w / rows)) if math.isfinite(w) else None
+        if m is None or m * rows > T // 2:
+            whole.append(h)
+        else:
+            groups.setdefault(m, []).append(h)
+    return (rows, groups, whole) if groups else None
+
+
+# sub-encodings of a head subset by (encoding version, heads): built once per parameter state
+_HEADS: dict[tuple, Encoding] = {}
+
+
+def _heads(call: Call, hs: list[int]) -> Call:
+    """The call restricted to the query heads ``hs`` (keys and values of the same heads when there are as
+    many, else all of them; a per-head encoding's parameters of those heads)."""
+    H = call.q.shape[1]
+    if hs == list(range(H)):
+        return call
+    idx = torch.tensor(hs, device=call.q.device)
+    enc, g = call.enc, call.enc.generator
+    if g.num_heads is not None:
+        key = (enc.version, tuple(hs))
+        learned = torch.is_grad_enabled() and (g.rates.requires_grad or g.freqs.requires_grad)
+        sub = None if learned else _HEADS.get(key)
+        if sub is None:
+            sub = enc.replace(generator=g.with_params(rates=g.rates[hs], freqs=g.freqs[hs]))
+            if not learned:
+                if len(_HEADS) >= 64:
+                    _HEADS.pop(next(iter(_HEADS)))
+                _HEADS[key] = sub
+        enc = sub
+    same = call.k.shape[1] == H
+    sinks = None if call.sinks is None else call.sinks[hs]
+    return dataclasses.replace(call, q=call.q.index_select(1, idx), enc=enc, sinks=sinks,
+                               k=call.k.index_select(1, idx) if same else call.k,
+                               v=call.v.index_select(1, idx) if same else call.v)
+
+
+def tiled_or_faded(call: Call, b) -> torch.Tensor | None:
+    """:func:`_faded` for the heads whose keys fade within the sequence (per head: RetNet's fast heads
+    get short windows), :func:`tiled` for the rest; None when the times are not a unit range."""
+    plan = _fade_plan(call, b)
+    if plan is None:
+        return tiled(call, b)
+    rows, groups, whole = plan
+    parts = [(hs, _faded(_heads(call, hs), m, rows)) for m, hs in sorted(groups.items())]
+    if whole:
+        parts.append((whole, tiled(_heads(call, whole), b)))
+    order = [h for hs, _ in parts for h in hs]
+    out = torch.cat([y for _, y in parts], dim=1)  # (B, H, T, Dv) in the order of the parts
+    if order == sorted(order):
+        return out
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    return out.index_select(1, inverse.to(out.device))
+
+
+def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
+    """Causal attention over times ``t₀ + 0 … T − 1`` whose keys further back than ``m`` blocks of
+    ``n_b`` rows score 0 to within :data:`~liepos.attention_pieces.CLEAR_LOGIT` (:func:`_fade_plan`).
+
+    Three kinds of tiles, merged per row: the diagonal blocks (middle origin, causal); for each block
+    distance ``d = 1 … m`` the queries of block ``i`` with the keys of block ``i − d`` at the origin
+    ``p_i`` (the block's first query: ``F(t − p_i)`` and ``G(s − p_i)`` both fades, at least
+    ``e^{−r(m + 1) n_b}`` on the slowest block); and every earlier key as one key of score 0 and weight
+    their count (a per-key mask ``log n``) carrying their mean value (exact prefix sums in float64). Cost
+    ``T (m + 1) n_b``: linear in ``T`` past the fade."""
+    q, k, v, enc = call.q, call.k, call.v, call.enc
+    B, H, T, D = q.shape
+    n, rest = divmod(T, n_b)
+    ramp = torch.arange(max(T, n_b), dtype=torch.float64, device=q.device)
+    blocks = Rows(0, n, n_b, 0, n_b)
+    last = Rows(n * n_b, 1, rest, 0, rest) if rest else None
+    qe = enc._query_after(blocks.gather(q), ramp[:n_b]).unflatten(0, (B, n))  # (B, n, H, n_b, D): t − p_i ≥ 0
+    work = torch.float32 if q.dtype in LOW else q.dtype
+
+    def diagonal(rows: Rows, o: int) -> Tile:
+        rel = ramp[: rows.width] - o
+        return Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True,
+                    first=True)
+
+    def near(d: int, tail: bool) -> Tile:  # queries of block i, keys of block i − d, both at p_i
+        kb = Rows((n - d) * n_b, 1, n_b, 0, n_b) if tail else Rows(0, n - d, n_b, 0, n_b)
+        ke = enc.key(kb.gather(k), ramp[:n_b] - d * n_b)  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
+        if tail:
+            return Tile(last, enc._query_after(last.gather(q), ramp[:rest]), ke, kb.gather(v), False)
+        return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, kb.gather(v), False)
+
+    sums = v[:, :, : n * n_b].double().unflatten(2, (n, n_b)).sum(3).cumsum(2)  # (B, Hk, n, Dv): Σ_{s<(j+1)n_b}
+
+    def far(tail: bool) -> Tile:  # every key before block i − m: score 0, weight 1 each
+        j = torch.arange(n - m - 1, device=q.device) if not tail else torch.tensor([n - m - 1], device=q.device)
+        counts = ((j + 1) * n_b).double()  # (J,): keys s < (i − m) n_b
+        mean = (sums[:, :, j] / counts.view(1, 1, -1, 1)).to(v.dtype)  # (B, Hk, J, Dv)
+        J = j.numel()
+        vt = mean.movedim(2, 1).flatten(0, 1).unsqueeze(2)  # (B·J, Hk, 1, Dv)
+        bias = counts.log().to(work).view(1, J, 1, 1, 1).expand(B, J, H, 1, 1).flatten(0, 1)  # (B·J, H, 1, 1)
+        kt = q.new_zeros(B * J, v.shape[1], 1, D)
+        if tail:
+            return Tile(last, enc._query_after(last.gather(q), ramp[:rest]), kt, vt, False, bias=bias)
+        return Tile(Rows((m + 1) * n_b, n - m - 1, n_b, 0, n_b), qe[:, m + 1 :].flatten(0, 1), kt, vt, False,
+                    bias=bias)
+
+    diag, _ = tile_plan(T, n_b)
+    makers = [partial(diagonal, *dg) for dg in diag]
+    makers += [partial(near, d, False) for d in range(1, m + 1)] + [partial(near, d, True) for d in range(1, m + 1)
+                                                                    if rest]
+    if n - m - 1 > 0:
+        makers.append(partial(far, False))
+    if rest and n - m - 1 >= 0:
+        makers.append(partial(far, True))
+    return made((B, H, T), makers, call.c, call.sinks)
