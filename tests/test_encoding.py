@@ -15,7 +15,7 @@ F64 = torch.float64
 def test_slots_of_half_precision_inputs_stay_float32_as_the_readable_path(dtype):
     """ALiBi's slot values need more than 8 bits: with slots, a half-precision query comes back float32 on
     the fast path, the dtype and the values of the readable path (``query_reference`` in float64)."""
-    enc = lp.alibi(2, 8)
+    enc = lp.alibi(8, num_heads=2)
     q = torch.randn(1, 2, 5, 8).to(dtype)
     pos = torch.arange(5, dtype=F64) + 100.0
     got = enc.query(q, pos)
@@ -28,7 +28,7 @@ def test_slots_of_half_precision_inputs_stay_float32_as_the_readable_path(dtype)
 def test_meta_inputs_give_shapes_without_data():
     """A meta query (FSDP's meta initialisation, shape propagation) comes back a meta tensor of the real
     output's shape and dtype, slots included, without reading positions' data."""
-    for enc in (lp.rope(8), lp.alibi(2, 8)):
+    for enc in (lp.rope(8), lp.alibi(8, num_heads=2)):
         q = torch.empty(2, 2, 5, 8, device="meta")
         real = enc.query(torch.zeros(2, 2, 5, 8), torch.arange(5.0))
         out = enc.query(q, torch.arange(5.0))
@@ -69,7 +69,7 @@ def test_integer_times_past_two_to_the_53_are_refused_on_both_sides():
 def test_per_batch_positions_equal_each_batch_element_alone(name):
     """Positions of shape (batch, seq): each batch element is encoded at its own times, slot values included
     (ALiBi's slots move with the position), as if it were alone."""
-    enc = lp.alibi(2, 8) if name == "alibi" else lp.xpos(8)
+    enc = lp.alibi(8, num_heads=2) if name == "alibi" else lp.xpos(8)
     g = torch.Generator().manual_seed(1)
     q = torch.randn(3, 2, 5, 8, dtype=F64, generator=g)
     pos = torch.arange(5, dtype=F64) + torch.tensor([[0.0], [40.0], [7.5]], dtype=F64)  # (3, 5)

@@ -74,7 +74,7 @@ def test_faded_keys_left_out_change_no_output(name, dtype, T):
 def test_a_constant_bias_offset_on_alibi_is_read_as_an_offset_not_a_slope():
     """Key slots ``[c, −m]``: the bias is ``c − m (t − s)``; the slope read from the slots stays ``m`` and
     the constant ``c`` cancels in the softmax: the same attention as plain ALiBi, and as the reference."""
-    enc = lp.alibi(2, 8)
+    enc = lp.alibi(8, num_heads=2)
     shifted = enc.replace(key_slots=enc.key_slots + torch.tensor([3.0, 0.0], dtype=F64))
     m, b0 = recentre.linear_bias(shifted, 2)
     m_plain, _ = recentre.linear_bias(enc, 2)
@@ -91,7 +91,7 @@ def test_bfloat16_sinks_with_alibi_at_far_times_match_the_reference():
     """With sinks, each row's sink logit carries the block's bias offset ``b − m (t − o)``, which spans
     hundreds over a block at spread-out times: it is formed in float32, never rounded to bfloat16
     (a 0.25 step there moves the sink's weight by up to 13 %)."""
-    enc = lp.alibi(2, 8)
+    enc = lp.alibi(8, num_heads=2)
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 64, 8, dtype=F64, generator=g) for _ in range(3))
     p = 25.0 * torch.arange(64, dtype=F64)

@@ -40,7 +40,7 @@ def refused(g: lp.Generator, pos, side: str, dtype: torch.dtype, fade: bool = Fa
 
 @pytest.mark.parametrize("enc, mode", [
     (lp.rope(8), "pairs"), (lp.rope(8, layout="half"), "halves"), (lp.jordan(3, freq=0.5), "pairs"),
-    (lp.nope(4), "none"), (lp.decay([0.1, 0.2]), "none"), (lp.jordan(3), "none"), (lp.alibi(2, 4), "none"),
+    (lp.nope(4), "none"), (lp.decay([0.1, 0.2]), "none"), (lp.jordan(3), "none"), (lp.alibi(4, num_heads=2), "none"),
 ])
 def test_plan_names_the_partner_layout_of_its_planes(enc, mode):
     """``partner``: "none" without rotation planes, "pairs" for planes (2k, 2k+1), "halves" for (k, k+P);
@@ -57,7 +57,7 @@ def test_plan_names_the_partner_layout_of_its_planes(enc, mode):
 
 
 @pytest.mark.parametrize("enc, has_a, has_b", [
-    (lp.nope(4), False, False), (lp.jordan(3), False, False), (lp.alibi(2, 4), False, False),
+    (lp.nope(4), False, False), (lp.jordan(3), False, False), (lp.alibi(4, num_heads=2), False, False),
     (lp.decay([0.1, 0.2]), True, False), (lp.rope(8), True, True),
 ])
 def test_tables_leave_out_what_neither_scales_nor_rotates(enc, has_a, has_b):
