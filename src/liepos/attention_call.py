@@ -261,7 +261,7 @@ def bind(x: Inputs) -> Call:
     k, v, kpos, keep, kdocs, cache = x.k, x.v, x.kpos, x.keep, x.kdocs, x.cache
     if cache is not None:
         cache.append(k, v, kpos, keep, kdocs)
-        k, v, kpos, keep, kdocs = cache.k, cache.v, cache.times, cache.keep, cache.docs
+        k, v, kpos, keep, kdocs = cache.held()
         finite = cache.finite
     else:
         finite = all_finite(k, v)
