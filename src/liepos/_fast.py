@@ -41,8 +41,9 @@ import functools
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -569,6 +570,13 @@ def apply_fast(
 
 
 # ---------------------------------------------------------------------- the cache
+class _Entry(Protocol):
+    def nbytes(self) -> int: ...
+
+
+_E = TypeVar("_E", bound=_Entry)
+
+
 class TableCache:
     """A bounded LRU of :class:`FastTables` windows (entries and bytes), thread-safe.
 
@@ -579,7 +587,7 @@ class TableCache:
 
     def __init__(self, max_entries: int = 32, max_bytes: int = 512 << 20) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        self._d: OrderedDict[tuple, FastTables] = OrderedDict()
+        self._d: OrderedDict[tuple, Any] = OrderedDict()  # FastTables, or another entry with nbytes()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -591,7 +599,7 @@ class TableCache:
             self._d.clear()
             self.hits = self.misses = 0
 
-    def get(self, key: tuple, build) -> FastTables:
+    def get(self, key: tuple, build: Callable[[], _E]) -> _E:
         with self._lock:
             ft = self._d.get(key)
             if ft is not None:

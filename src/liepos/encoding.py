@@ -365,11 +365,13 @@ class Encoding:
     def _relative(self, positions: Any, x: torch.Tensor, origin: Any, name: str, defer: bool = True) -> torch.Tensor:
         if defer and not torch.compiler.is_compiling() and x.is_meta and _graph.deferrable(positions, origin):
             # a stand-in that reads as the converted tensor (every other attribute is convert()'s)
-            return cast(torch.Tensor, _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False)))
+            deferred = _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
+            return cast(torch.Tensor, deferred)
         if defer and torch.compiler.is_compiling() and _graph.deferrable(positions, origin) and self._graph_structure(
             x, positions
         ):  # the opaque op converts and checks them on real data: no conversion kernel in the graph
-            return cast(torch.Tensor, _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False)))
+            deferred = _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
+            return cast(torch.Tensor, deferred)  # the stand-in of the converted tensor, as above
         pos = as_positions(positions, x.shape[-2], x.shape[0], name, self.num_axes)
         self._check_length(pos, name)
         if origin is not None:
