@@ -224,7 +224,7 @@ def _shape_error(shape: tuple[int, ...]) -> ValueError:
     return ValueError(f"X must be a square matrix, got shape {tuple(shape)}")
 
 
-def _parse(X: Any) -> tuple[np.ndarray | None, list[list[Any]] | None]:
+def _parse(X: Any) -> tuple[np.ndarray, list[list[Any]] | None]:
     """(float array, rational entries or None). Raises on bad input."""
     if type(X).__module__.split(".")[0] == "torch" and hasattr(X, "detach"):
         import torch
@@ -719,7 +719,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
             t = max(t, tol ** k)
         return t
 
-    items: list = []
+    items = []
     todo = [sorted(c) for c in clusters]
     seen: set[tuple[int, ...]] = set()
     while todo:
@@ -751,7 +751,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
         B = ts[:k_sel, :k_sel]
         m = len(c)
         if is_real:
-            mu = float(np.trace(B)) / m
+            mu: complex = float(np.trace(B)) / m  # real here; complex in the other branch
             N = B - mu * np.eye(m)
             Qs = Q
         else:

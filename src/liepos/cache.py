@@ -147,7 +147,7 @@ class EncodedKeys:
             raise KeyError(f"the encoded-key store holds no part {name!r} (it holds {sorted(self._parts)})")
         return x
 
-    def append(self, count: int | None = None, **parts: torch.Tensor) -> None:
+    def append(self, count: int | None = None, /, **parts: torch.Tensor) -> None:
         """Append ``S`` positions: each part ``(B, H, S, d)`` encoded at the store's origin (``count`` = S
         when no part is given: positions whose encoding the store does not keep). Once the store holds
         parts, every append brings the same ones."""
@@ -171,7 +171,7 @@ class EncodedKeys:
             rows.write(n, x)
         self._n = n + S
 
-    def reencode(self, version: Any, origin: Any = None, span: float = math.inf, count: int = 0,
+    def reencode(self, version: Any, origin: Any = None, span: float = math.inf, count: int = 0, /,
                  **parts: torch.Tensor) -> None:
         """Replace every key: ``parts`` ``(B, H, n, d)`` are all ``n`` keys encoded afresh (from the raw keys)
         at ``origin`` under ``version`` (no part, ``count`` 0: an empty store of that version). The tensors

@@ -130,7 +130,7 @@ def recentred(call: Call) -> torch.Tensor:
             _reset_cache_origin(call, b)
         return out
     sorted_keys = call.kord.shape[1] < 2 or bool((call.kord[:, 1:] >= call.kord[:, :-1]).all())
-    outs = []
+    outs: list[torch.Tensor] = []
     Sq = call.q.shape[2]
     for i in range(0, Sq, call.block_size):
         _run(call, i, min(i + call.block_size, Sq), ax, sorted_keys, b, outs)
@@ -378,12 +378,12 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
     tq = call.qpos[:, lo:hi]
     enc = call.enc
     qe = enc._content(call.q[:, :, lo:hi], tq - o, "query") if bias else enc.query(call.q[:, :, lo:hi], tq - o)
-    starts = None if slopes is None or lo == 0 else _window_starts(call, qe, lo, slopes[0], knorm)
+    starts = None if slopes is None or knorm is None or lo == 0 else _window_starts(call, qe, lo, slopes[0], knorm)
     first = 0 if starts is None else min(starts)
     rel = call.kpos[:, first:hi] - o  # (B, hi - first): every key the block may weigh
     ke = enc._content(call.k[:, :, first:hi], rel, "key") if bias else enc.key(call.k[:, :, first:hi], rel)
     ve = call.v[:, :, first:hi] if call.venc is None else call.venc.key(call.v[:, :, first:hi], rel)
-    beta, sinks = _key_bias(call, slopes, rel, tq, o) if bias else (None, call.sinks)
+    beta, sinks = _key_bias(call, slopes, rel, tq, o) if bias and slopes is not None else (None, call.sinks)
     cut = lo - first
 
     def parts(hs: slice, a: int) -> list[tuple]:
@@ -504,10 +504,10 @@ def _version(call: Call) -> tuple:
 
 def _reset_cache_origin(call: Call, b) -> None:
     """Encode every cached key (and value) afresh at a new origin, the latest query time of each row."""
-    store = call.cache.encoded
+    store = call.cached().encoded
     o = call.qpos.amax(-1)  # (B,)
     ahead = torch.maximum(call.kpos, o.unsqueeze(-1))  # keys later than the origin grow: bound them
-    if call.k.shape[1] != call.cache.k.shape[1] or not _within(ahead, o, b):
+    if call.k.shape[1] != call.cached().held()[0].shape[1] or not _within(ahead, o, b):
         store.clear()
         return
     rel = call.kpos - o.unsqueeze(-1)  # (B, Sk)
@@ -519,9 +519,9 @@ def _reset_cache_origin(call: Call, b) -> None:
 
 def _from_cache_origin(call: Call) -> torch.Tensor | None:
     """Decode fast path: keys stay encoded at the cache's origin while the new times remain within its span."""
-    store = call.cache.encoded
+    store = call.cached().encoded
     o = store.origin
-    if o is None or store.version != _version(call) or call.k.shape[1] != call.cache.k.shape[1]:
+    if o is None or store.version != _version(call) or call.k.shape[1] != call.cached().held()[0].shape[1]:
         return None
     n_old = len(store)
     if n_old + call.n_new != call.kpos.shape[1]:
@@ -534,10 +534,10 @@ def _from_cache_origin(call: Call) -> torch.Tensor | None:
     if call.venc is not None:
         new["v"] = call.venc.key(call.v[:, :, n_old:], rel)
     store.append(**new)
-    ve = call.v if call.venc is None else store.get("v")
+    ve = call.v if call.venc is None else store.part("v")
     qe = call.enc.query(call.q, call.qpos - o.unsqueeze(-1))
     m = visible(*call.mask_args(slice(None)))
-    return _attend(call, qe, store.get("k"), ve, m, o, call.qpos)
+    return _attend(call, qe, store.part("k"), ve, m, o, call.qpos)
 
 
 # ---------------------------------------------------------------------------------------------- faded keys
@@ -681,7 +681,7 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
     def near(d: int, tail: bool) -> Tile:  # queries of block i, keys of block i − d, both at p_i
         kb = Rows((n - d) * n_b, 1, n_b, 0, n_b) if tail else Rows(0, n - d, n_b, 0, n_b)
         ke = enc.key(kb.gather(k), ramp[:n_b] - d * n_b)  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
-        if tail:
+        if tail and last is not None:  # tail: the last, partial block (there when rest)
             return Tile(last, enc._query_after(last.gather(q), ramp[:rest]), ke, kb.gather(v), False)
         return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, kb.gather(v), False)
 
@@ -695,7 +695,7 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
         vt = mean.movedim(2, 1).flatten(0, 1).unsqueeze(2)  # (B·J, Hk, 1, Dv)
         bias = counts.log().to(work).view(1, J, 1, 1, 1).expand(B, J, H, 1, 1).flatten(0, 1)  # (B·J, H, 1, 1)
         kt = q.new_zeros(B * J, v.shape[1], 1, D)
-        if tail:
+        if tail and last is not None:  # tail: the last, partial block (there when rest)
             return Tile(last, enc._query_after(last.gather(q), ramp[:rest]), kt, vt, False, bias=bias)
         return Tile(Rows((m + 1) * n_b, n - m - 1, n_b, 0, n_b), qe[:, m + 1 :].flatten(0, 1), kt, vt, False,
                     bias=bias)
