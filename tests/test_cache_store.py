@@ -250,3 +250,22 @@ def test_a_prefill_under_inference_mode_decodes_outside_it():
     with torch.no_grad():
         step = attention(q[:, :, 9:], k[:, :, 9:], v[:, :, 9:], enc, cache=cache)
     assert torch.allclose(torch.cat((pre, step), 2), attention(q, k, v, enc), atol=1e-12, rtol=0)
+
+
+def test_held_and_part_give_what_is_there_and_refuse_what_is_not():
+    cache = KVCache()
+    with pytest.raises(ValueError, match="empty"):
+        cache.held()
+    with pytest.raises(ValueError, match="empty"):
+        cache.last_times()
+    k, v = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 5)
+    t = torch.tensor([[0.0, 1.0, 4.0]], dtype=torch.float64)
+    cache.append(k, v, t, torch.ones(1, 3, dtype=torch.bool), None)
+    hk, hv, ht, hkeep, hdocs = cache.held()
+    assert torch.equal(hk, k) and torch.equal(hv, v) and torch.equal(ht, t) and bool(hkeep.all()) and hdocs is None
+    assert cache.last_times().tolist() == [[4.0]]
+    store = EncodedKeys()
+    store.reencode("v", 0.0, math.inf, 0, k=k)
+    assert torch.equal(store.part("k"), k)
+    with pytest.raises(KeyError, match="'v'"):
+        store.part("v")

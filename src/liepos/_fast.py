@@ -41,8 +41,9 @@ import functools
 import math
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -105,7 +106,7 @@ class FastTables:
                 runs.append(Run(r.kind, r.lo, r.hi, sl(r.tab)))
         cp = None
         if self.coupling is not None:
-            cp = (self.coupling[0], self.coupling[1], sl(self.coupling[2]))
+            cp = (self.coupling[0], self.coupling[1], self.coupling[2][..., lo:hi, :])
         terms = None if self.terms is None else (*self.terms[:2], self.terms[2][..., lo:hi, :, :])
         return FastTables(
             self.width, self.content, runs, cp, sl(self.slot_vals),
@@ -155,6 +156,8 @@ def fast_tables(t: Tables, content: int, work: torch.dtype, slot_vals: torch.Ten
     runs: list[Run] = []
     real_lo = 0
     if b is not None and t.planes > 0:
+        if a is None:
+            raise RuntimeError("liepos: rotation tables with a sine part but no cosine part; this is a bug")
         if t.partner == "pairs":
             pidx = t.partner_index.tolist()
             # a storage dim rotates when its partner is another dim; planes are (2k, 2k+1)
@@ -206,7 +209,7 @@ def _terms(t: Tables, D: int, work: torch.dtype):
         return None
     offsets, masks, vsrc, csrc, flat = st
     a = t.a[..., :D] if t.a is not None else None
-    b = t.b[..., :D] if rot else None
+    b = t.b[..., :D] if rot and t.b is not None else None
     ref = next(u for u in (a, b, t.coef) if u is not None)
     dev = ref.device
     lead = torch.broadcast_shapes(*(u.shape[:-1] for u in (a, b, t.coef) if u is not None))  # (..., S)
@@ -234,15 +237,27 @@ def _term_structure(pidx: tuple[int, ...], dst: tuple[int, ...], src: tuple[int,
         return None
     cols, offs, vsrc, csrc = [], [], [], []
     for d in range(D):
-        cols.append(d), offs.append(0), vsrc.append(d), csrc.append(-1)
+        cols.append(d)
+        offs.append(0)
+        vsrc.append(d)
+        csrc.append(-1)
         if rot and pidx[d] != d:
-            cols.append(d), offs.append(pidx[d] - d), vsrc.append(D + d), csrc.append(-1)
+            cols.append(d)
+            offs.append(pidx[d] - d)
+            vsrc.append(D + d)
+            csrc.append(-1)
     for p, (d, s) in enumerate(zip(dst, src)):
         if d >= D:
             continue
-        cols.append(d), offs.append(s - d), vsrc.append(s), csrc.append(p)
+        cols.append(d)
+        offs.append(s - d)
+        vsrc.append(s)
+        csrc.append(p)
         if rot and pidx[s] != s:
-            cols.append(d), offs.append(pidx[s] - d), vsrc.append(D + s), csrc.append(p)
+            cols.append(d)
+            offs.append(pidx[s] - d)
+            vsrc.append(D + s)
+            csrc.append(p)
     offsets = tuple(sorted(set(offs), key=lambda o: (o != 0, abs(o), o)))
     j_of = {o: j for j, o in enumerate(offsets)}
     masks = [[0] * D for _ in offsets]
@@ -374,7 +389,8 @@ def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
     that the output of an encoding has the strides of its input."""
     if width == x.shape[-1] and dtype == x.dtype:
         return torch.empty_like(x)
-    order = sorted(range(x.dim() - 1), key=lambda i: -x.stride(i))  # outer → inner, last dim stays last
+    strides: list[int] = [x.stride(i) for i in range(x.dim() - 1)]
+    order = sorted(range(x.dim() - 1), key=lambda i: -strides[i])  # outer → inner, last dim stays last
     shape = [x.shape[i] for i in order] + [width]
     y = torch.empty(shape, dtype=dtype, device=x.device)
     inv = [0] * (x.dim() - 1)
@@ -429,6 +445,8 @@ def transform(
 def _transposed_terms(ft: FastTables):
     """The terms of ``Mᵀ``: ``(Mᵀ g)[e] = Σ_j T_j[e − o_j] g[e − o_j]``, i.e. offsets ``−o_j`` with the
     tables and masks shifted by ``o_j`` along the columns (a pass over the tables only, not over g)."""
+    if ft.terms is None:
+        raise ValueError("the transposed terms need tables with terms (a coupled encoding's)")
     offsets, masks, T = ft.terms
     D = T.shape[-1]
     Tt = torch.zeros_like(T)  # (..., S, J, D)
@@ -480,12 +498,12 @@ class _Transposed(torch.autograd.Function):
     constants, no dependence on ``g``)."""
 
     @staticmethod
-    def forward(ctx, g: torch.Tensor, ft: FastTables, out_dtype) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, g: torch.Tensor, ft: FastTables, out_dtype) -> torch.Tensor:
         ctx.ft, ctx.g_dtype = ft, g.dtype
         return transform(g, ft, False, conj=True, out_dtype=out_dtype)
 
     @staticmethod
-    def backward(ctx, gg: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, gg: torch.Tensor):
         ft: FastTables = ctx.ft
         y = apply_fast(gg, ft, out_dtype=ctx.g_dtype)  # differentiable again through _Apply when recorded
         return y[..., : ft.content], None, None
@@ -498,7 +516,7 @@ class _Apply(torch.autograd.Function):
     record it is :class:`_Transposed`, whose own backward is ``M`` again (the content columns)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, ft: FastTables, inplace: bool, out_dtype) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, ft: FastTables, inplace: bool, out_dtype) -> torch.Tensor:
         ctx.ft, ctx.in_dtype = ft, x.dtype
         y = transform(x, ft, inplace, out_dtype=out_dtype)
         if inplace:
@@ -506,7 +524,7 @@ class _Apply(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, g: torch.Tensor):
         ft: FastTables = ctx.ft
         g = g[..., : ft.content]
         if g.dtype != ctx.in_dtype and g.dtype != ft.dtype:
@@ -552,6 +570,13 @@ def apply_fast(
 
 
 # ---------------------------------------------------------------------- the cache
+class _Entry(Protocol):
+    def nbytes(self) -> int: ...
+
+
+_E = TypeVar("_E", bound=_Entry)
+
+
 class TableCache:
     """A bounded LRU of :class:`FastTables` windows (entries and bytes), thread-safe.
 
@@ -562,7 +587,7 @@ class TableCache:
 
     def __init__(self, max_entries: int = 32, max_bytes: int = 512 << 20) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
-        self._d: OrderedDict[tuple, FastTables] = OrderedDict()
+        self._d: OrderedDict[tuple, Any] = OrderedDict()  # FastTables, or another entry with nbytes()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
@@ -574,7 +599,7 @@ class TableCache:
             self._d.clear()
             self.hits = self.misses = 0
 
-    def get(self, key: tuple, build) -> FastTables:
+    def get(self, key: tuple, build: Callable[[], _E]) -> _E:
         with self._lock:
             ft = self._d.get(key)
             if ft is not None:

@@ -114,9 +114,14 @@ def graph_id(enc: Any) -> str:
     with _lock:
         refs = [r for r in _registry.get(key, ()) if r() is not None]
         if not any(r() is enc for r in refs):  # every live twin is kept: one dying leaves the others found
-            refs.append(weakref.ref(enc, lambda _, k=key: _forget(k)))
+            refs.append(weakref.ref(enc, functools.partial(_forgotten, key)))
         _registry[key] = refs
     return key
+
+
+def _forgotten(key: str, _ref: weakref.ref) -> None:
+    """The callback of an encoding's weak reference: its structure's registry entry loses the dead ones."""
+    _forget(key)
 
 
 def _forget(key: str) -> None:

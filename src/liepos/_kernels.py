@@ -358,7 +358,7 @@ _FLAGS = (("-O3", "-march=native", "-mprefer-vector-width=256", "-fopenmp"), ("-
 _MAX_WIDTH = 4096  # the kernels keep a row on the stack
 # the terms kernel runs in tiles of TILE positions (all heads of a tile in turn) when x is larger than this
 TILE, TILE_ABOVE_BYTES = 32, 16 << 20
-_native: dict[str, Callable] = {}
+_native: dict[tuple, Callable] = {}
 
 
 def _cache_dir() -> Path:

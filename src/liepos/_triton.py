@@ -154,14 +154,15 @@ def apply(x: torch.Tensor, ft: Any, conj: bool = False, out_dtype: torch.dtype |
         return None
     B, H, S, _ = x.shape
     width = ft.content if conj else ft.width
-    order = sorted(range(3), key=lambda i: -x.stride(i))  # outer -> inner: the output in x's memory order
+    strides: list[int] = [x.stride(i) for i in range(3)]
+    order = sorted(range(3), key=lambda i: -strides[i])  # outer -> inner: the output in x's memory order
     y = torch.empty([x.shape[i] for i in order] + [width], dtype=out_dtype, device=x.device)
     y = y.permute(*[order.index(i) for i in range(3)], 3)  # (B, H, S, width) in x's order
     plane, term = _kernels(interpreting())
     R = B * H * S
     grid = (-(-R // _BLOCK_R),)
     xs, ys = tuple(x.stride()), tuple(y.stride())
-    if ft.coupling is not None:
+    if ft.coupling is not None and terms is not None:  # terms exist with a coupling (checked above)
         offsets, masks, T = terms
         while T.dim() < 5:
             T = T.unsqueeze(0)  # (S, J, D) ... -> (B|1, H|1, S, J, D)

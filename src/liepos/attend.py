@@ -138,7 +138,7 @@ def _encoded(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values (values encoded under a ``value_encoding``) at absolute times. A cache keeps them
     in its store (origin 0, per version), so a decode step encodes only its new keys."""
     cache, venc = call.cache, call.venc
-    if cache is None or call.k.shape[1] != cache.k.shape[1]:
+    if cache is None or call.k.shape[1] != cache.held()[0].shape[1]:
         return call.enc.key(call.k, call.kpos), call.v if venc is None else venc.key(call.v, call.kpos)
     store = cache.encoded
     version = ("abs", call.enc.version, None if venc is None else venc.version)
@@ -147,11 +147,12 @@ def _encoded(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     n_old = len(store)
     if n_old < call.k.shape[-2]:
         kpos = call.kpos[:, n_old:]
-        new = {"k": call.enc.key(call.k[..., n_old:, :], kpos)}
-        if venc is not None:
-            new["v"] = venc.key(call.v[..., n_old:, :], kpos)
-        store.append(**new)
-    return store.get("k"), call.v if venc is None else store.get("v")
+        ke = call.enc.key(call.k[..., n_old:, :], kpos)
+        if venc is None:
+            store.append(k=ke)
+        else:
+            store.append(k=ke, v=venc.key(call.v[..., n_old:, :], kpos))
+    return store.part("k"), call.v if venc is None else store.part("v")
 
 
 def _plain(call: Call) -> torch.Tensor:
@@ -244,7 +245,7 @@ def attention_reference(
     if enc.query_scale is not None:
         q64 = q64 * enc.query_scale.double()  # D q: the per-dim temperature on the content dims
     n = enc.num_slots
-    if n:
+    if n and enc.query_slots is not None and enc.key_slots is not None:  # slots come in pairs (Encoding checks)
         qs = enc.query_slots.double().reshape(1, -1, 1, n).expand(B, H, Sq, n)  # (B, H, Sq, slots)
         ks = enc.key_slots.double().reshape(1, -1, 1, n).expand(B, H, Sk, n)  # (B, H, Sk, slots)
         q64, k64 = torch.cat((q64, qs), -1), torch.cat((k64, ks), -1)

@@ -76,6 +76,12 @@ class Call:
     simple: bool  # the fused causal kernel applies: equal, strictly increasing times, nothing else masked
     unmasked: bool  # not causal and nothing masked: every key is seen by every query
 
+    def cached(self) -> KVCache:
+        """The call's cache, for a path that needs one (raise when the call has none)."""
+        if self.cache is None:
+            raise ValueError("this attention path needs a KVCache, but the call has none")
+        return self.cache
+
     def mask_args(self, rows: slice, n_keys: int | None = None) -> tuple:
         """The arguments of :func:`liepos.masks.visible` for ``rows`` and the first ``n_keys`` keys."""
         n = slice(None, n_keys)
@@ -261,7 +267,7 @@ def bind(x: Inputs) -> Call:
     k, v, kpos, keep, kdocs, cache = x.k, x.v, x.kpos, x.keep, x.kdocs, x.cache
     if cache is not None:
         cache.append(k, v, kpos, keep, kdocs)
-        k, v, kpos, keep, kdocs = cache.k, cache.v, cache.times, cache.keep, cache.docs
+        k, v, kpos, keep, kdocs = cache.held()
         finite = cache.finite
     else:
         finite = all_finite(k, v)

@@ -84,7 +84,7 @@ def _backward_impl(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), _EXCLUDED), torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (q, k, v, *(() if sinks is None else (sinks,)))]
         s = leaves[3] if sinks is not None else None
-        out = _call(*leaves[:3], positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
+        out = _call(leaves[0], leaves[1], leaves[2], positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                     key_document_ids, scale, allow_bidirectional, block_size, s, enc, venc)
         if not out.requires_grad:
             raise RuntimeError("liepos: the recomputed attention recorded no graph; this is a bug")

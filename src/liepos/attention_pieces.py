@@ -110,7 +110,7 @@ def _sink_rows(sinks: torch.Tensor, work: torch.dtype) -> torch.Tensor:
 
 class _Tiles(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, shape, rows, causal, biases, c, sinks, *qkv):  # type: ignore[override]
+    def forward(ctx, shape, rows, causal, biases, c, sinks, *qkv):
         B, H, T, Dv = shape
         outs, lses = [], []
         for i, is_causal in enumerate(causal):
@@ -127,7 +127,7 @@ class _Tiles(torch.autograd.Function):
         return O
 
     @staticmethod
-    def backward(ctx, dO):  # type: ignore[override]
+    def backward(ctx, dO):
         if torch.is_grad_enabled():  # create_graph=True: the flash kernel's backward has no derivative of its own
             raise DoubleBackwardError(DOUBLE_BACKWARD)
         O, L, *rest = ctx.saved_tensors
@@ -268,11 +268,13 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
     the rows) before another tile holding it is merged.
     """
     makers = iter(makers)
-    p = next(makers)()
-    if _grad(p, sinks):
-        return tiles(shape, [p, *(m() for m in makers)], c, sinks)
-    D, Dv, dtype = p.q.shape[-1], p.v.shape[-1], p.q.dtype
+    first = next(makers)()
+    if _grad(first, sinks):
+        return tiles(shape, [first, *(m() for m in makers)], c, sinks)
+    D, Dv, dtype = first.q.shape[-1], first.v.shape[-1], first.q.dtype
     state: list[torch.Tensor] = []  # [O (B, H, T, max(D, Dv)), L (B, H, T)] once the first tile ran
+    p: Tile | None = first
+    del first
     while p is not None:
         _merge_into(state, shape, p, c, D, Dv)
         p = None  # this tile is let go before the next is made
@@ -322,8 +324,13 @@ def pieces(q: torch.Tensor, parts: list[tuple], c: float, sinks: torch.Tensor | 
     """
     B, H, Sq, _ = q.shape
     every = Rows(0, 1, Sq, 0, Sq)
-    ts = [Tile(every, q, *p[:3], bias=p[3] if len(p) > 3 else None) for p in parts if p[0].shape[2]]
+    ts = [Tile(every, q, p[0], p[1], p[2], bias=p[3] if len(p) > 3 else None) for p in parts if p[0].shape[2]]
     if not ts:
         raise ValueError("pieces needs at least one piece with keys")
     ts[0] = dataclasses.replace(ts[0], first=True)  # it holds every row: the streamed merge starts from it
-    return made((B, H, Sq), [lambda t=t: t for t in ts], c, sinks)
+    return made((B, H, Sq), [_maker(t) for t in ts], c, sinks)
+
+
+def _maker(t: Tile) -> Callable[[], Tile]:
+    """A maker of :func:`made` that hands out a tile already made."""
+    return lambda: t

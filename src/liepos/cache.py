@@ -140,7 +140,14 @@ class EncodedKeys:
         rows = self._parts.get(name)
         return None if rows is None else rows.view(self._n)
 
-    def append(self, count: int | None = None, **parts: torch.Tensor) -> None:
+    def part(self, name: str) -> torch.Tensor:
+        """Part ``name`` at the ``n`` stored positions ``(B, H, n, d)`` (a view); raise if the store has none."""
+        x = self.get(name)
+        if x is None:
+            raise KeyError(f"the encoded-key store holds no part {name!r} (it holds {sorted(self._parts)})")
+        return x
+
+    def append(self, count: int | None = None, /, **parts: torch.Tensor) -> None:
         """Append ``S`` positions: each part ``(B, H, S, d)`` encoded at the store's origin (``count`` = S
         when no part is given: positions whose encoding the store does not keep). Once the store holds
         parts, every append brings the same ones."""
@@ -164,7 +171,7 @@ class EncodedKeys:
             rows.write(n, x)
         self._n = n + S
 
-    def reencode(self, version: Any, origin: Any = None, span: float = math.inf, count: int = 0,
+    def reencode(self, version: Any, origin: Any = None, span: float = math.inf, count: int = 0, /,
                  **parts: torch.Tensor) -> None:
         """Replace every key: ``parts`` ``(B, H, n, d)`` are all ``n`` keys encoded afresh (from the raw keys)
         at ``origin`` under ``version`` (no part, ``count`` 0: an empty store of that version). The tensors
@@ -231,6 +238,10 @@ class KVCache:
     """
 
     def __init__(self) -> None:
+        self._empty()
+
+    def _empty(self) -> None:
+        """No key: every buffer unallocated."""
         self._n = 0
         self._k, self._v = Rows(2), Rows(2)  # (B, Hk, S, D) raw keys, (B, Hk, S, Dv) raw values
         self._times = Rows(1)  # (B, S) or (B, S, axes) float64
@@ -277,9 +288,16 @@ class KVCache:
         """``(B, S)`` document ids (a view), None when none were given."""
         return self._docs.view(self._n)
 
+    def held(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(k, v, times, keep, docs)`` as the properties give them, of a cache that holds keys (else raise)."""
+        k, v, times, keep = self.k, self.v, self.times, self.keep
+        if k is None or v is None or times is None or keep is None:
+            raise ValueError("the KVCache is empty: it holds no keys, values or times")
+        return k, v, times, keep, self.docs
+
     def reset(self) -> None:
         """Forget every key."""
-        self.__init__()
+        self._empty()
 
     @property
     def batch(self) -> int | None:
@@ -289,9 +307,9 @@ class KVCache:
     def check(self, k: torch.Tensor, v: torch.Tensor, times: torch.Tensor, keep: torch.Tensor,
               docs: torch.Tensor | None) -> None:
         """Raise (changing nothing) unless keys ``(B, H, S, D)``, values, times ``(B, S)`` can be appended."""
-        if self.k is None:
+        ck, cv, ct, ckeep = self.k, self.v, self.times, self.keep
+        if ck is None or cv is None or ct is None or ckeep is None:  # empty (the four are written together)
             return
-        ck, cv, ct = self.k, self.v, self.times
         if (self.docs is None) != (docs is None):
             raise ValueError("document ids must be given on every call to a KVCache or on none")
         if k.shape[:2] != ck.shape[:2] or k.shape[-1] != ck.shape[-1] or v.shape[-1] != cv.shape[-1]:
@@ -307,7 +325,7 @@ class KVCache:
             raise ValueError("key positions must keep one shape (with or without an axes dim) across calls")
         if times.dim() == 3 or times.shape[1] == 0 or ct.shape[1] == 0:
             return  # several axes (B, S, axes): no total order of times; the cache keeps token order
-        last = torch.where(self.keep, ct, torch.full_like(ct, -math.inf)).amax(-1)
+        last = torch.where(ckeep, ct, torch.full_like(ct, -math.inf)).amax(-1)
         first = torch.where(keep, times, torch.full_like(times, math.inf)).amin(-1)
         if bool((first < last).any()):
             b = int(torch.nonzero(first < last)[0, 0])
@@ -348,6 +366,9 @@ class KVCache:
 
     def last_times(self) -> torch.Tensor:
         """``(B, 1)`` the latest cached time of each row (several axes: the largest coordinate)."""
-        if self.times.dim() == 3:
-            return self.times.amax((-2, -1))[:, None]
-        return self.times.amax(-1, keepdim=True)
+        times = self.times
+        if times is None:
+            raise ValueError("an empty KVCache has no latest time")
+        if times.dim() == 3:
+            return times.amax((-2, -1))[:, None]
+        return times.amax(-1, keepdim=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -189,9 +189,12 @@ class Encoding:
         self._slot_part: tuple[Generator, Plan] | None = None
 
     def _check_slots(self) -> int:
-        n = int(self.query_slots.shape[-1])
-        if self.key_slots.shape[-1] != n:
-            raise ValueError(f"`query_slots` has {n} slots but `key_slots` has {self.key_slots.shape[-1]}")
+        qs, ks = self.query_slots, self.key_slots
+        if qs is None or ks is None:
+            raise ValueError("`query_slots` and `key_slots` must be given together")
+        n = int(qs.shape[-1])
+        if ks.shape[-1] != n:
+            raise ValueError(f"`query_slots` has {n} slots but `key_slots` has {ks.shape[-1]}")
         g = self.generator
         if n >= g.dim:
             raise ValueError(f"{n} slots leave no content dims in a {g.dim}-dim generator")
@@ -204,11 +207,10 @@ class Encoding:
         return n
 
     def _heads(self) -> int | None:
-        heads = {self.generator.num_heads}
+        heads: set[int] = set() if self.generator.num_heads is None else {self.generator.num_heads}
         for s in (self.query_slots, self.key_slots):
             if s is not None and s.dim() == 2:
                 heads.add(int(s.shape[0]))
-        heads.discard(None)
         if len(heads) > 1:
             raise ValueError(f"the generator and the slots disagree on the number of heads: {sorted(heads)}")
         return heads.pop() if heads else None
@@ -362,11 +364,14 @@ class Encoding:
 
     def _relative(self, positions: Any, x: torch.Tensor, origin: Any, name: str, defer: bool = True) -> torch.Tensor:
         if defer and not torch.compiler.is_compiling() and x.is_meta and _graph.deferrable(positions, origin):
-            return _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
+            # a stand-in that reads as the converted tensor (every other attribute is convert()'s)
+            deferred = _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
+            return cast(torch.Tensor, deferred)
         if defer and torch.compiler.is_compiling() and _graph.deferrable(positions, origin) and self._graph_structure(
             x, positions
         ):  # the opaque op converts and checks them on real data: no conversion kernel in the graph
-            return _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
+            deferred = _graph.Positions(positions, origin, lambda: self._relative(positions, x, origin, name, False))
+            return cast(torch.Tensor, deferred)  # the stand-in of the converted tensor, as above
         pos = as_positions(positions, x.shape[-2], x.shape[0], name, self.num_axes)
         self._check_length(pos, name)
         if origin is not None:
@@ -454,13 +459,13 @@ class Encoding:
         params = (g.rates, g.freqs, g.nus, self.query_slots, self.key_slots)
         return any(t is not None and t.requires_grad for t in params)
 
-    def _graph_structure(self, x: torch.Tensor, pos: torch.Tensor) -> bool:
+    def _graph_structure(self, x: torch.Tensor, pos: torch.Tensor | _graph.Positions | None) -> bool:
         """Under ``torch.compile``: whether the application is the opaque op of :mod:`liepos._graph`
         (the eager fast path), else the traced readable path (learnable generator or slots, positions needing
         grad, a basis, a gather partner, complex x), which differentiates through the tables."""
         g = self.generator
-        pos = pos.positions if isinstance(pos, _graph.Positions) else pos  # as given (None: 0 … seq − 1)
-        if g.basis is not None or (pos is not None and pos.requires_grad) or x.is_complex() or self._learned():
+        given = pos.positions if isinstance(pos, _graph.Positions) else pos  # as given (None: 0 … seq − 1)
+        if g.basis is not None or (given is not None and given.requires_grad) or x.is_complex() or self._learned():
             return False
         return _graph.usable(_graph.graph_id(self))
 
@@ -485,6 +490,8 @@ class Encoding:
         t = self.tables(pos, side)
         sv = self._slot_values(pos, side, work) if with_slots and self.num_slots else None
         ft = fast_tables(t, self.content_dim if with_slots else self.dim, work)
+        if ft is None:  # a structure with no fast form (the callers gate on _fast_usable)
+            raise ValueError(f"{self!r} has no fast form (its plane partners are neither adjacent pairs nor halves)")
         if sv is not None:
             ft.slot_vals = sv
             ft.width = self.dim
@@ -501,7 +508,10 @@ class Encoding:
             self._slot_part = (sub, make_plan(sub, "interleaved"))
         sub, plan = self._slot_part
         t = build_tables(sub, plan, pos, side)
-        c = (self.query_slots if side == "query" else self.key_slots).to(device=pos.device, dtype=torch.float64)
+        slots = self.query_slots if side == "query" else self.key_slots
+        if slots is None:
+            raise ValueError(f"{self!r} has no slots to encode")
+        c = slots.to(device=pos.device, dtype=torch.float64)
         c = c.reshape(1, -1, 1, n)  # (H|1, n) -> (1, H|1, 1, n)
         B = pos.shape[0] if pos.dim() == (2 if self.num_axes is None else 3) else 1
         S = pos.shape[-1 if self.num_axes is None else -2]

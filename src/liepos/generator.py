@@ -153,6 +153,8 @@ class Generator:
         return kinds
 
     def _nus(self, nus: Any) -> torch.Tensor:
+        if self.num_axes is None:
+            raise ValueError("`nus` belong to a generator with several position axes (axes=...)")
         want = (self.num_axes, len(self.sizes))
         if nus is None:
             return torch.ones(want, dtype=F64)
@@ -275,7 +277,7 @@ class Generator:
     # ------------------------------------------------------------------ several axes
     def axis_params(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rates and freqs ``(*heads, axes, blocks)`` and nus ``(axes, blocks)``, one axis included."""
-        if self.num_axes is None:
+        if self.nus is None:  # one axis (nus are set exactly when num_axes is)
             one = torch.ones(1, self.num_blocks, dtype=F64, device=self.rates.device)
             return self.rates.unsqueeze(-2), self.freqs.unsqueeze(-2), one  # (*heads, 1, blocks)
         return self.rates, self.freqs, self.nus.to(self.rates.device)
@@ -294,7 +296,7 @@ class Generator:
         >>> bool(torch.allclose(g.along([0.5, 2.0]).matrix(), 0.5 * X[0] + 2.0 * X[1]))
         True
         """
-        if self.num_axes is None:
+        if self.num_axes is None or self.nus is None:
             raise ValueError("`along` needs a generator with several position axes (axes=...)")
         c = check_real_tensor("direction", direction, ndim=1)
         if c.shape != (self.num_axes,):
@@ -386,8 +388,8 @@ class Generator:
 
         allow_growth = check_bool("allow_growth", allow_growth)
         blocks, P = real_jordan(X, tol=tol, exact=exact)
-        basis = torch.as_tensor(P, dtype=F64)
-        if basis.shape[0] and torch.equal(basis, torch.eye(basis.shape[0], dtype=F64)):
+        basis: torch.Tensor | None = torch.as_tensor(P, dtype=F64)
+        if basis is not None and basis.shape[0] and torch.equal(basis, torch.eye(basis.shape[0], dtype=F64)):
             basis = None
         rates, freqs, sizes = [b[0] for b in blocks], [b[1] for b in blocks], [b[2] for b in blocks]
         if not allow_growth and any(r > 0 for r in rates):
@@ -422,7 +424,9 @@ class Generator:
         last_err: Exception | None = None
         for _ in range(_COMBINATION_DRAWS):
             coef = rng.uniform(0.5, 1.5, size=len(Xs))
-            G = sum(float(ca) * X for ca, X in zip(coef, Xs))
+            G = torch.zeros_like(Xs[0])
+            for ca, X in zip(coef, Xs):  # Σ c_i X_i, summed in order
+                G = G + float(ca) * X
             blocks, P = real_jordan(G.numpy(), exact=False)
             try:
                 return _read_blocks(Xs, blocks, np.asarray(P, dtype=np.float64), tol, allow_growth)
@@ -500,8 +504,8 @@ def _read_blocks(Xs: list[torch.Tensor], blocks: list, P: np.ndarray, tol: float
         R.append(rr)
         W.append(ww)
         V.append(vv)
-    basis = torch.as_tensor(P, dtype=F64)
-    if torch.equal(basis, torch.eye(basis.shape[0], dtype=F64)):
+    basis: torch.Tensor | None = torch.as_tensor(P, dtype=F64)
+    if basis is not None and torch.equal(basis, torch.eye(basis.shape[0], dtype=F64)):
         basis = None
     return Generator(torch.tensor(R, dtype=F64), torch.tensor(W, dtype=F64), s.sizes, nus=torch.tensor(V, dtype=F64),
                      complex=s.complex, basis=basis, allow_growth=allow_growth, axes=len(Xs))
@@ -524,7 +528,7 @@ def direct_sum(*generators: Generator) -> Generator:
     for i, g in enumerate(generators):
         if not isinstance(g, Generator):
             raise TypeError(f"direct_sum argument {i} must be a Generator, got {describe(g)}")
-    heads = {g.num_heads for g in generators} - {None}
+    heads = {g.num_heads for g in generators if g.num_heads is not None}
     if len(heads) > 1:
         raise ValueError(f"direct_sum of generators with different head counts {sorted(heads)}")
     axes = {g.num_axes for g in generators}
@@ -540,7 +544,8 @@ def direct_sum(*generators: Generator) -> Generator:
 
     rates = torch.cat([lift(g.rates) for g in generators], dim=-1)
     freqs = torch.cat([lift(g.freqs) for g in generators], dim=-1)
-    nus = None if A is None else torch.cat([g.nus for g in generators], dim=-1)
+    # several axes (A): every generator has its nus
+    nus = None if A is None else torch.cat([g.nus for g in generators if g.nus is not None], dim=-1)
     basis = None
     if any(g.basis is not None for g in generators):
         eye = lambda g: torch.eye(g.dim, dtype=F64) if g.basis is None else g.basis.to(F64)  # noqa: E731

@@ -30,6 +30,8 @@ def visible(qord: torch.Tensor, kord: torch.Tensor, keep: torch.Tensor, qdocs: t
     if causal:
         m = m & (kord[:, None, None, :] <= qord[:, None, rows, None])  # (B, 1, rows, Sk)
     if qdocs is not None:
+        if kdocs is None:
+            raise ValueError("query document ids need key document ids (kdocs) to mask by document")
         m = m & (kdocs[:, None, None, :] == qdocs[:, None, rows, None])  # (B, 1, rows, Sk)
     if attn_mask is not None:
         am = attn_mask

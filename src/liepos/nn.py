@@ -176,8 +176,8 @@ class LearnableGenerator(nn.Module):
         self.freq_param = check_choice("freq_param", freq_param, ("softplus", "exp"))
         decay_init = check_real("decay_init", decay_init, positive=True)
         base = check_real("base", base, positive=True)
-        P, A = self.dim // 2, 1 if axes is None else self.axes
-        heads = () if num_heads is None else (self.num_heads,)
+        P, A = self.dim // 2, 1 if self.axes is None else self.axes
+        heads: tuple[int, ...] = () if self.num_heads is None else (self.num_heads,)
         if self.init == "axial":
             mag, direction = self._axial(P, A, base), None
         else:
@@ -208,7 +208,7 @@ class LearnableGenerator(nn.Module):
         if P % 2:
             raise ValueError(f"init='mixed' needs an even number of planes, got {P}")
         q = P // 2
-        self.mask = None
+        self.mask: torch.Tensor | None = None  # axial init's buffer (A, P) of which axis owns a plane
         g = torch.Generator().manual_seed(seed)
         phi = torch.rand(*heads, 1, generator=g, dtype=torch.float64) * 2 * math.pi
         phi = torch.cat([phi.expand(*heads, q), (phi + math.pi / 2).expand(*heads, q)], dim=-1)  # (*H, 1) -> (*H, P)
@@ -228,6 +228,8 @@ class LearnableGenerator(nn.Module):
         if self.axes is None:
             return mag
         if self.raw_direction is None:
+            if self.mask is None:
+                raise RuntimeError("liepos: an axial LearnableGenerator without its plane mask; this is a bug")
             return mag.unsqueeze(-2) * self.mask.to(mag.dtype)  # (*H, 1, P) * (A, P) -> (*H, A, P)
         d = self.raw_direction
         return mag.unsqueeze(-2) * d / d.norm(dim=-2, keepdim=True).clamp_min(_MIN_DIRECTION_NORM)

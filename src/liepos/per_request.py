@@ -96,7 +96,7 @@ class PerRequest:
         try:
             return self._run(q, k, v, positions, key_positions, cache, kwargs)
         except Exception:
-            if saved is not None:
+            if cache is not None and saved is not None:
                 for c, state in zip(cache.caches, saved):
                     c.restore(state)
             raise
@@ -115,4 +115,6 @@ class PerRequest:
             if out is None:
                 out = y.new_empty(self.batch, *y.shape[1:])  # (B, H, Sq, Dv)
             out.index_copy_(0, idx.to(y.device), y)
+        if out is None:
+            raise ValueError("PerRequest holds no group of requests (its encodings are checked non-empty)")
         return out

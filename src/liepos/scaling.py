@@ -657,6 +657,8 @@ def _clipped_at(clip: int | None, L0: float | None, e: Encoding, L: int | None) 
     P = int(w.shape[-1])
     n = clip
     if n is None:
+        if L0 is None:
+            raise ValueError("a clip count or an original length L0 is needed to clip the rotation frequencies")
         counts = {int(c) for c in (math.tau / w.abs() > L0).sum(-1).reshape(-1).tolist()}  # per head row
         if len(counts) != 1:
             raise ValueError(f"clipped: the heads have different numbers of planes slower than L0={L0:g} "

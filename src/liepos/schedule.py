@@ -120,7 +120,7 @@ class Schedule:
         if spec.window is not None or spec.chunk is not None:
             B, _, Sq, _ = q.shape
             new = key_times(k, positions, key_positions, B, Sq, None, cache)  # (B, Sk_new), as attention does
-            kall = new if cache is None or not len(cache) else torch.cat((cache.times.to(new.device), new), 1)
+            kall = new if cache is None or not len(cache) else torch.cat((cache.held()[2].to(new.device), new), 1)
             if positions is None:
                 qpos = kall[:, kall.shape[1] - Sq :]
             else:

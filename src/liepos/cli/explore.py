@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from liepos.cli._common import UsageError, int_at_least, out_dir, real_in
 
@@ -99,7 +100,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace):
     from liepos.explore.train import TrainConfig
 
-    fields = dict(QUICK) if args.quick else {}
+    # TrainConfig's fields by name: QUICK's values and argparse's (typed Any), each parsed to its field's type
+    fields: dict[str, Any] = dict(QUICK) if args.quick else {}
     for name in _FIELDS:
         v = getattr(args, name, None)
         if v is not None:

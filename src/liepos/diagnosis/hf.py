@@ -44,13 +44,16 @@ def hf_rotary_encoder(rotary: Any, apply: Callable | None = None) -> Encoder:
     The positions ``(seq,)`` become ``position_ids`` ``(1, seq)``; the tensor is rotated by
     ``apply_rotary_pos_emb`` (Llama's unless ``apply`` is given).
     """
+    rotate: Callable
     if apply is None:
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as apply
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as rotate
+    else:
+        rotate = apply
 
     def encode(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         ids = positions.reshape(1, -1) if positions.dim() == 1 else positions  # (seq,) -> (1, seq)
         cos, sin = rotary(x, ids)
-        q, _ = apply(x, x, cos, sin)
+        q, _ = rotate(x, x, cos, sin)
         return q
 
     config = getattr(rotary, "config", None)
@@ -125,7 +128,7 @@ def hf_encoder(model: str = "llama", rope: dict | None = None, head_dim: int = 6
     logger.propagate = False
     logger.setLevel(logging.WARNING)  # heard even when the caller silenced transformers (set_verbosity_error)
     once = getattr(type(logger), "warning_once", None)  # transformers' once-per-process warnings: judge afresh
-    if hasattr(once, "cache_clear"):
+    if once is not None and hasattr(once, "cache_clear"):
         once.cache_clear()
     logger.addHandler(collect)
     try:

@@ -140,12 +140,13 @@ def _on_integers(A: Callable[[float], np.ndarray], tol: float, verify: Sequence[
         return Recovery(step=A1, findings=[Finding(
             DISCRETE_GROUP, "A(1) has no real logarithm: a discrete group, no generator.", 1.0,
             breaks_relativity=False)])
-    out = Recovery(matrix=L, step=A1, fit=_fit(L, A, verify), notes=[
+    fit = _fit(L, A, verify)
+    out = Recovery(matrix=L, step=A1, fit=fit, notes=[
         "integer positions determine each frequency only modulo 2*pi: the principal logarithm of A(1) is "
         "reported (|freq| <= pi)"])
-    if out.fit > tol:
-        out.findings.append(Finding(NO_GENERATOR, f"exp(n log A(1)) differs from A(n) by {out.fit:.3g}: no "
-                                    "generator fits.", out.fit, breaks_relativity=False))
+    if fit > tol:
+        out.findings.append(Finding(NO_GENERATOR, f"exp(n log A(1)) differs from A(n) by {fit:.3g}: no "
+                                    "generator fits.", fit, breaks_relativity=False))
     return out
 
 
@@ -171,10 +172,11 @@ def _on_reals(A: Callable[[float], np.ndarray], tol: float, ladder: Sequence[flo
                 best, best_fit = Xn, fit
     if best is None:
         return Recovery(findings=[Finding(NO_GENERATOR, "no real logarithm of A(δ) was found at any δ.", 1.0)])
-    out = Recovery(matrix=best, fit=_fit(best, A, verify))
-    if out.fit > tol:
+    fit = _fit(best, A, verify)
+    out = Recovery(matrix=best, fit=fit)
+    if fit > tol:
         out.findings.append(Finding(
             NO_GENERATOR,
-            f"the best generator X = log A(δ)/δ misses A(u) = exp(uX) by {out.fit:.3g} at u in {list(verify)}: "
-            "the probe is not a one-parameter group; X is shown for reference.", out.fit, breaks_relativity=False))
+            f"the best generator X = log A(δ)/δ misses A(u) = exp(uX) by {fit:.3g} at u in {list(verify)}: "
+            "the probe is not a one-parameter group; X is shown for reference.", fit, breaks_relativity=False))
     return out

@@ -90,7 +90,8 @@ class _Probe:
 
 def _content(p: _Probe, rng: torch.Generator, tol: float) -> Finding | None:
     """Bilinear in (q, k) at a few (t, s), and free of the other keys; else the finding with its evidence."""
-    worst, where = 0.0, None
+    worst = 0.0
+    evidence: tuple[float, float, float, float] | None = None
     for t, s in ((5.0, 2.0), (9.0, 9.0), (30.0, 1.0)):
         M = p.M(t, s)
         for _ in range(2):
@@ -99,18 +100,18 @@ def _content(p: _Probe, rng: torch.Generator, tol: float) -> Finding | None:
             got, want = p.pair(q, k, t, s), float(q.numpy() @ M @ k.numpy())
             err = abs(got - want) / max(abs(got), abs(want), 1e-300)
             if err > worst:
-                worst, where = err, (t, s, got, want)
-    if worst > tol:
-        t, s, got, want = where
-        return Finding(CONTENT_DEPENDENT, f"the score is not bilinear in (q, k): at t={t:g}, s={s:g} a random pair "
+                worst, evidence = err, (t, s, got, want)
+    if worst > tol and evidence is not None:  # worst > 0: evidence was recorded
+        et, es, got, want = evidence
+        return Finding(CONTENT_DEPENDENT, f"the score is not bilinear in (q, k): at t={et:g}, s={es:g} a random pair "
                        f"scores {got:.6g} but qᵀM(t, s)k = {want:.6g} (the phase, position or weight depends on "
                        f"the content)", worst)
     q = torch.randn(1, p.dim, generator=rng, dtype=torch.float64)
     k = torch.randn(1 + _EXTRA_KEYS, p.dim, generator=rng, dtype=torch.float64)
-    s = torch.arange(1 + _EXTRA_KEYS, dtype=torch.float64)  # the probed key at 0, others between it and t
-    t = torch.tensor([float(_EXTRA_KEYS + 1)], dtype=torch.float64)
-    alone = float(p.score(q, k[:1], t, s[:1])[0, 0])
-    among = float(p.score(q, k, t, s)[0, 0])
+    ks = torch.arange(1 + _EXTRA_KEYS, dtype=torch.float64)  # the probed key at 0, others between it and tq
+    tq = torch.tensor([float(_EXTRA_KEYS + 1)], dtype=torch.float64)
+    alone = float(p.score(q, k[:1], tq, ks[:1])[0, 0])
+    among = float(p.score(q, k, tq, ks)[0, 0])
     err = abs(alone - among) / max(abs(alone), abs(among), 1e-300)
     if err > tol:
         return Finding(CONTENT_DEPENDENT, f"a pair's score depends on the other keys: {alone + 0.0:.6g} alone, "
@@ -120,14 +121,15 @@ def _content(p: _Probe, rng: torch.Generator, tol: float) -> Finding | None:
 
 
 def _translation(p: _Probe, tol: float) -> Finding | None:
-    worst, where = 0.0, None
+    worst = 0.0
+    where: tuple[float, float, float] | None = None
     for t, s in ((4.0, 1.0), (11.0, 3.0), (20.0, 20.0), (37.0, 2.0)):
         base = p.M_batched(t, s)
         for c in _SHIFTS:
             err = _rel(p.M_batched(t + c, s + c), base)
             if err > worst:
                 worst, where = err, (t, s, c)
-    if worst > tol:
+    if worst > tol and where is not None:  # worst > 0: where was recorded
         t, s, c = where
         return Finding(NOT_TRANSLATION_INVARIANT, f"M(t + c, s + c) ≠ M(t, s): at t={t:g}, s={s:g}, c={c:g} "
                        f"(the score depends on the absolute positions, not on t − s alone)", worst)

@@ -88,9 +88,9 @@ def evaluate(
     lengths = sorted(set(lengths))
     every = sorted(set(lengths) | set(reference or []))
     longest = every[-1]
-    bad = [L for L in every if longest % L]
-    if bad:
-        raise ValueError(f"every evaluation length must divide the longest, {longest}: {bad} do not")
+    indivisible = [L for L in every if longest % L]
+    if indivisible:
+        raise ValueError(f"every evaluation length must divide the longest, {longest}: {indivisible} do not")
     model.eval()
     device = device or next(model.parameters()).device
     x, y = task.sample(torch.Generator().manual_seed(EVAL_SEED), docs, longest, "eval")  # (docs, L_max)

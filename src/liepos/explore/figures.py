@@ -77,12 +77,12 @@ def row_of(name: str, results: dict) -> str:
         for spec in resolve_schedule(row["base"], mc):
             for r, n in classify(spec.encoding.generator).counts.items():
                 counts[r] = counts.get(r, 0) + n
-        return max(counts, key=counts.get)
+        return max(counts, key=lambda r: counts[r])
     c = classify(from_spec(row["base"].split("|")[0], 16, 2))  # the first head group's encoding
     counts = dict(c.counts)
     if c.num_slots:
         return "polynomial"
-    return max(counts, key=counts.get)
+    return max(counts, key=lambda r: counts[r])
 
 
 def series_styles(names: list[str]) -> dict[str, tuple[str, str]]:
@@ -256,7 +256,7 @@ def _row_name(lam: float, om: float, n: int, tol: float) -> str:
     from liepos.explore.learned import row_counts
 
     counts = row_counts([(lam, om, n)], tol)
-    return max(counts, key=counts.get)
+    return max(counts, key=lambda r: counts[r])
 
 
 def plot_trajectory(results: dict, path: Path | None = None):

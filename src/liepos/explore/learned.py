@@ -93,10 +93,12 @@ class LearnedGenerator(nn.Module):
     def freqs(self) -> torch.Tensor:
         """``ω``, shape ``(heads, blocks)``: ``exp(b)`` on rotating blocks, 0 on real ones."""
         w = torch.zeros_like(self.raw_rate)
+        if self.raw_freq is None:  # no rotating block (__init__ sets raw_freq exactly when self.rotating)
+            return w
         dev = w.device
         return w.index_put((torch.arange(w.shape[0], device=dev)[:, None],
                             torch.tensor(self.rotating, dtype=torch.long, device=dev)),
-                           torch.exp(self.raw_freq)) if self.rotating else w
+                           torch.exp(self.raw_freq))
 
     def couplings(self) -> torch.Tensor:
         """``c ∈ (1/C, C)`` per Jordan block of size ≥ 2 (in block order)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -66,6 +67,8 @@ class Block(nn.Module):
         self.heads, self.head_dim = heads, d_model // heads
         self.layer = encoding if isinstance(encoding, LayerSpec) else None  # window and temperature of a schedule
         encoding = encoding.encoding if isinstance(encoding, LayerSpec) else encoding
+        spans: list[tuple[int, int]]
+        specs: list[Encoding | str]  # a fixed encoding or a spec per head group
         if isinstance(encoding, Encoding):
             spans, specs = [(0, heads)], [encoding]
         elif isinstance(encoding, (list, tuple)):
@@ -107,13 +110,18 @@ class Block(nn.Module):
         """``(first head, end head, encoding)`` per head group, with the learned parts' current values."""
         return [(a, b, m()) for (a, b), m in zip(self.spans, self.encoders)]
 
+    def canonical(self) -> list[tuple[Encoding, torch.Tensor | None]]:
+        """Per head group: its encoding in canonical blocks and the learned diagonal basis ``p`` (or None)."""
+        # __init__ puts only _Fixed and SpecEncoding modules in self.encoders (a ModuleList types them Module)
+        return [cast("_Fixed | SpecEncoding", m).canonical() for m in self.encoders]
+
     def forward(self, x: torch.Tensor, transform: Transform | None = None) -> torch.Tensor:
         B, S, D = x.shape
         qkv = self.qkv(self.ln1(x)).view(B, S, 3, self.heads, self.head_dim)  # (B, S, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, S, hd)
         outs = []
-        for (a, b), m in zip(self.spans, self.encoders):
-            enc, p = m.canonical()  # canonical blocks, and the learned diagonal basis P = diag(p) or None
+        for (a, b), (enc, p) in zip(self.spans, self.canonical()):
+            # canonical blocks, and the learned diagonal basis P = diag(p) or None
             enc = transform(enc, S) if transform is not None else enc
             qg, kg = (q[:, a:b], k[:, a:b]) if p is None else (q[:, a:b] * p.to(q.dtype), k[:, a:b] / p.to(k.dtype))
             # positions default to arange(S) (bottom-right aligned, causal): the fast path of liepos.attention
@@ -160,7 +168,7 @@ class Decoder(nn.Module):
     def _init(m: nn.Module) -> None:
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
-            if getattr(m, "bias", None) is not None:
+            if isinstance(m, nn.Linear) and m.bias is not None:  # an Embedding has no bias
                 nn.init.zeros_(m.bias)
 
     def num_parameters(self) -> int:

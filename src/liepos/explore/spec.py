@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -38,6 +39,9 @@ from torch import nn
 from liepos.catalogue import CATALOGUE
 from liepos.encoding import Encoding
 from liepos.generator import Generator, direct_sum
+
+if TYPE_CHECKING:
+    from liepos.explore.learned import LearnedGenerator
 
 __all__ = [
     "MAIN_OPTION",
@@ -262,7 +266,11 @@ class SpecEncoding(nn.Module):
             return self._static, None
         encs, diags = [], []
         for p in self._parts:
-            enc, d = (self.learned[p].canonical(), self.learned[p].basis_diagonal()) if isinstance(p, int) else (p, None)
+            if isinstance(p, int):
+                gen = cast("LearnedGenerator", self.learned[p])  # __init__ puts only LearnedGenerators there
+                enc, d = gen.canonical(), gen.basis_diagonal()
+            else:
+                enc, d = p, None
             encs.append(enc)
             diags.append(d)
         enc = join(encs, self.name)

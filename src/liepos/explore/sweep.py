@@ -21,6 +21,7 @@ import math
 import time
 from dataclasses import asdict
 from functools import partial
+from typing import cast
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +30,10 @@ import torch
 from liepos.classification import classify
 from liepos.explore.eval_scaling import scaling_transform
 from liepos.explore.evaluate import EVAL_SEED, evaluate, evaluate_passkey
-from liepos.explore.model import Decoder, Transform
+from liepos.explore.model import Block, Decoder, Transform
 from liepos.explore.provenance import provenance
 from liepos.explore.stats import binomial_interval, headline, interval
-from liepos.explore.tasks import PasskeyTask, Task, make_task
+from liepos.explore.tasks import PasskeyTask, Task, TextTask, make_task
 from liepos.explore.train import Dist, TrainConfig, train_run
 from liepos.explore.usage import block_usage
 
@@ -55,14 +56,15 @@ def learned(task: Task, in_distribution: dict) -> bool:
     """
     if not math.isfinite(in_distribution["loss"]):
         return False
-    if task.name == "lm":
+    if isinstance(task, TextTask):  # the LM task
         return in_distribution["loss"] < task.unigram_entropy()
     return in_distribution["acc"] >= LEARNED_ACC
 
 
 def refusal(model: Decoder, transform: Transform, length: int) -> str | None:
     """Why the map cannot apply to this model's encodings (no rotation block; a map's own refusal), or None."""
-    encs = [m.canonical()[0] for blk in model.blocks for m in blk.encoders]  # what forward() hands the map
+    # what forward() hands the map (Decoder.blocks holds Blocks; a ModuleList types its items Module)
+    encs = [enc for blk in model.blocks for enc, _ in cast(Block, blk).canonical()]
     if not any(any(enc.generator.complex) for enc in encs):
         return "no rotation block"
     try:

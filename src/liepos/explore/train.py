@@ -22,7 +22,9 @@ import math
 import os
 import pickle
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any, TypedDict, cast
 
 import torch
 import torch.nn.functional as Fn
@@ -30,7 +32,7 @@ import torch.nn.functional as Fn
 from liepos._progress import progress as make_progress
 from liepos.explore.evaluate import EVAL_SEED, evaluate
 from liepos.explore.learned import LearnedGenerator, snapshot
-from liepos.explore.model import Decoder, ModelConfig
+from liepos.explore.model import Block, Decoder, ModelConfig
 from liepos.explore.tasks import IGNORE, Task
 
 __all__ = [
@@ -157,7 +159,7 @@ def learned_record(model: Decoder, tol: float) -> list[dict]:
     """One :func:`~liepos.explore.learned.snapshot` per learned generator (layer, head group, part)."""
     out = []
     for li, blk in enumerate(model.blocks):
-        for gi, enc in enumerate(blk.encoders):
+        for gi, enc in enumerate(cast(Block, blk).encoders):  # Decoder.blocks holds Blocks (a ModuleList types Module)
             for m in enc.modules():
                 if isinstance(m, LearnedGenerator):
                     out.append({"layer": li, "group": gi, "start": m.name, **snapshot(m, tol)})
@@ -186,7 +188,7 @@ def _set_lr(opt: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
         group["lr"] = _lr(step, cfg, cfg.gen_lr if gen else None, cfg.gen_schedule if gen else "cosine")
 
 
-def _save(path, model, opt, state: dict) -> None:
+def _save(path, model, opt, state: Mapping[str, Any]) -> None:
     """Write a checkpoint atomically (an interrupted write never replaces a good one)."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), **state}, tmp)
@@ -206,6 +208,16 @@ def _resume(path, key: str | None, model, opt, device) -> dict | None:
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["opt"])
     return ck
+
+
+class _RunState(TypedDict):
+    """What a checkpoint holds besides the model's and the optimiser's state."""
+
+    key: str | None
+    step: int
+    train_loss: list[float]
+    trajectory: list[dict[str, Any]]
+    seconds: float
 
 
 def _step(net, x, y, mine, size: int, dist: Dist) -> torch.Tensor:
@@ -246,7 +258,7 @@ def train_run(
     on the step alone, so a resumed run ends with the same numbers as an uninterrupted one."""
     dist = dist or Dist("cpu")
     model = build_model(cfg, task, encoding, seed).to(dist.device)
-    net = model
+    net: torch.nn.Module = model
     mb = cfg.micro_batches
     if mb % dist.world or cfg.batch_size % mb:
         raise ValueError(f"batch_size {cfg.batch_size} must split into micro_batches {mb}, and those over "
@@ -261,15 +273,16 @@ def train_run(
     tol = NEGLIGIBLE / max(cfg.eval_lens)
     every = max(1, cfg.steps // max(1, cfg.snapshots))
     ck_every = checkpoint_every or max(1, cfg.steps // 10)
-    state = {"key": key, "step": 0, "train_loss": [], "trajectory": [{"step": 0, "generators": learned_record(model, tol)}],
-             "seconds": 0.0}
+    state: _RunState = {"key": key, "step": 0, "train_loss": [],
+                        "trajectory": [{"step": 0, "generators": learned_record(model, tol)}], "seconds": 0.0}
     ck = _resume(checkpoint, key, model, opt, dist.device)
     start = 0 if ck is None else int(ck["step"])
     if ck is not None:
-        state.update({k: ck[k] for k in ("train_loss", "trajectory", "seconds")})
+        state["train_loss"], state["trajectory"], state["seconds"] = ck["train_loss"], ck["trajectory"], ck["seconds"]
     chunk = max(1, cfg.steps // 10)
     bar = make_progress(cfg.steps, desc or str(encoding), enabled=progress and dist.main)
-    losses, trajectory, diverged, t0 = state["train_loss"], state["trajectory"], None, time.time()
+    losses, trajectory, t0 = state["train_loss"], state["trajectory"], time.time()
+    diverged: int | None = None
     for step in range(start, cfg.steps):
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         x, y = task.sample(g, cfg.batch_size, stage_length(step, cfg), "train")  # the global batch, every rank

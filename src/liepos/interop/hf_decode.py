@@ -301,10 +301,10 @@ def attend(layer: Any, idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     if st is None or not st.keys.within_range(lo, hi):
         stores.pop(idx, None)
         if hi - lo > span:  # the queries need several origins: one per block of them, or liepos.attention
-            out = _blocks(layer, enc, q, k, v, attention_mask, scaling, pos, kpos, seen, version, work, span)
-            if out is not None:
-                stores[idx] = out[1]
-            return None if out is None else out[0]
+            blocked = _blocks(layer, enc, q, k, v, attention_mask, scaling, pos, kpos, seen, version, work, span)
+            if blocked is not None:
+                stores[idx] = blocked[1]
+            return None if blocked is None else blocked[0]
         st = _rebuild(layer, enc, k, v, kpos, seen, _origin(lo, hi, span), version, work, span, H)
         if st is None:
             return None
@@ -340,6 +340,8 @@ def _blocks(layer: Any, enc: Encoding, q: torch.Tensor, k: torch.Tensor, v: torc
         outs.append(_step(layer, enc, st, q[:, :, a:b], k[:, :, :b], v[:, :, :b], mask, scaling, pos[:, a:b], a,
                           work, kpos[:, :b]))
         a = b
+    if st is None:  # no query
+        return None
     st.raw = k
     return torch.cat(outs, dim=2), st
 
@@ -408,9 +410,9 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
     if st.plain:  # the content is HF's own q and k: only the slots' values are encoded (once per forward)
         qc, ke, qs = q, k, _slot_values(layer, enc, q, rel, "query", origin, work, H) if enc.num_slots else None
     else:
-        qe, ke = _encode(layer, st.factor[0] if st.factor else enc, q, rel, "query", origin, work), store.get("k")
+        qe, ke = _encode(layer, st.factor[0] if st.factor else enc, q, rel, "query", origin, work), store.part("k")
         qc, qs = (qe[..., : enc.content_dim], qe[..., enc.content_dim:]) if enc.num_slots else (qe, None)
-    ve = (store.get("v") if st.own_v else v).to(qc.dtype)
+    ve = (store.part("v") if st.own_v else v).to(qc.dtype)
     mask = _mask(attention_mask, S, n, seen, q.device)
     if mask is not None and st.checked < n:
         # a key hidden from some query must not reach it even when it is not finite: know whether
@@ -418,11 +420,11 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         st.finite = st.finite and all_finite(k[:, :, st.checked:n], v[:, :, st.checked:n])
         st.checked = n
     if st.factor is not None and (S > 1 or not st.finite):  # the per-head form: scaled keys and queries
-        ke = _expand(ke, H, enc) * store.get("scale")  # (B, Hk, n, c) -> (B, H, n, c)
+        ke = _expand(ke, H, enc) * store.part("scale")  # (B, Hk, n, c) -> (B, H, n, c)
         qc = qc * _decay(layer, st.factor[1], rel, "query", work)
     if not st.finite:  # the select-masked form: slots ride as columns again (c applied to the content)
-        if enc.num_slots:
-            ks = store.get("slots").expand(B, -1, -1, -1)  # (B, H, n, slots)
+        if enc.num_slots and qs is not None:  # qs: the queries' slot values, there exactly when slots are
+            ks = store.part("slots").expand(B, -1, -1, -1)  # (B, H, n, slots)
             ke = torch.cat((_expand(ke, H, enc).expand(-1, ks.shape[1], -1, -1).to(ks.dtype), ks), -1)
             qc, c = torch.cat((qc * c, qs.expand(B, -1, -1, -1)), -1), 1.0
         if ve.shape[1] != ke.shape[1]:  # per-head keys over HF's grouped values
@@ -434,11 +436,11 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         if out is not None:
             return out.to(v.dtype)
     bias = None
-    if enc.num_slots:
+    if enc.num_slots and qs is not None:  # qs: there exactly when slots are
         key = ("bias", id(enc), origin, n, work)
         bias = layer.positions.tables.get(key)
         if bias is None:
-            bias = qs @ store.get("slots").transpose(-1, -2)  # (1|B, H, S, n): the same in every layer
+            bias = qs @ store.part("slots").transpose(-1, -2)  # (1|B, H, S, n): the same in every layer
             if layer.positions.ids is not None:
                 layer.positions.tables[key] = bias
     if mask is not None:  # an additive float mask (a boolean one is slow on the CPU)
@@ -450,7 +452,7 @@ def _step(layer: Any, enc: Encoding, st: _Store, q: torch.Tensor, k: torch.Tenso
         bias, causal = bias.masked_fill(~order, -math.inf), False
     if st.factor is not None and S == 1:  # rotated keys at HF's heads, the heads' decays as factors
         a = _decay(layer, st.factor[1], rel, "query", work)  # (1|B, H, 1, 1)
-        return _factored_attention(qc, ke, store.get("scale")[..., 0], a[..., 0], ve, bias, c).to(v.dtype)
+        return _factored_attention(qc, ke, store.part("scale")[..., 0], a[..., 0], ve, bias, c).to(v.dtype)
     if ve.shape[1] != ke.shape[1] and S == 1:  # per-head keys over HF's grouped values: read once per group
         return _grouped(qc, ke, ve, bias, c).to(v.dtype)
     if ve.shape[1] != ke.shape[1]:  # a multi-token step: the values repeated to the keys' heads
@@ -517,12 +519,13 @@ def _encode_keys(layer: Any, enc: Encoding, kn: torch.Tensor, rel: torch.Tensor,
     their values where the store keeps its own): the only key encoding of a decode step."""
     S, origin = kn.shape[-2], st.keys.origin
     if st.plain:  # HF's raw keys are the content: only their slots' values
-        parts = {"slots": _slot_values(layer, enc, kn, rel, "key", origin, work, heads)} if enc.num_slots else {}
+        parts: dict[str, torch.Tensor] = (
+            {"slots": _slot_values(layer, enc, kn, rel, "key", origin, work, heads)} if enc.num_slots else {})
         if st.own_v:
             parts["v"] = vn.to(work)
         st.keys.append(S, **parts)
         return
-    parts: dict[str, torch.Tensor] = {}
+    parts = {}
     if st.factor is not None:  # rotated at HF's heads; the per-head decay kept as one factor per key
         parts["scale"] = _decay(layer, st.factor[1], rel, "key", work)
         enc = st.factor[0]

@@ -170,6 +170,8 @@ def _written(name: str, enc: Encoding, factor: float, length: int, config: Any) 
     out["max_position_embeddings"] = _original(config) if name == "dynamic" else int(length)
     merged = {**config.to_dict(), **out}
     back = from_hf(merged)
+    if not isinstance(back, Encoding):
+        raise RuntimeError(f"the written config of {name!r} reads back as {type(back).__name__}, not one Encoding")
     back = back.at_length(length) if name == "dynamic" else back
     w, v = back.generator.freqs, fixed.generator.freqs
     if w.shape != v.shape or not torch.allclose(w, v, rtol=_ROUND_TRIP, atol=0) or not math.isclose(

@@ -327,7 +327,8 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
 
 def _forward(cls: type) -> Any:
     """A class's ``forward`` under its decorators (transformers wraps some to rename keyword arguments)."""
-    return inspect.unwrap(getattr(cls, "forward", None))
+    forward = getattr(cls, "forward", None)
+    return None if forward is None else inspect.unwrap(forward)
 
 
 def _source(cls: type) -> str:
@@ -345,6 +346,8 @@ def _calls(cls: type, name: str) -> bool:
 def patch_family(model: Any, config: Any) -> Family:
     """:func:`verified_family` plus the attention classes of ``model`` that call the module's apply."""
     model_type = getattr(config, "model_type", None)
+    if not isinstance(model_type, str):
+        raise ValueError(f"the config has no model_type to find its family by, got {model_type!r}")
     family = verified_family(config, model_type, model=model)
     if upstream_of(config, model_type).per_tensor:
         raise ValueError(_refusal(model_type, f"its attention calls {_APPLY} once per tensor (x, cos, sin), and "

@@ -288,6 +288,7 @@ def draw_spectrum(d: dict[str, Any]):
 
     Points on the ω = 0 axis are drawn in one lane per entry, a few points apart vertically, so that
     entries sharing a rate (NoPE and ALiBi at the origin, jordan and decay at λ = −0.5) stay visible."""
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     from matplotlib.transforms import offset_copy
@@ -326,7 +327,7 @@ def draw_spectrum(d: dict[str, Any]):
                             markeredgecolor="black", label=name) for i, (name, _) in enumerate(entries)]
     leg1 = ax.legend(handles=entry_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="entry (marker)")
     ax.add_artist(leg1)
-    handles = [Patch(facecolor=ROW_COLORS[r], edgecolor="black", label=S.ROW_LABELS[r]) for r in S.ROWS]
+    handles: list[Artist] = [Patch(facecolor=ROW_COLORS[r], edgecolor="black", label=S.ROW_LABELS[r]) for r in S.ROWS]
     handles += [Line2D([], [], ls="", marker="o", ms=math.sqrt(_block_area(n)), markerfacecolor="white",
                        markeredgecolor="black", label=f"block size {n}") for n in (1, 2, 3)]
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=8, title="row (colour), size (area)",

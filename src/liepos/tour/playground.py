@@ -107,8 +107,8 @@ def yarn_reference() -> dict[str, Any]:
     from liepos.catalogue import rope
 
     y = YARN
-    enc = rope(y["dim"], base=y["base"])
-    long = scaling.yarn(enc, factor=y["factor"], original_max_position_embeddings=y["original"],
+    enc = rope(int(y["dim"]), base=y["base"])
+    long = scaling.yarn(enc, factor=y["factor"], original_max_position_embeddings=int(y["original"]),
                         beta_fast=y["beta_fast"], beta_slow=y["beta_slow"])
     ratio = (long.generator.freqs / enc.generator.freqs).tolist()  # (planes,)
     return dict(y, ratio=ratio, logit_scale=float(long.logit_scale))

@@ -70,6 +70,13 @@ def _measured(value: float, bound: float) -> dict[str, float | bool]:
     return {"value": float(value), "bound": float(bound), "ok": bool(value <= bound)}
 
 
+def _slots(x: torch.Tensor | None) -> list:
+    """An encoding's slot constants as a list (an ALiBi encoding always has them)."""
+    if x is None:
+        raise ValueError("the encoding has no slots")
+    return x.tolist()
+
+
 def _mat(x: torch.Tensor, digits: int = 4) -> list[list[float]]:
     return [[round(float(v), digits) + 0.0 for v in row] for row in x.to(f64).tolist()]
 
@@ -419,7 +426,7 @@ def alibi_slide(num_heads: int = 8, head_dim: int = 4, n: int = 12, seed: int = 
     N = enc.generator.canonical_matrix()[-2:, -2:]
     return {
         "num_heads": num_heads, "head_dim": head_dim, "n": n, "slopes": m.tolist(),
-        "N": _mat(N), "query_slots": enc.query_slots.tolist(), "key_slots": enc.key_slots.tolist(),
+        "N": _mat(N), "query_slots": _slots(enc.query_slots), "key_slots": _slots(enc.key_slots),
         "exp_uN_at_u3": _mat(Generator([0.0], [0.0], [2]).exp(torch.tensor(3.0, dtype=f64))),
         "bias": [_mat(b) for b in bias[0]],
         "classification": classification(enc),
