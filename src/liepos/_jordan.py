@@ -158,7 +158,7 @@ def _shape_error(shape: tuple[int, ...]) -> ValueError:
     return ValueError(f"X must be a square matrix, got shape {tuple(shape)}")
 
 
-def _parse(X: Any) -> tuple[np.ndarray | None, list[list[Any]] | None]:
+def _parse(X: Any) -> tuple[np.ndarray, list[list[Any]] | None]:
     """(float array, rational entries or None). Raises on bad input."""
     if type(X).__module__.split(".")[0] == "torch" and hasattr(X, "detach"):
         import torch

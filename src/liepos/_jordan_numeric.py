@@ -255,7 +255,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
     # already canonical (and no tolerance to merge with): P = I
     canon = _canonical_parse(A) if tol is None else None
     if canon is not None and all(om == 0 or om > zero_tol_default for _, om, _ in canon):
-        items = []
+        items: list = []
         off = 0
         for lam, om, n in canon:
             lam = 0.0 if abs(lam) <= zero_tol_default else lam
@@ -297,7 +297,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
             t = max(t, tol ** k)
         return t
 
-    items: list = []
+    items = []
     todo = [sorted(c) for c in clusters]
     seen: set[tuple[int, ...]] = set()
     while todo:
@@ -329,7 +329,7 @@ def _numeric_path(A: np.ndarray, tol: float | None, noise: float) -> JordanForm:
         B = ts[:k_sel, :k_sel]
         m = len(c)
         if is_real:
-            mu = float(np.trace(B)) / m
+            mu: complex = float(np.trace(B)) / m
             N = B - mu * np.eye(m)
             Qs = Q
         else:

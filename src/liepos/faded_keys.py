@@ -126,7 +126,10 @@ def tiled_or_faded(call: Call, b) -> torch.Tensor | None:
     rows, groups, whole = plan
     parts = [(hs, _faded(_heads(call, hs), m, rows)) for m, hs in sorted(groups.items())]
     if whole:
-        parts.append((whole, tiled(_heads(call, whole), b)))
+        rest = tiled(_heads(call, whole), b)
+        if rest is None:  # the fade plan checked the same unit range of times
+            raise RuntimeError("faded keys: the heads kept whole have no tiling of their times")
+        parts.append((whole, rest))
     order = [h for hs, _ in parts for h in hs]
     out = torch.cat([y for _, y in parts], dim=1)  # (B, H, T, Dv) in the order of the parts
     if order == sorted(order):
@@ -164,7 +167,7 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
         kb = Rows((n - d) * n_b, 1, n_b, 0, n_b) if tail else Rows(0, n - d, n_b, 0, n_b)
         ke = enc.key(kb.gather(k), ramp[:n_b] - d * n_b)  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
         if tail:
-            return Tile(last, enc._query_after(last.gather(q), ramp[:rest]), ke, kb.gather(v), False)
+            return Tile(_last(last), enc._query_after(_last(last).gather(q), ramp[:rest]), ke, kb.gather(v), False)
         return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, kb.gather(v), False)
 
     sums = v[:, :, : n * n_b].double().unflatten(2, (n, n_b)).sum(3).cumsum(2)  # (B, Hk, n, Dv): Σ_{s<(j+1)n_b}
@@ -178,7 +181,7 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
         bias = counts.log().to(work).view(1, J, 1, 1, 1).expand(B, J, H, 1, 1).flatten(0, 1)  # (B·J, H, 1, 1)
         kt = q.new_zeros(B * J, v.shape[1], 1, D)
         if tail:
-            return Tile(last, enc._query_after(last.gather(q), ramp[:rest]), kt, vt, False, bias=bias)
+            return Tile(_last(last), enc._query_after(_last(last).gather(q), ramp[:rest]), kt, vt, False, bias=bias)
         return Tile(Rows((m + 1) * n_b, n - m - 1, n_b, 0, n_b), qe[:, m + 1 :].flatten(0, 1), kt, vt, False,
                     bias=bias)
 
@@ -191,3 +194,10 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
     if rest and n - m - 1 >= 0:
         makers.append(partial(far, True))
     return made((B, H, T), makers, call.c, call.sinks)
+
+
+def _last(rows: Rows | None) -> Rows:
+    """The last, partial block of queries, which a tail tile needs (there whenever the times leave a rest)."""
+    if rows is None:
+        raise RuntimeError("faded keys: a tail tile without a last, partial block of queries")
+    return rows

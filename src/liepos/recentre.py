@@ -73,7 +73,7 @@ def recentred(call: Call) -> torch.Tensor:
             _reset_cache_origin(call, b)
         return out
     sorted_keys = call.kord.shape[1] < 2 or bool((call.kord[:, 1:] >= call.kord[:, :-1]).all())
-    outs = []
+    outs: list[torch.Tensor] = []
     Sq = call.q.shape[2]
     for i in range(0, Sq, call.block_size):
         _run(call, i, min(i + call.block_size, Sq), ax, sorted_keys, b, outs)
@@ -176,12 +176,12 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
     tq = call.qpos[:, lo:hi]
     enc = call.enc
     qe = enc._content(call.q[:, :, lo:hi], tq - o, "query") if bias else enc.query(call.q[:, :, lo:hi], tq - o)
-    starts = None if slopes is None or lo == 0 else window_starts(call, qe, lo, slopes[0], knorm)
+    starts = None if slopes is None or knorm is None or lo == 0 else window_starts(call, qe, lo, slopes[0], knorm)
     first = 0 if starts is None else min(starts)
     rel = call.kpos[:, first:hi] - o  # (B, hi - first): every key the block may weigh
     ke = enc._content(call.k[:, :, first:hi], rel, "key") if bias else enc.key(call.k[:, :, first:hi], rel)
     ve = call.v[:, :, first:hi] if call.venc is None else call.venc.key(call.v[:, :, first:hi], rel)
-    beta, sinks = key_bias(call, slopes, rel, tq, o) if bias else (None, call.sinks)
+    beta, sinks = key_bias(call, slopes, rel, tq, o) if bias and slopes is not None else (None, call.sinks)
     cut = lo - first
 
     def parts(hs: slice, a: int) -> list[tuple]:
@@ -217,10 +217,10 @@ def _version(call: Call) -> tuple:
 
 def _reset_cache_origin(call: Call, b) -> None:
     """Encode every cached key (and value) afresh at a new origin, the latest query time of each row."""
-    store = call.cache.encoded
+    store = call.cached().encoded
     o = call.qpos.amax(-1)  # (B,)
     ahead = torch.maximum(call.kpos, o.unsqueeze(-1))  # keys later than the origin grow: bound them
-    if call.k.shape[1] != call.cache.k.shape[1] or not within(ahead, o, b):
+    if call.k.shape[1] != call.cached().held()[0].shape[1] or not within(ahead, o, b):
         store.clear()
         return
     rel = call.kpos - o.unsqueeze(-1)  # (B, Sk)
@@ -232,9 +232,9 @@ def _reset_cache_origin(call: Call, b) -> None:
 
 def _from_cache_origin(call: Call) -> torch.Tensor | None:
     """Decode fast path: keys stay encoded at the cache's origin while the new times remain within its span."""
-    store = call.cache.encoded
+    store = call.cached().encoded
     o = store.origin
-    if o is None or store.version != _version(call) or call.k.shape[1] != call.cache.k.shape[1]:
+    if o is None or store.version != _version(call) or call.k.shape[1] != call.cached().held()[0].shape[1]:
         return None
     n_old = len(store)
     if n_old + call.n_new != call.kpos.shape[1]:
