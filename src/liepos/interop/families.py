@@ -75,8 +75,27 @@ _SOFTCAP = "Gemma 2/3 soft-cap their attention logits (attn_logit_softcapping), 
 _SINKS = "GPT-OSS adds learned attention sinks (s_aux) to the softmax, which liepos.attention does not"
 # the other MLA families of transformers: their attention multiplies the softmax scale by m(s, mscale_all_dim)²
 # (yarn_apply_mscale in each modeling file); from_hf knows it, patch_model does not patch them
-_MLA = ("deepseek_v2", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "mistral4",
-        "mistral_large4", "youtu", "axk1", "axk2", "bailing_hybrid", "hy_v4", "hy_v4_vl")
+_BOTH = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+_INTERLEAVE = ("apply_rotary_pos_emb_interleave",)
+# MLA families whose decoupled rotary slice is DeepSeek-V3's (yarn_apply_mscale on the softmax scale)
+_MLA_ROWS = (
+    ("glm4_moe_lite", "Glm4MoeLiteAttention", "rope_interleave", _BOTH),
+    ("mistral4", "Mistral4Attention", "rope_interleave", _BOTH),
+    ("youtu", "YoutuAttention", "rope_interleave", _BOTH),
+    ("axk1", "AXK1Attention", "rope_interleave", _BOTH),
+    ("minicpm3", "MiniCPM3Attention", "half", ("apply_rotary_pos_emb",)),
+    ("longcat_flash", "LongcatFlashMLA", "interleaved", _INTERLEAVE),
+    ("bailing_hybrid", "BailingHybridAttention", "interleaved", _INTERLEAVE),
+    # the indexer rotates with the other apply function, which stays upstream's
+    ("deepseek_v32", "DeepseekV32Attention", "interleaved", _INTERLEAVE),
+    ("axk2", "AXK2Attention", "interleaved", _INTERLEAVE),
+    # complex freqs_cis on pairs (2k, 2k + 1): the interleaved rotation
+    ("deepseek_v2", "DeepseekV2Attention", "interleaved", ("apply_rotary_emb",)),
+)
+# the indexer of these calls the attention's own apply function on (batch, seq, heads, dim) from inside the
+# attention's forward: one dispatcher cannot tell the two calls apart
+_INDEXED = "its sparse-attention indexer calls the attention's own rope function inside the attention's forward"
+_MLA = ("glm_moe_dsa", "mistral_large4", "hy_v4", "hy_v4_vl")
 _OWN = "the family computes attention itself, not through ALL_ATTENTION_FUNCTIONS"
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -110,7 +129,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
           apply=("apply_rotary_emb",)),
     _rope("qwen2_vl_text", "Qwen2VLAttention", "qwen2_vl", axes=3),
     _rope("qwen2_5_vl_text", "Qwen2_5_VLAttention", "qwen2_5_vl", axes=3),
-    *(Family(t, softmax_mscale=True, why="its multi-head latent attention is not patched yet") for t in _MLA),
+    *(_rope(t, attention, layout=layout, softmax_mscale=True, apply=apply) for t, attention, layout, apply in _MLA_ROWS),
+    *(Family(t, softmax_mscale=True, why=_INDEXED) for t in _MLA),
     Family("bloom", "bloom", ("BloomAttention",), positions="alibi"),
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),
