@@ -48,8 +48,10 @@ SMALL: dict[str, Any] = dict(
     n_group=1, topk_group=1, first_k_dense_replace=1, shared_expert_intermediate_size=32,
     # other spellings of the same sizes
     d_model=64, n_heads=4, n_layers=2, n_layer=2, n_head=4, n_embd=64, num_layers=2, num_heads=4,
-    ffn_hidden_size=128, n_positions=128, max_seq_len=128, depth=2, embed_dim=64,
+    ffn_hidden_size=128, n_positions=128, max_seq_len=128,
 )
+# sizes of the fields a config already has (vision towers), never passed as new attributes
+FIELDS: dict[str, Any] = dict(depth=2, embed_dim=64)
 # per-family facts a tiny model needs beyond SMALL
 _MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
             v_head_dim=16)
@@ -95,7 +97,6 @@ def _read_only(cls: type) -> set[str]:
 
 
 _DROP = object()  # a repair that drops the key: the class's own default
-_ATTENTION_TYPES = {"full_attention", "sliding_attention", "attention", "global_attention", "local_attention"}
 
 
 def _set(d: dict[str, Any], name: str, value: Any) -> bool:
@@ -163,7 +164,7 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
     d = config.to_dict()
     for key in _PER_LAYER:
         d.pop(key, None)
-    d.update({k: v for k, v in small.items() if k in d and k != "rope_parameters"})
+    d.update({k: v for k, v in {**FIELDS, **small}.items() if k in d and k != "rope_parameters"})
     rope, want = d.get("rope_parameters"), small.get("rope_parameters")
     if isinstance(rope, dict) and "mrope_section" in rope and want:  # M-RoPE sections that fit the tiny head
         d["rope_parameters"] = dict(rope, mrope_section=want["mrope_section"])
@@ -177,7 +178,8 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
             d[name] = sub  # keep the shrunk sub-config object
     out = _construct(type(config), d)
     types = vars(out).get("layer_types")
-    if isinstance(types, list) and types and not _ATTENTION_TYPES & set(types) and "layer_types" not in _read_only(type(out)):
+    attends = [t for t in types if isinstance(t, str) and "attention" in t and "linear" not in t] if isinstance(types, list) else [0]
+    if types and not attends and "layer_types" not in _read_only(type(out)):
         # a hybrid shrunk to recurrent layers only: its last layer attends, the one the rope is for
         out = _construct(type(out), dict(d, layer_types=types[:-1] + ["full_attention"]))
     return out
