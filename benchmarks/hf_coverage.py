@@ -46,6 +46,7 @@ SMALL: dict[str, Any] = dict(
     # MoE sizes (ignored by the families that do not read them)
     moe_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
     n_group=1, topk_group=1, first_k_dense_replace=1, shared_expert_intermediate_size=32,
+    index_topk=16,  # sparse-attention indexers select fewer keys than the input
     # other spellings of the same sizes
     d_model=64, n_heads=4, n_layers=2, n_layer=2, n_head=4, n_embd=64, num_layers=2, num_heads=4,
     ffn_hidden_size=128, n_positions=128, max_seq_len=128,
@@ -178,8 +179,8 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
             d[name] = sub  # keep the shrunk sub-config object
     out = _construct(type(config), d)
     types = vars(out).get("layer_types")
-    attends = [t for t in types if isinstance(t, str) and "attention" in t and "linear" not in t] if isinstance(types, list) else [0]
-    if types and not attends and "layer_types" not in _read_only(type(out)):
+    attends = isinstance(types, list) and any(isinstance(t, str) and "attention" in t and "linear" not in t for t in types)
+    if isinstance(types, list) and types and not attends and "layer_types" not in _read_only(type(out)):
         # a hybrid shrunk to recurrent layers only: its last layer attends, the one the rope is for
         out = _construct(type(out), dict(d, layer_types=types[:-1] + ["full_attention"]))
     return out

@@ -26,6 +26,8 @@ written here once:
 * ``direction``: +1, or -1 for a rotation that runs the other way (``ω < 0`` in liepos' sense);
 * ``rotary_dims``: the dims the attention passes to the rope, when known (a verified row: the probed
   head, or with ``splits_rotary`` the rotated dims; table rows read them from the attention module);
+* ``upstream_inside``: sub-modules of the attention that rotate with upstream's rope, the dispatchers
+  inactive in their forward (a sparse-attention indexer calling the attention's own rope function);
 * ``verified``: the row was probed from the modeling code and proven (:mod:`liepos.interop.hf_verify`),
   not written here.
 """
@@ -59,6 +61,7 @@ class Family:
     axes: int = 1
     direction: int = 1
     rotary_dims: int = 0
+    upstream_inside: tuple[str, ...] = ()
     verified: bool = False
 
     @property
@@ -92,10 +95,15 @@ _MLA_ROWS = (
     # complex freqs_cis on pairs (2k, 2k + 1): the interleaved rotation
     ("deepseek_v2", "DeepseekV2Attention", "interleaved", ("apply_rotary_emb",)),
 )
-# the indexer of these calls the attention's own apply function on (batch, seq, heads, dim) from inside the
-# attention's forward: one dispatcher cannot tell the two calls apart
-_INDEXED = "its sparse-attention indexer calls the attention's own rope function inside the attention's forward"
-_MLA = ("glm_moe_dsa", "mistral_large4", "hy_v4", "hy_v4_vl")
+# the indexer of these calls the attention's own rope function, on (batch, seq, heads, dim), inside the
+# attention's forward: it keeps upstream's rope
+_INDEXED = (
+    ("glm_moe_dsa", "GlmMoeDsaAttention", "glm_moe_dsa", "GlmMoeDsaIndexer", _INTERLEAVE),
+    ("mistral_large4_text", "MistralLarge4TextAttention", "mistral_large4", "MistralLarge4TextIndexer", _INTERLEAVE),
+    ("hy_v4", "HYV4Attention", "hy_v4", "HYV4Indexer", ("apply_rotary_pos_emb",)),
+)
+_HY_V4_VL = ("HunYuan-V4-VL's M-RoPE interleaves its three position axes across the frequencies "
+             "(recomposition_frequencies), which liepos does not reproduce yet")
 _OWN = "the family computes attention itself, not through ALL_ATTENTION_FUNCTIONS"
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -130,7 +138,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _rope("qwen2_vl_text", "Qwen2VLAttention", "qwen2_vl", axes=3),
     _rope("qwen2_5_vl_text", "Qwen2_5_VLAttention", "qwen2_5_vl", axes=3),
     *(_rope(t, attention, layout=layout, softmax_mscale=True, apply=apply) for t, attention, layout, apply in _MLA_ROWS),
-    *(Family(t, softmax_mscale=True, why=_INDEXED) for t in _MLA),
+    *(_rope(t, attention, module, layout="interleaved" if apply == _INTERLEAVE else "half", softmax_mscale=True,
+            apply=apply, upstream_inside=(indexer,)) for t, attention, module, indexer, apply in _INDEXED),
+    Family("hy_v4_vl_text", positions="refused", why=_HY_V4_VL),
     Family("bloom", "bloom", ("BloomAttention",), positions="alibi"),
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),
@@ -141,7 +151,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
 )}
 # model types whose text decoder is one of the rows above
 _ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_vl": "qwen2_vl_text",
-            "qwen2_5_vl": "qwen2_5_vl_text"}
+            "qwen2_5_vl": "qwen2_5_vl_text", "mistral_large4": "mistral_large4_text", "hy_v4_vl": "hy_v4_vl_text"}
 
 
 def family_of(model_type: Any) -> Family | None:
