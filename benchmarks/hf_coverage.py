@@ -52,7 +52,8 @@ SMALL: dict[str, Any] = dict(
     ffn_hidden_size=128, n_positions=128, max_seq_len=128,
 )
 # sizes of the fields a config already has (vision towers), never passed as new attributes
-FIELDS: dict[str, Any] = dict(depth=2, embed_dim=64)
+FIELDS: dict[str, Any] = dict(depth=2, embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
+                              encoder_layers=2, decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128)
 # per-family facts a tiny model needs beyond SMALL
 _MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
             v_head_dim=16)
@@ -97,6 +98,7 @@ def _read_only(cls: type) -> set[str]:
     return {k for k in dir(cls) if isinstance(getattr(cls, k, None), property) and getattr(cls, k).fset is None}
 
 
+_RECURRENT = {"linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent", "rwkv", "deltanet", "gated_deltanet"}
 _DROP = object()  # a repair that drops the key: the class's own default
 
 
@@ -160,7 +162,7 @@ def _construct(cls: type, d: dict[str, Any]) -> Any:
 def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
     """``config`` with ``small`` (and ``extra``) over every sub-config that has those fields."""
     for name, sub in list(vars(config).items()):  # vars: per-layer attributes raise on getattr
-        if _is_config(sub) and name.endswith("config"):
+        if _is_config(sub):  # text_config, vision_config, encoder, decoder, ...
             setattr(config, name, _shrunk(sub, small, {}))
     d = config.to_dict()
     for key in _PER_LAYER:
@@ -179,8 +181,7 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
             d[name] = sub  # keep the shrunk sub-config object
     out = _construct(type(config), d)
     types = vars(out).get("layer_types")
-    attends = isinstance(types, list) and any(isinstance(t, str) and "attention" in t and "linear" not in t for t in types)
-    if isinstance(types, list) and types and not attends and "layer_types" not in _read_only(type(out)):
+    if isinstance(types, list) and types and set(types) <= _RECURRENT and "layer_types" not in _read_only(type(out)):
         # a hybrid shrunk to recurrent layers only: its last layer attends, the one the rope is for
         out = _construct(type(out), dict(d, layer_types=types[:-1] + ["full_attention"]))
     return out
@@ -236,6 +237,13 @@ def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
     return model.eval(), causal
 
 
+def _inputs(model: Any, x: Any) -> dict[str, Any]:
+    """The forward's token inputs: ``input_ids``, and the same tokens for an encoder-decoder's decoder."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return {"input_ids": x, "decoder_input_ids": x}
+    return {"input_ids": x}
+
+
 class _Unrun(Exception):
     """A model that builds but whose unpatched forward on ``input_ids`` alone raised (``model``, ``error``)."""
 
@@ -263,7 +271,7 @@ def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any
             continue
         try:
             with torch.no_grad():
-                want = _output(model(input_ids=x)).float()
+                want = _output(model(**_inputs(model, x))).float()
                 tokens = model.generate(x, **gen) if causal else None
             return model, causal, x, want, tokens, gen
         except Exception as err:  # noqa: BLE001
@@ -339,7 +347,7 @@ def run_one(model_type: str) -> dict[str, Any]:
         return dict(row, status="refused", reason=_short(err))
     try:
         with torch.no_grad():
-            got = _output(model(input_ids=x)).float()
+            got = _output(model(**_inputs(model, x))).float()
             got_tokens = model.generate(x, **gen) if causal else None
     except Exception as err:  # noqa: BLE001
         return dict(row, status="failed", reason=_short(err), trace=traceback.format_exc()[-1500:])
