@@ -15,7 +15,16 @@ config means: a table family, or one verified against its modeling code), and co
 * **refused**: patch_model raised, with its reason;
 * **mismatch**: patch_model accepted the model and the outputs differ (a silent divergence: a bug);
 * **failed**: the patched model raised while running;
-* **could not build**: the tiny config, the model or its unpatched forward raised (the exception).
+* **not measured**: patch_model accepted a model whose unpatched forward does not run on token ids alone
+  (an audio or vision encoder): nothing compared, nothing claimed; where patch_model refuses such a
+  model the row is **refused**, with the forward's error beside the reason;
+* **component**: a sub-config type with no model class of its own (``blt_local_decoder``), built and run
+  only inside its parent; the row names the parent and the parent row's result; never counted as exact;
+* **could not build**: the tiny config or the model raised (the exception).
+
+The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
+config's validator rejects the combination (a width that must equal another, grouped-query attention
+refused, a list-valued field), the field it names is set to agree and the config built again.
 
 Each model runs in a worker process with a time limit (``--timeout``); a worker that hangs is
 killed and the next model gets a fresh one. Writes ``benchmarks/results/hf_coverage.md`` and ``.json``.

@@ -632,8 +632,7 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
                 "reads the config's rotated-dims temperature and applies it on those dims itself"
             )
         enc, pad = item, 0
-        # a fixed rotation runs in the model's backend: its logit scale goes into q and k;
-        # liepos.attention applies it itself
+        # a fixed rotation runs in the model's backend: its logit scale in q and k; liepos.attention applies it itself
         gain = math.sqrt(item.logit_scale) if _fixed(item) else 1.0
     if enc.content_dim - pad != rotated:
         raise ValueError(
