@@ -70,7 +70,8 @@ SCALED = {
     "gpt_oss": dict(YARN, truncate=False, beta_fast=32.0, beta_slow=1.0),
     "gemma3_text": {"full_attention": dict(YARN), "sliding_attention": {"rope_type": "default"}},
 }
-# the causal LMs (mistral4 and mistral_large4_text are the text halves of multimodal models: tests/test_hf_verify.py)
+# the causal LMs (mistral_large4_text, a multimodal model's text half, is tested below; mistral4's config carries
+# llama_4_scaling_beta, which read_hf refuses)
 ROWS = [f.model_type for f in FAMILIES.values() if f.attention and f.axes == 1 and f.positions == "rope"
         and f.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
 
@@ -338,6 +339,9 @@ def worst_table() -> str:
 @pytest.mark.parametrize("model_type, layout", [
     ("llama", "half"), ("cohere", "interleaved"), ("glm", "interleaved"), ("glm4", "interleaved"),
     ("llama4_text", "interleaved"), ("deepseek_v3", "interleaved"),
+    # MLA: DeepSeek-V2's complex pairs and the always-interleaved rows are (2k, 2k + 1); MiniCPM3 rotate_half
+    ("deepseek_v2", "interleaved"), ("longcat_flash", "interleaved"), ("glm_moe_dsa", "interleaved"),
+    ("minicpm3", "half"), ("hy_v4", "half"),
 ])
 def test_from_hf_reads_the_family_layout(model_type, layout):
     """The layout is the family's (DeepSeek-V3: its rope_interleave flag), not always rotate_half."""
