@@ -18,8 +18,8 @@ config means: a table family, or one verified against its modeling code), and co
 * **not measured**: patch_model accepted a model whose unpatched forward does not run on token ids alone
   (an audio or vision encoder): nothing compared, nothing claimed; where patch_model refuses such a
   model the row is **refused**, with the forward's error beside the reason;
-* **component**: a sub-config type with no model class of its own (``blt_local_decoder``), built and run
-  only inside its parent; the row names the parent and the parent row's result; never counted as exact;
+* **component**: a sub-config type with no model class of its own (``blt_local_decoder``): only its parent
+  builds it; the row names the parent and the parent row's result; never counted as exact;
 * **could not build**: the tiny config or the model raised (the exception).
 
 The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
@@ -453,7 +453,7 @@ def write(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         reason = r.get("reason", "")
         if r["status"] == "component":
             parent = next((q for q in rows if q["model_type"] == r.get("parent")), None)
-            reason += (f"; built and run as part of row {parent['model_type']} ({parent['status']})" if parent
+            reason += (f"; only its parent builds it: parent row {parent['model_type']}: {parent['status']}" if parent
                        else "; its parent is not a row of this table")
         reason = reason.replace("|", "\\|")[:300]
         lines.append(f"| {r['model_type']} | {r.get('class', '')} | {r['status']} | {rel} | {greedy} | {reason} |")
