@@ -15,7 +15,16 @@ config means: a table family, or one verified against its modeling code), and co
 * **refused**: patch_model raised, with its reason;
 * **mismatch**: patch_model accepted the model and the outputs differ (a silent divergence: a bug);
 * **failed**: the patched model raised while running;
-* **could not build**: the tiny config, the model or its unpatched forward raised (the exception).
+* **not measured**: patch_model accepted a model whose unpatched forward does not run on token ids alone
+  (an audio or vision encoder): nothing compared, nothing claimed; where patch_model refuses such a
+  model the row is **refused**, with the forward's error beside the reason;
+* **component**: a sub-config type with no model class of its own (``blt_local_decoder``): only its parent
+  builds it; the row names the parent and the parent row's result; never counted as exact;
+* **could not build**: the tiny config or the model raised (the exception).
+
+The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
+config's validator rejects the combination (a width that must equal another, grouped-query attention
+refused, a list-valued field), the field it names is set to agree and the config built again.
 
 Each model runs in a worker process with a time limit (``--timeout``); a worker that hangs is
 killed and the next model gets a fresh one. Writes ``benchmarks/results/hf_coverage.md`` and ``.json``.
@@ -46,10 +55,14 @@ SMALL: dict[str, Any] = dict(
     # MoE sizes (ignored by the families that do not read them)
     moe_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
     n_group=1, topk_group=1, first_k_dense_replace=1, shared_expert_intermediate_size=32,
+    index_topk=16,  # sparse-attention indexers select fewer keys than the input
     # other spellings of the same sizes
     d_model=64, n_heads=4, n_layers=2, n_layer=2, n_head=4, n_embd=64, num_layers=2, num_heads=4,
     ffn_hidden_size=128, n_positions=128, max_seq_len=128,
 )
+# sizes of the fields a config already has (vision towers), never passed as new attributes
+FIELDS: dict[str, Any] = dict(depth=2, embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
+                              encoder_layers=2, decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128)
 # per-family facts a tiny model needs beyond SMALL
 _MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
             v_head_dim=16)
@@ -58,6 +71,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     **{t: _MLA for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "glm4_moe_lite", "glm_moe_dsa",
                          "longcat_flash", "minicpm3", "mistral4", "mistral_large4", "mistral_large4_text", "youtu",
                          "kimi_k25")},
+    "mistral4": dict(_MLA, head_dim=16),  # its rotary module reads head_dim = qk_nope + qk_rope
     "dots1": dict(n_shared_experts=1),
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
@@ -84,23 +98,102 @@ def model_types() -> list[str]:
     return found
 
 
+def _is_config(obj: Any) -> bool:
+    return hasattr(obj, "to_dict") and hasattr(obj, "model_type")
+
+
+def _read_only(cls: type) -> set[str]:
+    """The config class's properties without a setter (derived values: passing them back would raise)."""
+    return {k for k in dir(cls) if isinstance(getattr(cls, k, None), property) and getattr(cls, k).fset is None}
+
+
+_RECURRENT = {"linear_attention", "conv", "mamba", "mamba2", "ssm", "recurrent", "rwkv", "deltanet", "gated_deltanet"}
+_DROP = object()  # a repair that drops the key: the class's own default
+
+
+def _set(d: dict[str, Any], name: str, value: Any) -> bool:
+    """``d[name] = value``, or on the sub-config ``d[a]`` for ``name = "a.b"``; False when there is no such field."""
+    head, _, leaf = name.rpartition(".")
+    if head:
+        sub = d.get(head)
+        if not _is_config(sub) or leaf not in vars(sub) or getattr(sub, leaf) == value:
+            return False
+        setattr(sub, leaf, value)
+        return True
+    if name not in d or d[name] == value:
+        return False
+    d[name] = value
+    return True
+
+
+def _value(d: dict[str, Any], name: str) -> Any:
+    head, _, leaf = name.rpartition(".")
+    return vars(d[head]).get(leaf) if head and _is_config(d.get(head)) else d.get(name)
+
+
+def _repair(msg: str, d: dict[str, Any]) -> bool:
+    """Make ``d`` satisfy the validator that raised ``msg`` (the tiny sizes made two fields disagree)."""
+    if m := re.search(r"Field '(\w+)' with value .* doesn't match any type", msg):
+        return d.pop(m.group(1), _DROP) is not _DROP  # a list-valued field given a number: the default
+    if "num_key_value_heads" in msg and re.search(r"must match|must be the same|must equal|grouped-query", msg):
+        return _set(d, "num_key_value_heads", d.get("num_attention_heads"))
+    if "is not a multiple of the number of attention heads" in msg and {"head_dim", "num_heads"} <= set(d):
+        return _set(d, "embed_dim", d["head_dim"] * d["num_heads"])
+    if m := re.search(r"`(\w+)` \((\d+)\) must be a class below `(\w+)` \((\d+)\)", msg):
+        return _set(d, m.group(1), int(m.group(4)) - 1)
+    if m := re.search(r"supports `(\w+)=(\d+)` only", msg):
+        return _set(d, m.group(1), int(m.group(2)))
+    if m := re.search(r"got (\d+)(?:, \d+)* and \d+ for `num_hidden_layers`", msg):
+        return _set(d, "num_hidden_layers", int(m.group(1)))
+    if m := re.search(r"((?:\w+ \+ )+\w+) must equal num_hidden_layers", msg):
+        parts = m.group(1).split(" + ")
+        return all(isinstance(d.get(k), int) for k in parts) and _set(d, "num_hidden_layers", sum(d[k] for k in parts))
+    if m := re.search(r"(\w+) should be equal to the last value in (\w+)", msg):
+        return isinstance(d.get(m.group(2)), list) and _set(d, m.group(1), d[m.group(2)][-1])
+    # "`a.x` (512) must equal / match `b.y` (64)", "x must match y": the first follows the second
+    m = re.search(r"`?([\w.]+)`? (?:\(\d+\) )?(?:must|should) (?:equal|match|be equal to) (?:the backbone )?`?([\w.]+)`?", msg)
+    if m and _value(d, m.group(2)) is not None:
+        return _set(d, m.group(1), _value(d, m.group(2)))
+    return False
+
+
+def _construct(cls: type, d: dict[str, Any]) -> Any:
+    """``cls(**d)``, repairing what its validators name (at most a few times)."""
+    for _ in range(6):
+        try:
+            return cls(**d)
+        except Exception as err:  # noqa: BLE001 - a validator: repaired, else raised
+            if not _repair(str(err), d):
+                raise
+    return cls(**d)
+
+
 def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
     """``config`` with ``small`` (and ``extra``) over every sub-config that has those fields."""
-    for name in list(vars(config)):
-        sub = getattr(config, name, None)
-        if hasattr(sub, "to_dict") and hasattr(sub, "model_type") and name.endswith("config"):
+    for name, sub in list(vars(config).items()):  # vars: per-layer attributes raise on getattr
+        if _is_config(sub):  # text_config, vision_config, encoder, decoder, ...
             setattr(config, name, _shrunk(sub, small, {}))
     d = config.to_dict()
     for key in _PER_LAYER:
         d.pop(key, None)
-    d.update({k: v for k, v in small.items() if k in d})
+    d.update({k: v for k, v in {**FIELDS, **small}.items() if k in d and k != "rope_parameters"})
+    rope, want = d.get("rope_parameters"), small.get("rope_parameters")
+    if isinstance(rope, dict) and "mrope_section" in rope and want:  # M-RoPE sections that fit the tiny head
+        d["rope_parameters"] = dict(rope, mrope_section=want["mrope_section"])
     d.update(extra)
     d.pop("model_type", None)
+    for key in _read_only(type(config)):
+        d.pop(key, None)
     for name in list(d):
-        sub = getattr(config, name, None)
-        if hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
+        sub = vars(config).get(name)
+        if _is_config(sub):
             d[name] = sub  # keep the shrunk sub-config object
-    return type(config)(**d)
+    out = _construct(type(config), d)
+    types = vars(out).get("layer_types")
+    if isinstance(types, list) and types and set(types) <= _RECURRENT and "layer_types" not in _read_only(type(out)):
+        # a hybrid shrunk to recurrent layers only: its last layer attends, the one the rope is for
+        out = _construct(type(out), dict(d, layer_types=types[:-1] + ["full_attention"]))
+    return out
 
 
 def _attempts(model_type: str) -> list[dict[str, Any]]:
@@ -109,8 +202,8 @@ def _attempts(model_type: str) -> list[dict[str, Any]]:
     small = {**SMALL, **EXTRA.get(model_type, {})}
     mha = dict(small, num_key_value_heads=small["num_attention_heads"])
     derived = {k: v for k, v in small.items() if k != "head_dim"}
-    mrope = dict(small, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]})
-    half = dict(small, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]})
+    mrope = dict(small, rope_parameters={"mrope_section": [2, 3, 3]})
+    half = dict(small, rope_parameters={"mrope_section": [2, 1, 1]})
     return [small, mha, derived, dict(derived, num_key_value_heads=small["num_attention_heads"]), mrope, half]
 
 
@@ -137,40 +230,95 @@ def _model_class(config: Any, causal: bool) -> Any:
 def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
     """A tiny random model of ``model_type`` and whether it is a causal LM (greedy decoding compared)."""
     import torch
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     torch.manual_seed(0)
-    small = dict(small)
-    config = _shrunk(AutoConfig.for_model(model_type, **small), small, EXTRA.get(model_type, {}))
-    types = getattr(config, "layer_types", None)
-    if isinstance(types, list) and "linear_attention" in types and "full_attention" not in types:
-        # a hybrid shrunk to linear-attention layers only: one full-attention layer, which the rope is for
-        small["layer_types"] = ["linear_attention"] * (len(types) - 1) + ["full_attention"]
-        config = _shrunk(AutoConfig.for_model(model_type, **small), small, {"layer_types": small["layer_types"]})
+    cls = CONFIG_MAPPING[model_type]
+    try:  # the small sizes at construction, so that derived fields follow them
+        first = _construct(cls, dict(small))
+    except Exception:  # noqa: BLE001 - a validator that reads sub-configs: the defaults, shrunk below
+        first = cls()
+    config = _shrunk(first, small, EXTRA.get(model_type, {}))
     config._attn_implementation = "eager"
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     model = _model_class(config, causal).from_config(config)
     return model.eval(), causal
 
 
+def _inputs(model: Any, x: Any) -> dict[str, Any]:
+    """The forward's token inputs: ``input_ids``, and the same tokens for an encoder-decoder's decoder."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        return {"input_ids": x, "decoder_input_ids": x}
+    return {"input_ids": x}
+
+
+class _Unrun(Exception):
+    """A model that builds but whose unpatched forward on ``input_ids`` alone raised (``model``, ``error``)."""
+
+    def __init__(self, model: Any, error: BaseException) -> None:
+        super().__init__(_short(error))
+        self.model, self.error = model, error
+
+
 def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any]]:
-    """The first attempt that builds and runs unpatched: (model, causal, input, output, greedy tokens, gen)."""
+    """The first attempt that builds and runs unpatched: (model, causal, input, output, greedy tokens, gen).
+
+    Raises the first build error, or :class:`_Unrun` (the first model that built) when every model
+    that built raised in its forward: a further-reaching failure says more than a validator's."""
     import torch
 
     x = torch.randint(3, VOCAB, (1, SEQ), generator=torch.Generator().manual_seed(1))
     gen = dict(max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     first: Exception | None = None
+    unrun: _Unrun | None = None
     for small in _attempts(model_type):
         try:
             model, causal = build(model_type, small)
-            with torch.no_grad():
-                want = _output(model(input_ids=x)).float()
-                tokens = model.generate(x, **gen) if causal else None
-            return model, causal, x, want, tokens, gen
         except Exception as err:  # noqa: BLE001 - the next attempt; the first error is the row's reason
             first = first or err
-    raise first  # type: ignore[misc]
+            continue
+        try:
+            with torch.no_grad():
+                want = _output(model(**_inputs(model, x))).float()
+                tokens = model.generate(x, **gen) if causal else None
+            return model, causal, x, want, tokens, gen
+        except Exception as err:  # noqa: BLE001
+            unrun = unrun or _Unrun(model, err)
+    raise unrun or first  # type: ignore[misc]
+
+
+_NO_CLASS = re.compile(r"no model class of \S+ takes a (\w+)")
+
+
+def _parent(model_type: str) -> str | None:
+    """The model type whose config holds ``model_type``'s config as a sub-config (at any depth)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    want = CONFIG_MAPPING[model_type]
+
+    def holds(cls: Any, depth: int = 0) -> bool:
+        subs = dict(getattr(cls, "sub_configs", None) or {}).values()
+        return any(c is want or (depth < 3 and isinstance(c, type) and holds(c, depth + 1)) for c in subs)
+
+    package = want.__module__.rsplit(".", 2)[-2]
+    found = [t for t in CONFIG_MAPPING_NAMES if t != model_type and CONFIG_MAPPING[t].__module__.rsplit(".", 2)[-2] == package
+             and holds(CONFIG_MAPPING[t])]
+    found += [t for t in CONFIG_MAPPING_NAMES if t != model_type and t not in found and holds(CONFIG_MAPPING[t])]
+    return min(found[:8], key=len) if found else None
+
+
+def _unrun_row(row: dict[str, Any], unrun: _Unrun) -> dict[str, Any]:
+    """A model that built but does not run on ``input_ids`` alone: what patch_model says of it."""
+    from liepos.interop import patch_model
+
+    why = f"(its unpatched forward on input_ids alone raised {_short(unrun.error)[:200]}; not run)"
+    try:
+        patch_model(unrun.model)
+    except Exception as err:  # noqa: BLE001 - patch_model's refusal is the row
+        return dict(row, status="refused", reason=f"{_short(err)[:400]} {why}")
+    return dict(row, status="not measured", reason=f"patch_model accepted it, but {why[1:-1]}")
 
 
 def _output(out: Any) -> Any:
@@ -195,7 +343,12 @@ def run_one(model_type: str) -> dict[str, Any]:
     try:
         model, causal, x, want, want_tokens, gen = _reference(model_type)
         row["class"] = type(model).__name__
+    except _Unrun as unrun:
+        return _unrun_row(dict(row, **{"class": type(unrun.model).__name__}), unrun)
     except Exception as err:  # noqa: BLE001 - the row says what failed
+        if (m := _NO_CLASS.search(str(err))) and (parent := _parent(model_type)):
+            return dict(row, status="component", parent=parent,
+                        reason=f"no model class takes a {m.group(1)} alone: a sub-config of {parent}")
         return dict(row, status="could not build", reason=_short(err))
     try:
         patch_model(model)
@@ -203,7 +356,7 @@ def run_one(model_type: str) -> dict[str, Any]:
         return dict(row, status="refused", reason=_short(err))
     try:
         with torch.no_grad():
-            got = _output(model(input_ids=x)).float()
+            got = _output(model(**_inputs(model, x))).float()
             got_tokens = model.generate(x, **gen) if causal else None
     except Exception as err:  # noqa: BLE001
         return dict(row, status="failed", reason=_short(err), trace=traceback.format_exc()[-1500:])
@@ -273,7 +426,7 @@ class Pool:
             self.proc.join(10)
 
 
-STATUSES = ("exact", "refused", "mismatch", "failed", "could not build")
+STATUSES = ("exact", "refused", "mismatch", "failed", "not measured", "component", "could not build")
 
 
 def write(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
@@ -297,7 +450,12 @@ def write(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     for r in rows:
         rel = f"{r['rel']:.2g}" if "rel" in r else ""
         greedy = {None: "", True: "yes", False: "NO"}[r.get("greedy")]
-        reason = r.get("reason", "").replace("|", "\\|")[:300]
+        reason = r.get("reason", "")
+        if r["status"] == "component":
+            parent = next((q for q in rows if q["model_type"] == r.get("parent")), None)
+            reason += (f"; only its parent builds it: parent row {parent['model_type']}: {parent['status']}" if parent
+                       else "; its parent is not a row of this table")
+        reason = reason.replace("|", "\\|")[:300]
         lines.append(f"| {r['model_type']} | {r.get('class', '')} | {r['status']} | {rel} | {greedy} | {reason} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 

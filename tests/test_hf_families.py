@@ -15,6 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 import liepos as lp  # noqa: E402
 from liepos.interop import from_hf, patch_model, read_hf, unpatch_model  # noqa: E402
@@ -31,6 +32,13 @@ SHORT = [1.0 + 0.1 * i for i in range(6)]
 LONG = [1.5 + 0.5 * i for i in range(6)]
 LONGROPE = {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG, "original_max_position_embeddings": L0}
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+MLA = dict(num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, head_dim=8,
+           v_head_dim=16, n_routed_experts=4, num_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+           first_k_dense_replace=1, moe_intermediate_size=32, n_shared_experts=1, pad_token_id=0,
+           index_topk=16)  # fewer keys than the input: the indexers select
+# the MLA families of DeepSeek-V3's decoupled rotary slice besides deepseek_v3 (their indexers keep upstream's rope)
+MLA_ROWS = ("glm4_moe_lite", "youtu", "axk1", "minicpm3", "longcat_flash", "bailing_hybrid", "deepseek_v32", "axk2",
+            "deepseek_v2", "glm_moe_dsa", "hy_v4")
 # per-family config facts a tiny model needs (upstream defaults sized for real checkpoints)
 EXTRA = {
     "mixtral": dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2),
@@ -50,17 +58,22 @@ EXTRA = {
                         v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
                         first_k_dense_replace=1, moe_intermediate_size=32),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+    **{t: MLA for t in MLA_ROWS},
+    "bailing_hybrid": dict(MLA, layer_types=["linear_attention", "full_attention"]),  # one attending layer
     "llama4_text": dict(interleave_moe_layer_step=2, num_local_experts=2, intermediate_size_mlp=128,
                         no_rope_layers=[1, 0], attention_chunk_size=48),
 }
-EAGER = {"gemma2", "gemma3_text", "gpt_oss"}  # families without an sdpa path for their extra terms
+EAGER = {"gemma2", "gemma3_text", "gpt_oss", "hy_v4"}  # families without an sdpa path (for their extra terms)
 SCALED = {
     "phi3": LONGROPE,
-    "deepseek_v3": dict(YARN, mscale=1.0, mscale_all_dim=1.0),
+    **{t: dict(YARN, mscale=1.0, mscale_all_dim=1.0) for t in ("deepseek_v3", *MLA_ROWS)},
     "gpt_oss": dict(YARN, truncate=False, beta_fast=32.0, beta_slow=1.0),
     "gemma3_text": {"full_attention": dict(YARN), "sliding_attention": {"rope_type": "default"}},
 }
-ROWS = [f.model_type for f in FAMILIES.values() if f.attention and f.axes == 1 and f.positions == "rope"]
+# the causal LMs (mistral_large4_text, a multimodal model's text half, is tested below; mistral4's config carries
+# llama_4_scaling_beta, which read_hf refuses)
+ROWS = [f.model_type for f in FAMILIES.values() if f.attention and f.axes == 1 and f.positions == "rope"
+        and f.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
 
 
 def tiny(model_type, rope=None, *, seed=0, **kw):
@@ -326,6 +339,9 @@ def worst_table() -> str:
 @pytest.mark.parametrize("model_type, layout", [
     ("llama", "half"), ("cohere", "interleaved"), ("glm", "interleaved"), ("glm4", "interleaved"),
     ("llama4_text", "interleaved"), ("deepseek_v3", "interleaved"),
+    # MLA: DeepSeek-V2's complex pairs and the always-interleaved rows are (2k, 2k + 1); MiniCPM3 rotate_half
+    ("deepseek_v2", "interleaved"), ("longcat_flash", "interleaved"), ("glm_moe_dsa", "interleaved"),
+    ("minicpm3", "half"), ("hy_v4", "half"),
 ])
 def test_from_hf_reads_the_family_layout(model_type, layout):
     """The layout is the family's (DeepSeek-V3: its rope_interleave flag), not always rotate_half."""
@@ -334,3 +350,25 @@ def test_from_hf_reads_the_family_layout(model_type, layout):
     if model_type == "deepseek_v3":
         model.config.rope_interleave = False
         assert from_hf(model.config, softmax_mscale=False).layout == "half"
+
+
+@pytest.mark.parametrize("rope", ["default", "scaled"])
+def test_mistral_large4_text_hidden_states_equal_upstream(rope):
+    """The text decoder of a multimodal MLA model (its indexer on upstream's rope), past the original length."""
+    from transformers.models.mistral_large4.modeling_mistral_large4 import MistralLarge4TextModel
+
+    torch.manual_seed(0)
+    cfg = dict(MLA, hidden_size=64, intermediate_size=128, num_attention_heads=4, vocab_size=128, num_hidden_layers=2,
+               max_position_embeddings=4 * L0, initializer_range=0.2, attention_dropout=0.0)
+    if rope == "scaled":
+        cfg["rope_parameters"] = dict(YARN, mscale=1.0, mscale_all_dim=1.0, rope_theta=10000.0)
+    config = AutoConfig.for_model("mistral_large4_text", **cfg)
+    config._attn_implementation = "eager"
+    model = MistralLarge4TextModel(config).eval()
+    x = ids()
+    with torch.no_grad():
+        want = model(input_ids=x).last_hidden_state
+        patch_model(model)
+        got = model(input_ids=x).last_hidden_state
+    unpatch_model(model)
+    assert ((got - want).abs().max() / want.abs().max()).item() <= TOL

@@ -201,3 +201,25 @@ def test_the_coverage_script_rows():
         assert (row["status"], row["greedy"]) == ("exact", True) and row["rel"] <= cov.TOL
     row = cov.run_one("gptj")
     assert row["status"] == "refused" and "GPT-J rotates" in row["reason"]
+
+
+def test_the_coverage_script_repairs_validators_and_names_components():
+    """The tiny config agrees with what a validator names; a sub-config type is a component of its parent."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "hf_coverage.py"
+    spec = importlib.util.spec_from_file_location("hf_coverage", path)
+    cov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cov)
+    d = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    assert cov._repair("ValueError: num_attention_heads (4) must be the same as num_key_value_heads (2).", d)
+    assert d["num_key_value_heads"] == 4
+    d = {"hidden_size": 64, "codebook_dim": 512}
+    msg = "ValueError: no projections around the quantizer, so `codebook_dim` (512) must equal `hidden_size` (64)."
+    assert cov._repair(msg, d) and d["codebook_dim"] == 64
+    assert not cov._repair("ValueError: something no rule knows", d)
+    row = cov.run_one("blt_local_decoder")
+    assert (row["status"], row["parent"]) == ("component", "blt")
+    row = cov.run_one("lfm3")  # a hybrid shrunk to two layers keeps one attending layer
+    assert (row["status"], row["greedy"]) == ("exact", True) and row["rel"] <= cov.TOL

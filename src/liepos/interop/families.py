@@ -26,6 +26,8 @@ written here once:
 * ``direction``: +1, or -1 for a rotation that runs the other way (``ω < 0`` in liepos' sense);
 * ``rotary_dims``: the dims the attention passes to the rope, when known (a verified row: the probed
   head, or with ``splits_rotary`` the rotated dims; table rows read them from the attention module);
+* ``upstream_inside``: sub-modules of the attention that rotate with upstream's rope, the dispatchers
+  inactive in their forward (a sparse-attention indexer calling the attention's own rope function);
 * ``verified``: the row was probed from the modeling code and proven (:mod:`liepos.interop.hf_verify`),
   not written here.
 """
@@ -59,6 +61,7 @@ class Family:
     axes: int = 1
     direction: int = 1
     rotary_dims: int = 0
+    upstream_inside: tuple[str, ...] = ()
     verified: bool = False
 
     @property
@@ -75,8 +78,32 @@ _SOFTCAP = "Gemma 2/3 soft-cap their attention logits (attn_logit_softcapping), 
 _SINKS = "GPT-OSS adds learned attention sinks (s_aux) to the softmax, which liepos.attention does not"
 # the other MLA families of transformers: their attention multiplies the softmax scale by m(s, mscale_all_dim)²
 # (yarn_apply_mscale in each modeling file); from_hf knows it, patch_model does not patch them
-_MLA = ("deepseek_v2", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "longcat_flash", "minicpm3", "mistral4",
-        "mistral_large4", "youtu", "axk1", "axk2", "bailing_hybrid", "hy_v4", "hy_v4_vl")
+_BOTH = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
+_INTERLEAVE = ("apply_rotary_pos_emb_interleave",)
+# MLA families whose decoupled rotary slice is DeepSeek-V3's (yarn_apply_mscale on the softmax scale)
+_MLA_ROWS = (
+    ("glm4_moe_lite", "Glm4MoeLiteAttention", "rope_interleave", _BOTH),
+    ("mistral4", "Mistral4Attention", "rope_interleave", _BOTH),
+    ("youtu", "YoutuAttention", "rope_interleave", _BOTH),
+    ("axk1", "AXK1Attention", "rope_interleave", _BOTH),
+    ("minicpm3", "MiniCPM3Attention", "half", ("apply_rotary_pos_emb",)),
+    ("longcat_flash", "LongcatFlashMLA", "interleaved", _INTERLEAVE),
+    ("bailing_hybrid", "BailingHybridAttention", "interleaved", _INTERLEAVE),
+    # the indexer rotates with the other apply function, which stays upstream's
+    ("deepseek_v32", "DeepseekV32Attention", "interleaved", _INTERLEAVE),
+    ("axk2", "AXK2Attention", "interleaved", _INTERLEAVE),
+    # complex freqs_cis on pairs (2k, 2k + 1): the interleaved rotation
+    ("deepseek_v2", "DeepseekV2Attention", "interleaved", ("apply_rotary_emb",)),
+)
+# the indexer of these calls the attention's own rope function, on (batch, seq, heads, dim), inside the
+# attention's forward: it keeps upstream's rope
+_INDEXED = (
+    ("glm_moe_dsa", "GlmMoeDsaAttention", "glm_moe_dsa", "GlmMoeDsaIndexer", _INTERLEAVE),
+    ("mistral_large4_text", "MistralLarge4TextAttention", "mistral_large4", "MistralLarge4TextIndexer", _INTERLEAVE),
+    ("hy_v4", "HYV4Attention", "hy_v4", "HYV4Indexer", ("apply_rotary_pos_emb",)),
+)
+_HY_V4_VL = ("HunYuan-V4-VL's M-RoPE interleaves its three position axes across the frequencies "
+             "(recomposition_frequencies), which liepos does not reproduce yet")
 _OWN = "the family computes attention itself, not through ALL_ATTENTION_FUNCTIONS"
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -110,7 +137,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
           apply=("apply_rotary_emb",)),
     _rope("qwen2_vl_text", "Qwen2VLAttention", "qwen2_vl", axes=3),
     _rope("qwen2_5_vl_text", "Qwen2_5_VLAttention", "qwen2_5_vl", axes=3),
-    *(Family(t, softmax_mscale=True, why="its multi-head latent attention is not patched yet") for t in _MLA),
+    *(_rope(t, attention, layout=layout, softmax_mscale=True, apply=apply) for t, attention, layout, apply in _MLA_ROWS),
+    *(_rope(t, attention, module, layout="interleaved" if apply == _INTERLEAVE else "half", softmax_mscale=True,
+            apply=apply, upstream_inside=(indexer,)) for t, attention, module, indexer, apply in _INDEXED),
+    Family("hy_v4_vl_text", positions="refused", why=_HY_V4_VL),
     Family("bloom", "bloom", ("BloomAttention",), positions="alibi"),
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),
@@ -121,7 +151,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
 )}
 # model types whose text decoder is one of the rows above
 _ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_vl": "qwen2_vl_text",
-            "qwen2_5_vl": "qwen2_5_vl_text"}
+            "qwen2_5_vl": "qwen2_5_vl_text", "mistral_large4": "mistral_large4_text", "hy_v4_vl": "hy_v4_vl_text"}
 
 
 def family_of(model_type: Any) -> Family | None:

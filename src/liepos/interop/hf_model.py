@@ -11,7 +11,7 @@ windows, sinks, soft-capping, the backend) and replaces only what the encoding d
   M-RoPE's three), so liepos rotates at the very positions upstream does;
 * the module-level rope functions of the family's modeling file become dispatchers: inside a
   patched attention they apply the layer's :class:`~liepos.Encoding` (``enc.query``/``enc.key``,
-  with transformers' temperature on the rotated dims); anywhere else they are upstream's;
+  with transformers' temperature on the rotated dims); anywhere else (an indexer's) upstream's;
 * for encodings that are not fixed rotations (xPos, RetNet, ALiBi's slots, dynamic NTK,
   LongRoPE, Jordan blocks) the rope functions return the raw q and k, the cache keeps raw keys,
   their times are kept beside it, and ``ALL_ATTENTION_FUNCTIONS`` of the modeling file returns
@@ -19,9 +19,8 @@ windows, sinks, soft-capping, the backend) and replaces only what the encoding d
   step through the keys kept encoded at a cache origin (:mod:`liepos.interop.hf_decode`: only the
   new key and the query are encoded), anything else through :func:`liepos.attention`.
 
-The ALiBi families (Bloom, MPT, Falcon with ``alibi=True``) build a bias tensor inside their own
-attention code instead; for them the attention forward itself is replaced by one that runs
-:func:`liepos.attention` with the same projections.
+The ALiBi families (Bloom, MPT, Falcon with ``alibi=True``) build a bias inside their own attention
+code; their attention forward is replaced by one that runs :func:`liepos.attention`, same projections.
 """
 
 from __future__ import annotations
@@ -503,6 +502,15 @@ def _block_forward(self: Any, *args: Any, output_attentions: bool = False, **kwa
         _BLOCK_WEIGHTS.reset(token)
 
 
+def _upstream_rope(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A sub-module inside a patched attention (an indexer) that rotates with upstream's rope."""
+    token = _ACTIVE.set(None)
+    try:
+        return type(self).forward(self, *args, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
+
+
 def _own_forward(family: Family, config: Any) -> Any:
     """The ALiBi family's own forward, or None for the families of the shared mechanism."""
     if family.model_type == "falcon" and getattr(config, "alibi", False):
@@ -625,8 +633,7 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: _Posi
                 "reads the config's rotated-dims temperature and applies it on those dims itself"
             )
         enc, pad = item, 0
-        # a fixed rotation runs in the model's backend: its logit scale goes into q and k;
-        # liepos.attention applies it itself
+        # a fixed rotation runs in the model's backend: its logit scale in q and k; liepos.attention applies it itself
         gain = math.sqrt(item.logit_scale) if _fixed(item) else 1.0
     if enc.content_dim - pad != rotated:
         raise ValueError(
@@ -690,18 +697,16 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
                 precision: str = "precise") -> Any:
     """Run every attention layer of a transformers model of a supported family on liepos; returns ``model``.
 
-    The families are the rows of :data:`liepos.interop.families.FAMILIES` with an attention class
-    (Llama, Mistral, Mixtral, Qwen2/3 and their MoE, Gemma 1–3, OLMo 1–2, Granite, Starcoder2,
-    Cohere, GLM, GLM4, StableLM, Phi, Phi-3, GPT-NeoX, Falcon, DeepSeek-V3, GPT-OSS, SmolLM3,
-    Llama 4 text, Qwen2-VL/2.5-VL text with M-RoPE; ALiBi: Bloom, MPT, Falcon with ``alibi=True``).
+    The families are the rows of :data:`liepos.interop.families.FAMILIES` with an attention class (the
+    Llama-shaped families, the MLA families, Llama 4 text, Qwen2-VL M-RoPE; ALiBi: Bloom, MPT, Falcon).
     A family outside the table is probed in its modeling code and proven on the spot
     (:mod:`liepos.interop.hf_verify`); any other model is refused with the reason.
 
     * ``encoding=None``: what the config means (:func:`liepos.interop.read_hf`, ``precision``
       passed on), so the patched model computes what the unpatched one does; the temperature is
       applied to the rotated dims as upstream does, model-level multipliers stay upstream's.
-    * Pure rotations with a fixed generator cache the *encoded* keys in HF's cache, exactly like
-      upstream, and run the model's own attention backend.
+    * Pure rotations with a fixed generator cache the *encoded* keys in HF's cache, as upstream, and
+      run the model's own attention backend.
     * A config's dynamic NTK or longrope: each forward rotates at the length transformers'
       rotary module computes that forward's frequencies at, keys cached as rotated (upstream's
       model exactly); an explicit length-dependent Encoding means its rule (below).
@@ -711,8 +716,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
       them the keys encoded at a cache origin, so a decode step encodes its query and new key only
       (:mod:`liepos.interop.hf_decode`); otherwise :func:`liepos.attention` encodes them relative to
       each query block, causal by token order and under HF's mask (padding, packed sequences,
-      sliding windows, static caches).
-      ``output_attentions`` returns the softmax weights.
+      sliding windows, static caches); ``output_attentions`` returns the softmax weights.
 
     ``encoding`` may be a dict ``{layer_type: Encoding}``. Layers the family runs without rope
     (SmolLM3's and Llama 4's NoPE layers) stay NoPE and upstream's, Llama 4's ``attn_temperature_tuning``
@@ -720,11 +724,10 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     Patching a patched model replaces its
     encoding; :func:`unpatch_model` restores the upstream forward.
 
-    Limits: on the raw-key path no attention dropout; a cache filled by the unpatched model is
-    refused, and the key times follow the cache's rows as filled (beam search that reorders rows
-    with different positions, i.e. a left-padded batch, is not supported there); families whose attention adds terms liepos'
-    attention lacks (Gemma 2/3 soft-capping, GPT-OSS sinks, Falcon's own attention) take fixed
-    rotations only.
+    Limits: on the raw-key path no attention dropout; a cache filled by the unpatched model is refused,
+    and the key times follow the cache's rows as filled (beam search reordering rows with different
+    positions, i.e. a left-padded batch, is not supported there); families whose attention adds terms
+    liepos' attention lacks (Gemma 2/3 soft-capping, GPT-OSS sinks, Falcon's own) take fixed rotations only.
     """
     if encoding is not None and not isinstance(encoding, (Encoding, Mapping)):
         raise TypeError(
@@ -757,10 +760,12 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     model.__dict__["_liepos_positions"] = positions
     positions.lengths[:] = lengths.values()  # a repatched model follows only its new encodings
     forward = _own_forward(family, config) or _forward
-    for m in model.modules():
-        if type(m).__name__ == _WEIGHT_BLOCKS.get(family.model_type) and "_liepos_block" not in m.__dict__:
+    for m in model.modules():  # decoder blocks that say whether they return weights; indexers on upstream's rope
+        name = type(m).__name__
+        wrap = _block_forward if name == _WEIGHT_BLOCKS.get(family.model_type) else _upstream_rope
+        if (wrap is _block_forward or name in family.upstream_inside) and "_liepos_block" not in m.__dict__:
             m._liepos_block = True
-            m.forward = _block_forward.__get__(m, type(m))
+            m.forward = wrap.__get__(m, type(m))
     for m, state in plan:
         m._liepos = state
         m.forward = forward.__get__(m, type(m))
