@@ -155,8 +155,11 @@ class Diagnoser:
         if rec.matrix is not None:
             from liepos.classification import classify
 
-            self.measures["generator_fit"] = rec.fit
-            snap = min(max(_SNAP_MIN, 10 * max(trans, gl, rec.fit, 1e-9) / max(plan.ladder[-1], 1.0)), _SNAP_MAX)
+            fit = rec.fit
+            if fit is None:  # recover() measures the fit of every generator it returns
+                raise RuntimeError("diagnose: a recovered generator came without its fit")
+            self.measures["generator_fit"] = fit
+            snap = min(max(_SNAP_MIN, 10 * max(trans, gl, fit, 1e-9) / max(plan.ladder[-1], 1.0)), _SNAP_MAX)
             generator = generator_from_matrix(rec.matrix, snap)
             classification = classify(generator)
         self._lengths(fq, fk)
@@ -230,6 +233,9 @@ class Diagnoser:
         three depend on t − s only (ALiBi's slots: u = v = 0, β = −m (t − s)); otherwise they are
         absolute cross terms (the sinusoid added to q of Vaswani et al.).
         """
+        offset = self.offset
+        if offset is None:  # called only for an affine encoder, whose offset was measured
+            raise RuntimeError("diagnose: the added parts were examined before the offset was measured")
         zero = torch.zeros(1, self.d, dtype=torch.float64)
         b = self.pq(zero, br.pos, "offset")[0].numpy()  # (P, d_out): b(t)
         c = self.pk(zero, br.pos, "offset")[0].numpy()  # (P, d_out): c(s)
@@ -247,18 +253,18 @@ class Diagnoser:
             ref = parts(t, s)
             for sh in plan.shifts:
                 moved = parts(t + sh, s + sh)
-                drift = max(drift, *(float(np.linalg.norm(np.subtract(x, y))) / sc
+                drift = max(drift, *(float(np.linalg.norm(np.subtract(np.asarray(x), np.asarray(y)))) / sc
                                      for x, y, sc in zip(moved, ref, scales)))
         self.measures["additive_drift"] = drift
         varies = rel(b, np.broadcast_to(b[:1], b.shape))  # (1, d_out) -> (P, d_out)
         if drift > self.tol:
             self.add(NOT_LINEAR,
                      "the encoder is affine, not linear: it adds a vector b(t) that does not depend on the "
-                     f"input (|b| / |f(x)| = {self.offset:.3g}; b varies with position by {varies:.3g}), an "
+                     f"input (|b| / |f(x)| = {offset:.3g}; b varies with position by {varies:.3g}), an "
                      "absolute additive encoding such as the sinusoidal of Vaswani et al. The score then has "
                      "cross terms q.c(s) + b(t).k + b(t).c(s) that depend on t and s separately (by "
                      f"{drift:.3g} under a shift). The rest of this report is about the linear part f(x) - f(0).",
-                     self.offset)
+                     offset)
             return
         lags = sorted({float(u) for u in plan.verify} | {0.0})
         beta = np.array([parts(u, 0.0)[2] for u in lags])
@@ -270,10 +276,10 @@ class Diagnoser:
                  if linear else f"beta(u) at u = {lags[:4]} is {[round(x, 6) for x in beta[:4]]}")
         self.add(SCORE_BIAS,
                  f"the encoder is affine: it adds b(t) to the query and c(s) to the key, independent of the input "
-                 f"(|b| / |f(x)| = {self.offset:.3g}), and every cross term depends on t - s only (drift "
+                 f"(|b| / |f(x)| = {offset:.3g}), and every cross term depends on t - s only (drift "
                  f"{drift:.2g} under a shift): the score is q.A(t - s)k plus a relative bias {shape}. The rest "
                  "of this report is about the linear part f(x) - f(0).",
-                 self.offset, breaks=False)
+                 offset, breaks=False)
 
     def continuity(self, A: Callable[[float], np.ndarray], cont_u: Sequence[float]) -> bool:
         """|A(u + h) − A(u)| must shrink with h; a jump means rounded positions (then judged on integers)."""

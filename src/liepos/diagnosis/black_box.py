@@ -114,7 +114,7 @@ def _diagnose_axes(fq: Encoder, fk: Encoder, dim: int, axes: int, **kw: Any) -> 
         for j in range(i + 1, axes):
             Xi, Xj = subs[i].matrix, subs[j].matrix
             if Xi is not None and Xj is not None:
-                den = max(np.linalg.norm(Xi) * np.linalg.norm(Xj), TINY)
+                den = max(float(np.linalg.norm(Xi)) * float(np.linalg.norm(Xj)), TINY)
                 pairs.append((i, j, float(np.linalg.norm(Xi @ Xj - Xj @ Xi) / den)))
     comm = max((c for _, _, c in pairs), default=0.0)
     tol = kw["tol"]

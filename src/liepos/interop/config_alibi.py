@@ -50,13 +50,12 @@ def config_alibi(src: ConfigSource, family: Family) -> Encoding:
         attn = src.get("attn_config") or {}
         bias_max = attn.get("alibi_bias_max", 8) if isinstance(attn, Mapping) else getattr(attn, "alibi_bias_max", 8)
         heads, hidden = src.get("n_heads"), src.get("d_model")
-        slopes = _f32_mpt_slopes(int(heads), bias_max)
     else:
         heads = src.get("num_attention_heads") or src.get("n_head")
         hidden = src.get("hidden_size") or src.get("n_embed")
-        slopes = _f32_bloom_slopes(int(heads)) if heads is not None else None
     if heads is None or hidden is None:
         raise ValueError(f"the {family.model_type} config has no head count or hidden size to read its ALiBi from")
+    slopes = _f32_mpt_slopes(int(heads), bias_max) if family.model_type == "mpt" else _f32_bloom_slopes(int(heads))
     head_dim = int(hidden) // int(heads)
     slopes = slopes.to(torch.float64)
     if family.model_type == "falcon":

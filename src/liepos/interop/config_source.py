@@ -59,7 +59,7 @@ def source_labels(src: ConfigSource) -> tuple[str, ...]:
     return tuple(labels)
 
 
-def rope_dicts(src: ConfigSource) -> tuple[dict[str, Any], bool]:
+def rope_dicts(src: ConfigSource) -> tuple[dict[str | None, Any], bool]:
     """The rope parameters as ``({name: dict | None}, nested)``; a flat config uses the name ``None``."""
     rp = src.get("rope_parameters")
     rs = src.get("rope_scaling")

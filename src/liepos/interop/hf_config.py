@@ -245,7 +245,7 @@ def _checked_family(src: ConfigSource, family: Family | None, ignore: frozenset[
             + (f"; {family.why}" if family is not None and family.why else "")
         )
     if kind == "refused":
-        raise ValueError(f"model_type {model_type!r}: {family.why}")
+        raise ValueError(f"model_type {model_type!r}: {family.why if family is not None else 'refused'}")
     if model_type is not None and family is None and not any(
         src.get(k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta")
     ):
@@ -282,6 +282,8 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
     src = ConfigSource(config)
     kind, family = _checked_family(src, family_of(src.get("model_type")) if family is None else family, ignore)
     if kind == "alibi":
+        if family is None:  # only a family row says a model uses ALiBi
+            raise ValueError("a config read as ALiBi needs its family row (liepos.interop.families)")
         enc = config_alibi(src, family)
         return HFRope(enc, 0, 1.0, 1.0, family)
     out = _read_layers(src, layer_type, precision, head_dim, ignore, family)
@@ -325,9 +327,10 @@ def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head
         return read(layer_type, dicts[None])
     if layer_type is not None:
         if layer_type not in dicts:
-            raise ValueError(f"layer_type {layer_type!r} has no rope parameters; the config has {sorted(dicts)}")
+            raise ValueError(f"layer_type {layer_type!r} has no rope parameters; the config has "
+                             f"{sorted(k for k in dicts if k is not None)}")
         return read(layer_type, dicts[layer_type])
-    return {lt: read(lt, params) for lt, params in dicts.items()}
+    return {lt: read(lt, params) for lt, params in dicts.items() if lt is not None}  # nested: every key a name
 
 
 def _as_encoding(r: HFRope, softmax_mscale: bool | None) -> Encoding:

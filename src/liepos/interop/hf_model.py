@@ -7,20 +7,17 @@ module turns ``position_ids`` into ``cos, sin``; the attention calls a module-le
 attention (projections, q/k norms, softmax scaling and its multipliers, sliding or chunked
 windows, sinks, soft-capping, the backend) and replaces only what the encoding decides:
 
-* the rotary module's ``forward`` also records the ``position_ids`` it receives (one axis, or
-  M-RoPE's three), so liepos rotates at the very positions upstream does;
+* the rotary module's ``forward`` also records its ``position_ids`` (one axis, or M-RoPE's three);
 * the module-level rope functions of the family's modeling file become dispatchers: inside a
   patched attention they apply the layer's :class:`~liepos.Encoding` (``enc.query``/``enc.key``,
   with transformers' temperature on the rotated dims); anywhere else (an indexer's) upstream's;
 * for encodings that are not fixed rotations (xPos, RetNet, ALiBi's slots, dynamic NTK,
   LongRoPE, Jordan blocks) the rope functions return the raw q and k, the cache keeps raw keys,
-  their times are kept beside it, and ``ALL_ATTENTION_FUNCTIONS`` of the modeling file returns
-  the raw-key attention, causal by token order (packed sequences never see a later token): a decode
-  step through the keys kept encoded at a cache origin (:mod:`liepos.interop.hf_decode`: only the
-  new key and the query are encoded), anything else through :func:`liepos.attention`.
+  their times beside it, and ``ALL_ATTENTION_FUNCTIONS`` returns the raw-key attention, causal by token
+  order: a decode step through keys kept encoded at a cache origin (:mod:`liepos.interop.hf_decode`),
+  anything else through :func:`liepos.attention`.
 
-The ALiBi families (Bloom, MPT, Falcon with ``alibi=True``) build a bias inside their own attention
-code; their attention forward is replaced by one that runs :func:`liepos.attention`, same projections.
+The ALiBi families (Bloom, MPT, Falcon ``alibi=True``) get an attention forward on :func:`liepos.attention`.
 """
 
 from __future__ import annotations
@@ -246,7 +243,7 @@ def _rope_dispatcher(upstream: Any) -> Any:
             return upstream(q, k, *args, **kwargs)
         return module._liepos.rotate(q, k)
 
-    rope._liepos_upstream = upstream
+    vars(rope)["_liepos_upstream"] = upstream
     return rope
 
 
@@ -287,7 +284,7 @@ def _install(family: Family, model: Any) -> None:
             setattr(mod, name, _rope_dispatcher(fn))
     table = getattr(mod, "ALL_ATTENTION_FUNCTIONS", None)
     if table is not None and not isinstance(table, _Interfaces):
-        mod.ALL_ATTENTION_FUNCTIONS = _Interfaces(table)
+        vars(mod)["ALL_ATTENTION_FUNCTIONS"] = _Interfaces(table)
 
 
 def _packed_attention(fn: Any, module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Any,
@@ -766,8 +763,8 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         if (wrap is _block_forward or name in family.upstream_inside) and "_liepos_block" not in m.__dict__:
             m._liepos_block = True
             m.forward = wrap.__get__(m, type(m))
-    for m, state in plan:
-        m._liepos = state
+    for m, st in plan:
+        m._liepos = st
         m.forward = forward.__get__(m, type(m))
     return model
 
