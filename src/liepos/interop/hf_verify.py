@@ -359,6 +359,11 @@ def patch_family(model: Any, config: Any) -> Family:
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
+    sizes = sorted({int(m.head_dim) for m in model.modules()
+                    if type(m).__name__ in classes and isinstance(getattr(m, "head_dim", None), int)})
+    if len(sizes) > 1:
+        raise ValueError(_refusal(model_type, f"its attention layers have head sizes {sizes}, and the probe proves "
+                                              "one rotation for one head size", False))
     seq_first = [c for c in classes if re.search(r"unsqueeze_dim\s*=\s*(?!1\b)", _source(getattr(modeling, c)))]
     if seq_first:
         raise ValueError(_refusal(model_type, f"{', '.join(seq_first)} passes unsqueeze_dim to {_APPLY} (q and k "
