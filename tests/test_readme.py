@@ -36,7 +36,7 @@ def test_readme_has_the_two_setup_commands_and_ci_runs_the_test_command():
     bash = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     setup = [b.strip() for b in bash if "pip install" in b]
     assert len(setup) == 2, setup
-    assert setup[0].endswith("liepos tour") and setup[1].endswith("python -m pytest")
+    assert setup[0].endswith("liepos tour") and setup[1].endswith("python -m pytest -n auto --dist loadfile")
     ci = (ROOT / ".ci" / "run").read_text()
     assert setup[1] in ci
 
