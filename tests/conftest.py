@@ -14,6 +14,11 @@ import torch
 # tests/helpers.py holds helpers shared by several test files (import mode is importlib)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# under pytest-xdist (-n auto) the workers share the cores: each gets its share of torch's threads, so that
+# two workers on two cores do not run four threads (a test that needs one reduction order sets one thread)
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
