@@ -133,7 +133,7 @@ def test_swan_length_scaling_is_its_formula():
     assert max(abs(g - w) for g, w in zip(got.flatten().tolist(), want)) < 1e-15
     assert got.flatten()[:3].tolist() == [1.0, 1.0, 1.0] and got.flatten()[3] > 1.0
     assert TEMPERATURES["swan"] is SwanLengthScaling and repr(T) == "SwanLengthScaling(alpha=0.3, train_length=5)"
-    assert SwanLengthScaling(alpha=0.0).factor(t, None).eq(1.0).all()
+    assert SwanLengthScaling(alpha=0.0, train_length=4096).factor(t, None).eq(1.0).all()
 
 
 def test_swan_length_scaling_is_exact_through_re_centring_far_from_zero():
@@ -159,8 +159,12 @@ def test_swan_length_scaling_is_exact_through_re_centring_far_from_zero():
 
 def test_swan_length_scaling_refuses_bad_arguments():
     with pytest.raises(ValueError, match="alpha"):
-        SwanLengthScaling(alpha=-0.1)
+        SwanLengthScaling(alpha=-0.1, train_length=4096)
     with pytest.raises(ValueError, match="train_length"):
-        SwanLengthScaling(train_length=0)
+        SwanLengthScaling(alpha=0.1, train_length=0)
     with pytest.raises((TypeError, ValueError), match="train_length"):
-        SwanLengthScaling(train_length=2.5)
+        SwanLengthScaling(alpha=0.1, train_length=2.5)
+    with pytest.raises(TypeError, match="train_length"):  # the model's trained length has no default
+        SwanLengthScaling(alpha=0.1)
+    with pytest.raises(ValueError, match="train_length"):
+        lp.build_schedule("swan_gpt", 4, 8, alpha=0.5)

@@ -208,12 +208,14 @@ def rnope_swa(layers: int, head_dim: int, num_heads: int = 1, *, window: int = 4
 
 
 def swan_gpt(layers: int, head_dim: int, num_heads: int = 1, *, window: int = 512, every: int = 4,
-             base: float = 10000.0, alpha: float | None = None, train_length: int = 4096) -> Schedule:
+             base: float = 10000.0, alpha: float | None = None, train_length: int | None = None) -> Schedule:
     """SWAN-GPT (Puvvada et al., NVIDIA, arXiv 2504.08719): NoPE global layers interleaved with SWA-RoPE
     layers; with ``alpha``, its inference-time length scaling
     :class:`~liepos.temperature.SwanLengthScaling` ``(alpha, train_length)`` on the NoPE global layers."""
     window = check_int("window", window, min=1)
-    tau = None if alpha is None else SwanLengthScaling(alpha, train_length)
+    if alpha is not None and train_length is None:
+        raise ValueError("swan_gpt: alpha needs the model's train_length (the length it was trained at), got none")
+    tau = None if alpha is None or train_length is None else SwanLengthScaling(alpha=alpha, train_length=train_length)
     return _interleaved(layers, head_dim, every, base, lambda e: LayerSpec(e, window=window),
                         lambda e: LayerSpec(e, temperature=tau), "swan_gpt")
 

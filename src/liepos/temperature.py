@@ -136,7 +136,7 @@ class SwanLengthScaling(Temperature):
     True
     """
 
-    def __init__(self, alpha: float = 0.1, train_length: int = 4096) -> None:
+    def __init__(self, *, alpha: float, train_length: int) -> None:  # both the model's own: no default
         self.alpha = check_real("alpha", alpha, nonnegative=True)
         self.train_length = check_int("train_length", train_length, min=1)
 
