@@ -17,6 +17,7 @@ cd "$root"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 uv="${UV:-uv}"
+command -v "$uv" >/dev/null || { echo "lock.sh needs uv (pip install uv) or UV=/path/to/uv" >&2; exit 1; }
 
 pins=()
 if [[ "${1:-}" == "--upgrade" ]]; then
