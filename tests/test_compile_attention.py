@@ -23,6 +23,7 @@ from liepos import _graph, _graph_key, scaling
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
+from helpers import fast_lane  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -47,7 +48,7 @@ def _attend(enc):
 
 
 @pytest.mark.parametrize("name", list(lp.CATALOGUE))
-@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dynamic", fast_lane(True, False))
 def test_every_catalogue_encoding_compiles_fullgraph_one_frame(name, dynamic):
     """Static: one length called twice, one frame; dynamic: three lengths, one frame. Bit-equal to eager."""
     enc = _build(name)

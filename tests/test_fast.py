@@ -11,6 +11,7 @@ import liepos as lp
 from liepos import _fast, _kernels
 from liepos.apply import apply_tables
 from liepos.generator import Generator, direct_sum
+from helpers import fast_lane
 
 
 def _mixed(dim: int = 20, layout: str = "interleaved") -> lp.Encoding:
@@ -51,8 +52,8 @@ def _eager(enc: lp.Encoding, x: torch.Tensor, pos, side: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bshd", [False, True])
+@pytest.mark.parametrize("dtype", fast_lane(torch.float64, torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("bshd", fast_lane(False, True))
 def test_fast_equals_eager_equals_dense(name, dtype, bshd):
     enc = ENCODINGS[name]()
     torch.manual_seed(0)

@@ -203,6 +203,7 @@ def test_the_coverage_script_rows():
     assert row["status"] == "refused" and "GPT-J rotates" in row["reason"]
 
 
+@pytest.mark.slow
 def test_the_coverage_script_repairs_validators_and_names_components():
     """The tiny config agrees with what a validator names; a sub-config type is a component of its parent."""
     import importlib.util
