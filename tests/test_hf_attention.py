@@ -163,3 +163,19 @@ def test_a_family_that_reads_the_name_keeps_it():
     assert (logits(model, x) - ref).abs().max() < 1e-4
     unpatch_model(model)
     assert mod.ALL_ATTENTION_FUNCTIONS is ALL_ATTENTION_FUNCTIONS
+
+
+@pytest.mark.parametrize("name", [None, "xpos"])
+def test_packed_documents_on_the_twin_beside_a_model_on_the_hooks(name, one_thread, deterministic):
+    """An eager model of the same modeling file wraps its table; the sdpa model's packed row still runs each
+    document once (bit for bit its documents alone), not split twice."""
+    from test_hf_packed import packed_and_separate
+
+    other = patch_model(tiny(attn="eager"))
+    model = patch_model(tiny(), None if name is None else lp.xpos(16, layout="half"))
+    assert ml.ALL_ATTENTION_FUNCTIONS is not ALL_ATTENTION_FUNCTIONS and model.config._attn_implementation == "liepos_sdpa"
+    for position_ids in (False, True):
+        packed, separate = packed_and_separate(model, position_ids, cache=False)
+        assert torch.equal(packed, separate)
+    unpatch_model(other)
+    unpatch_model(model)

@@ -39,7 +39,7 @@ from typing import Any
 
 from liepos.interop.hf_raw import packed_attention, raw_attention
 
-__all__ = ["ACTIVE", "TWINS", "interface", "register", "route", "restore", "twin_name"]
+__all__ = ["ACTIVE", "TWINS", "interface", "is_twin", "register", "route", "restore", "twin_name"]
 
 # the patched attention module whose forward runs now (None: upstream's rope and attention)
 ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention", default=None)
@@ -66,6 +66,11 @@ def interface(fn: Any) -> Any:
 def twin_name(upstream: str) -> str:
     """The registered name of ``upstream``'s twin."""
     return _PREFIX + upstream
+
+
+def is_twin(name: Any) -> bool:
+    """Whether ``name`` is a registered twin (which dispatches itself: a wrapped table passes it on as is)."""
+    return isinstance(name, str) and name.startswith(_PREFIX) and name[len(_PREFIX):] in TWINS
 
 
 def _upstream_table(module: Any) -> Any:

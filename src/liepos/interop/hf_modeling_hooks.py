@@ -18,7 +18,7 @@ import importlib
 import weakref
 from typing import Any
 
-from liepos.interop.hf_attention import ACTIVE, interface
+from liepos.interop.hf_attention import ACTIVE, interface, is_twin
 
 __all__ = ["install", "release", "patched_models"]
 
@@ -45,7 +45,8 @@ class _Interfaces:
         self._liepos_upstream = upstream
 
     def get_interface(self, name: Any, default: Any) -> Any:
-        return interface(self._liepos_upstream.get_interface(name, default))
+        fn = self._liepos_upstream.get_interface(name, default)
+        return fn if is_twin(name) else interface(fn)  # a twin: a model of the file on the registered route
 
     def __getitem__(self, name: Any) -> Any:
         return self._liepos_upstream[name]
