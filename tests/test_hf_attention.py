@@ -11,6 +11,7 @@ modeling file's hooks where transformers reads the name (liepos.interop.hf_atten
 
 from __future__ import annotations
 
+import gc
 import itertools
 import sys
 from pathlib import Path
@@ -32,6 +33,17 @@ from test_hf_model import ROPES, ids, logits, tiny  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 pytestmark = pytest.mark.upstream
+
+
+def _clean_file():
+    """Every live patched model of modeling_llama unpatched (collected ones give the file back themselves)."""
+    from liepos.interop.hf_modeling_hooks import patched_models
+
+    gc.collect()
+    for m in patched_models(ml.__name__):
+        unpatch_model(m)
+    assert not hasattr(ml.apply_rotary_pos_emb, "_liepos_upstream")
+    assert ml.ALL_ATTENTION_FUNCTIONS is ALL_ATTENTION_FUNCTIONS
 
 
 def _raw(model):
@@ -109,13 +121,7 @@ def test_unpatch_restores_the_implementation_it_found(attn):
 def test_two_models_patched_and_unpatched_in_either_order(order, attns):
     """Each unpatched model is upstream's again, bit for bit, while the other still runs on liepos
     (xPos, visibly not upstream's); at the end the modeling file holds transformers' own objects."""
-    import gc
-
-    from liepos.interop.hf_modeling_hooks import patched_models
-
-    gc.collect()
-    for m in patched_models(ml.__name__):
-        unpatch_model(m)
+    _clean_file()
     apply0 = ml.apply_rotary_pos_emb
     models = [tiny(attn=attn, seed=i) for i, attn in enumerate(attns)]
     x = ids(seq=30)
@@ -179,3 +185,13 @@ def test_packed_documents_on_the_twin_beside_a_model_on_the_hooks(name, one_thre
         assert torch.equal(packed, separate)
     unpatch_model(other)
     unpatch_model(model)
+
+
+def test_a_model_collected_while_patched_gives_the_modeling_file_back():
+    _clean_file()
+    apply0 = ml.apply_rotary_pos_emb
+    model = patch_model(tiny(attn="eager"))
+    assert ml.apply_rotary_pos_emb is not apply0 and ml.ALL_ATTENTION_FUNCTIONS is not ALL_ATTENTION_FUNCTIONS
+    del model
+    gc.collect()
+    assert ml.apply_rotary_pos_emb is apply0 and ml.ALL_ATTENTION_FUNCTIONS is ALL_ATTENTION_FUNCTIONS

@@ -8,8 +8,9 @@
   the file's ``ALL_ATTENTION_FUNCTIONS`` is wrapped, so that ``get_interface`` returns
   :func:`~liepos.interop.hf_attention.interface` in front of whatever the name asks for.
 
-Each hook is counted per file: :func:`release` puts transformers' objects back once no patched model
-needs them, the table as soon as no model on the hooks is left, the rope functions with the last model.
+Each hook is counted per file: :func:`release` (and the collection of a model never unpatched) puts
+transformers' objects back once no patched model needs them, the table as soon as no model on the
+hooks is left, the rope functions with the last model.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class _Interfaces:
 def install(modeling: str, apply: tuple[str, ...], model: Any, *, table: bool) -> None:
     """The rope dispatchers in ``modeling`` (and with ``table`` its attention table wrapped) for ``model``."""
     mod = importlib.import_module(modeling)
-    _ROPE.setdefault(modeling, weakref.WeakSet()).add(model)
+    _add(_ROPE, modeling, model, _unwrap_rope)
     for name in apply:
         fn = getattr(mod, name)
         if not hasattr(fn, "_liepos_upstream"):
@@ -66,7 +67,7 @@ def install(modeling: str, apply: tuple[str, ...], model: Any, *, table: bool) -
     if not table:
         _drop(_TABLE, modeling, model, _unwrap_table)  # a repatched model that needed the table before
         return
-    _TABLE.setdefault(modeling, weakref.WeakSet()).add(model)
+    _add(_TABLE, modeling, model, _unwrap_table)
     upstream = getattr(mod, "ALL_ATTENTION_FUNCTIONS", None)
     if upstream is not None and not isinstance(upstream, _Interfaces):
         vars(mod)["ALL_ATTENTION_FUNCTIONS"] = _Interfaces(upstream)
@@ -85,12 +86,21 @@ def patched_models(modeling: str) -> list[Any]:
     return list(_ROPE.get(modeling, ()))
 
 
+def _add(users: dict[str, weakref.WeakSet], modeling: str, model: Any, unwrap: Any) -> None:
+    models = users.setdefault(modeling, weakref.WeakSet())
+    if model not in models:
+        models.add(model)
+        weakref.finalize(model, _drop, users, modeling, None, unwrap)  # a model collected while patched
+
+
 def _drop(users: dict[str, weakref.WeakSet], modeling: str, model: Any, unwrap: Any) -> None:
+    """``model`` (None: one collected) leaves ``users``; the file's own objects back once no live model is left."""
     models = users.get(modeling)
     if models is None:
         return
-    models.discard(model)
-    if not models:
+    if model is not None:
+        models.discard(model)
+    if not list(models):  # only live models (a collected one may not be discarded yet)
         unwrap(importlib.import_module(modeling))
         del users[modeling]
 
