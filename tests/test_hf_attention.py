@@ -195,3 +195,19 @@ def test_a_model_collected_while_patched_gives_the_modeling_file_back():
     del model
     gc.collect()
     assert ml.apply_rotary_pos_emb is apply0 and ml.ALL_ATTENTION_FUNCTIONS is ALL_ATTENTION_FUNCTIONS
+
+
+def test_a_vision_tower_keeps_its_implementation():
+    """Qwen2-VL: only the text decoder's config names the twin; the vision tower's and the top config's
+    names stay, the logits stay upstream's, and unpatching gives every config its name back."""
+    from test_hf_families import tiny_vl
+
+    model, x = tiny_vl("qwen2_vl"), ids(seq=24) % 100
+    configs = (model.config, model.config.text_config, model.config.vision_config)
+    before = [c._attn_implementation for c in configs]
+    ref = logits(model, x)
+    patch_model(model)
+    assert [c._attn_implementation for c in configs] == [before[0], "liepos_sdpa", before[2]]
+    assert (logits(model, x) - ref).abs().max() < 1e-4
+    unpatch_model(model)
+    assert [c._attn_implementation for c in configs] == before

@@ -21,9 +21,10 @@ hooks instead (:mod:`liepos.interop.hf_modeling_hooks`, which wraps the file's `
 * ``flash_attention_*``: ``flash_attention_forward`` picks its kernel by
   ``module.config._attn_implementation``, and masks, generation and the vision towers branch on
   ``"flash" in name``; ``flex_attention`` and hub kernels are chosen by their names likewise;
-* a modeling file that reads ``_attn_implementation`` anywhere but in the ``get_interface`` call (and a copy
-  taken at construction, which keeps upstream's name): the sparse-attention indexer families
-  (``in ("eager", "sdpa")``), Falcon (``== "sdpa"``), or any file probed outside the table.
+* a modeling file that reads ``_attn_implementation`` anywhere but as the argument of ``get_interface``
+  or in an ``__init__`` (which runs before the patch, on upstream's name): the sparse-attention indexer
+  families (``in ("eager", "sdpa")`` in their attention), Falcon (``== "sdpa"``), or any such file probed
+  outside the table.
 
 What stays module-level on either route: the rope functions of the modeling file
 (``apply_rotary_pos_emb`` and kin), since transformers has no registry for them.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import re
 import sys
 from typing import Any
 
@@ -48,9 +48,6 @@ ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("liepos_attention",
 TWINS = ("sdpa",)
 _PREFIX = "liepos_"
 _BEFORE = "_liepos_attn_implementation"  # on the model: {id(config): (config, name before, twin name)}
-# the one read of the name a twin leaves exact: the interface lookup, with the family's default function
-_LOOKUP = re.compile(r"ALL_ATTENTION_FUNCTIONS\.get_interface\(\s*self\.config\._attn_implementation\s*,\s*\w+\s*,?\s*\)")
-_COPY = re.compile(r"self\._attn_implementation\s*=\s*config\._attn_implementation\b")  # at construction
 
 
 def interface(fn: Any) -> Any:
@@ -115,14 +112,29 @@ def register() -> None:
 
 @functools.cache
 def _reads_name(modeling: str) -> bool:
-    """Whether the modeling file reads ``_attn_implementation`` other than in the interface lookup."""
+    """Whether the modeling file reads ``_attn_implementation`` where a twin's name would change what runs:
+    anywhere but as the argument of ``get_interface`` or in an ``__init__`` (run before the patch, so on
+    upstream's name). A file whose source cannot be read counts as reading it."""
+    import ast
     import inspect
 
     try:
-        source = inspect.getsource(sys.modules[modeling])
-    except (KeyError, OSError, TypeError):
-        return True  # unknown: the hooks, which follow any name
-    return "_attn_implementation" in _COPY.sub("", _LOOKUP.sub("", source))
+        tree = ast.parse(inspect.getsource(sys.modules[modeling]))
+    except (KeyError, OSError, TypeError, SyntaxError):
+        return True
+
+    def reads(node: ast.AST, exact: bool) -> bool:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            exact = True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_interface":
+            return any(reads(n, exact) for n in ast.iter_child_nodes(node.func)) or any(
+                reads(n, True if i == 0 else exact) for i, n in enumerate(node.args)) or any(
+                reads(k, exact) for k in node.keywords)
+        if isinstance(node, ast.Attribute) and node.attr == "_attn_implementation" and not exact:
+            return True
+        return any(reads(n, exact) for n in ast.iter_child_nodes(node))
+
+    return reads(tree, False)
 
 
 def route(model: Any, modules: list[Any], modeling: str) -> bool:
