@@ -383,12 +383,15 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     (SmolLM3's and Llama 4's NoPE layers) stay NoPE and upstream's, Llama 4's ``attn_temperature_tuning``
     included (:class:`liepos.temperature.Llama4Temperature` is the same factor for liepos' own attention).
     Patching a patched model replaces its
-    encoding; :func:`unpatch_model` restores the upstream forward.
+    encoding; :func:`unpatch_model` restores the upstream forward, the configs' attention implementation
+    names and the modeling files (:mod:`liepos.interop.hf_attention` says which implementation runs where).
 
     Limits: on the raw-key path no attention dropout; a cache filled by the unpatched model is refused,
     and the key times follow the cache's rows as filled (beam search reordering rows with different
     positions, i.e. a left-padded batch, is not supported there); families whose attention adds terms
-    liepos' attention lacks (Gemma 2/3 soft-capping, GPT-OSS sinks, Falcon's own) take fixed rotations only.
+    liepos' attention lacks (Gemma 2/3 soft-capping, GPT-OSS sinks, Falcon's own) take fixed rotations only;
+    a model running on a registered twin (``liepos_sdpa``) whose config is given another implementation
+    afterwards refuses its next forward (unpatch, set the implementation, patch again).
     """
     if encoding is not None and not isinstance(encoding, (Encoding, Mapping)):
         raise TypeError(
