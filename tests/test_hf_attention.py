@@ -211,3 +211,21 @@ def test_a_vision_tower_keeps_its_implementation():
     assert (logits(model, x) - ref).abs().max() < 1e-4
     unpatch_model(model)
     assert [c._attn_implementation for c in configs] == before
+
+
+def test_transformers_reads_the_name_only_where_the_twin_is_exact():
+    """The shared code a twinned model runs through: the mask builders read the name only to look up
+    the mask function (the twin's is upstream's), sdpa's attention not at all, and the flash checks
+    (``"flash" in name``) say False for the twin as for ``sdpa``. A release that reads it elsewhere fails here."""
+    import inspect
+    import re
+
+    import transformers.integrations.sdpa_attention as sdpa
+    import transformers.masking_utils as masking
+    from transformers.utils.generic import is_flash_attention_requested
+
+    reads = re.findall(r"[^\n]*_attn_implementation[^\n]*", inspect.getsource(masking))
+    lookups = [r for r in reads if re.search(r"ALL_MASK_ATTENTION_FUNCTIONS(\._global_mapping)?\b", r)]
+    assert reads and lookups == reads, reads
+    assert "_attn_implementation" not in inspect.getsource(sdpa)
+    assert not is_flash_attention_requested(requested_attention_implementation=twin_name("sdpa"))
