@@ -416,10 +416,7 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     plan = [(m, state(m)) for m in modules]
     lengths = _lengths(states.values(), model, config, family)
     if _own_forward(family, config) is None:  # everything validated: now the model changes
-        routed = route(model, modules, family.modeling)  # a registered attention implementation, where exact
-        install(family.modeling, family.apply, model, table=not routed)
-        for m, st in plan:
-            st.implementation = m.config._attn_implementation if routed else None
+        _hook_in(family, model, plan)
     for m in model.modules():
         if _text_rotary(m, config) and "_liepos_positions" not in m.__dict__:
             m._liepos_positions = positions
@@ -437,6 +434,14 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
         m._liepos = st
         m.forward = forward.__get__(m, type(m))
     return model
+
+
+def _hook_in(family: Family, model: Any, plan: list[tuple[Any, Layer]]) -> None:
+    """The attention implementation the layers run (a registered twin, where exact) and the modeling file's hooks."""
+    routed = route(model, [m for m, _ in plan], family.modeling)
+    install(family.modeling, family.apply, model, table=not routed)
+    for m, st in plan:
+        st.implementation = m.config._attn_implementation if routed else None
 
 
 def unpatch_model(model: Any) -> Any:
