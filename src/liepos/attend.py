@@ -110,8 +110,10 @@ def attention(
     """
     masks, flags = (attn_mask, key_padding_mask, document_ids, key_document_ids), (causal, allow_bidirectional, block_size)
     # one opaque op under torch.compile / export and on meta tensors; a temperature stays on the eager path
-    if temperature is None and attention_graph.routable(q, k, v, enc, positions, key_positions, masks, cache, scale,
-                                                         sinks, value_encoding, flags):
+    # (on meta tensors it changes no shape: checked, then the op gives the shapes)
+    meta = q.device.type == "meta" and check_temperature(temperature, enc, q.shape[1]) is not None
+    if (temperature is None or meta) and attention_graph.routable(q, k, v, enc, positions, key_positions, masks, cache,
+                                                                  scale, sinks, value_encoding, flags):
         return attention_graph.run(q, k, v, enc, positions, key_positions, masks, scale, flags, sinks, value_encoding)
     x = prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                 key_document_ids, cache, scale, allow_bidirectional, block_size, sinks, value_encoding)

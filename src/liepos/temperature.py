@@ -183,7 +183,8 @@ def visible_counts(call: Any) -> torch.Tensor:
     parts = []
     for i in range(0, Sq, call.block_size):
         rows = slice(i, min(i + call.block_size, Sq))
-        parts.append(visible(*call.mask_args(rows)).sum(-1).to(torch.float64))  # (B, 1|H, rows)
+        n = visible(*call.mask_args(rows)).sum(-1).to(torch.float64)  # (B, 1|H, rows|1): 1 when no mask has rows
+        parts.append(n.expand(*n.shape[:2], rows.stop - rows.start))  # (B, 1|H, rows)
     return torch.cat(parts, dim=-1)
 
 
