@@ -1116,6 +1116,149 @@ def _():
     return torch.tensor(out.shape, dtype=F64), torch.tensor([1.0, 2, 5, 8]), 0.0
 
 
+# 22. third pass: argument types and devices at the entry points, the cache's own store
+@attack("float additive attn_mask refused")
+def _():
+    q = rnd(1, 2, 4, 8); am = torch.zeros(4, 4, dtype=F64); am[:, 1] = -math.inf
+    return refuses(lambda: lp.attention(q, q, q, lp.rope(8), attn_mask=am), "attn_mask", "boolean")
+
+@attack("integer key_padding_mask refused")
+def _():
+    q = rnd(1, 2, 4, 8)
+    return refuses(lambda: lp.attention(q, q, q, lp.rope(8), key_padding_mask=torch.tensor([[1, 1, 0, 1]])), "key_padding_mask", "boolean")
+
+@attack("boolean positions refused")
+def _():
+    q = rnd(1, 2, 4, 8)
+    return refuses(lambda: lp.attention(q, q, q, lp.rope(8), torch.tensor([True, False, True, True])), "positions", "bool")
+
+@attack("meta positions with data refused")
+def _():
+    q = rnd(1, 2, 4, 8)
+    return refuses(lambda: lp.attention(q, q, q, lp.rope(8), torch.arange(4.0, device="meta")), "positions", "meta")
+
+@attack("meta tensors with meta positions")
+def _():
+    q = torch.empty(1, 2, 4, 8, device="meta"); p = torch.arange(4.0, device="meta")
+    out = lp.attention(q, q, q, lp.xpos(8), p, p)
+    return torch.tensor(out.shape, dtype=F64), torch.tensor([1.0, 2, 4, 8]), 0.0
+
+@attack("float document ids")
+def _():
+    q, k, v = (rnd(1, 2, 6, 8, seed=i) for i in range(3)); docs = torch.tensor([[0.0, 0, 1, 1, 1, 2]])
+    m = (docs[0][:, None] == docs[0][None, :])[None, None]
+    return lp.attention(q, k, v, lp.xpos(8), document_ids=docs), ref(q, k, v, lp.xpos(8), torch.arange(6.0), mask=m), 1e-9
+
+@attack("sinks as a list")
+def _():
+    q, k, v = (rnd(1, 2, 5, 8, seed=i) for i in range(3))
+    return lp.attention(q, k, v, lp.rope(8), sinks=[0.1, -0.4]), ref(q, k, v, lp.rope(8), torch.arange(5.0), sinks=torch.tensor([0.1, -0.4], dtype=F64)), 1e-9
+
+@attack("no keys, sinks, explicit positions")
+def _():
+    q = rnd(1, 2, 3, 8); k = rnd(1, 2, 0, 8)
+    return lp.attention(q, k, k, lp.rope(8), torch.arange(3.0), torch.zeros(0), sinks=torch.zeros(2)), torch.zeros(1, 2, 3, 8), 0.0
+
+@attack("per-head encoding with too few heads refused")
+def _():
+    q = rnd(1, 2, 4, 8)
+    return refuses(lambda: lp.attention(q, q, q, lp.retnet(8, num_heads=4)), "heads", "4", "2")
+
+@attack("head dim mismatch refused")
+def _():
+    q = rnd(1, 2, 4, 6)
+    return refuses(lambda: lp.attention(q, q, q, lp.rope(8)), "head dim", "6", "8")
+
+@attack("schedule temperature passed twice refused")
+def _():
+    q = rnd(1, 2, 4, 8); sch = build_schedule("rnope_swa", 4, 8, window=2)
+    return refuses(lambda: sch.attention(0, q, q, q, temperature=ScalableSoftmax(0.5)), "temperature")
+
+@attack("int32 positions near 2^31")
+def _():
+    q, k, v = (rnd(1, 2, 4, 8, seed=i) for i in range(3)); p = torch.arange(4, dtype=torch.int32) + (2**31 - 4)
+    return lp.attention(q, k, v, lp.xpos(8), p, p), ref(q, k, v, lp.xpos(8), p.double()), 1e-9
+
+@attack("numpy positions")
+def _():
+    import numpy as np
+    q, k, v = (rnd(1, 2, 4, 8, seed=i) for i in range(3)); p = np.array([3.5, 7.0, 100.25, 1e6])
+    return lp.attention(q, k, v, lp.decay([0.1] * 8), p, p), ref(q, k, v, lp.decay([0.1] * 8), torch.from_numpy(p)), 1e-9
+
+@attack("cache rope + decay values at 1e8 through decode")
+def _():
+    enc, venc = lp.rope(8), lp.decay([0.05] * 8); q, k, v = (rnd(1, 4, 12, 8, seed=i) for i in range(3)); p = torch.arange(12, dtype=F64) * 0.5 + 1e8
+    return decode(att(enc), q, k, v, p, CUTS, cache=lp.KVCache(), value_encoding=venc), ref(q, k, v, enc, p, value_encoding=venc), 1e-9
+
+@attack("cache alternating encodings A, B, A")
+def _():
+    q, k, v = (rnd(1, 4, 9, 8, seed=i) for i in range(3)); c = lp.KVCache(); p = torch.arange(9, dtype=F64)
+    encs = [lp.xpos(8), lp.build("jordan", 8), lp.xpos(8)]; outs = []
+    for (lo, hi), e in zip(((0, 3), (3, 6), (6, 9)), encs):
+        outs.append(lp.attention(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], e, cache=c))
+    want = torch.cat([ref(q, k, v, e, p)[:, :, lo:hi] for (lo, hi), e in zip(((0, 3), (3, 6), (6, 9)), encs)], 2)
+    return torch.cat(outs, 2), want, 1e-9
+
+@attack("cache an encoding changed in place (an optimizer step)")
+def _():
+    enc = lp.xpos(8); q, k, v = (rnd(1, 4, 8, 8, seed=i) for i in range(3)); c = lp.KVCache()
+    lp.attention(q[:, :, :5], k[:, :, :5], v[:, :, :5], enc, cache=c)
+    with torch.no_grad():
+        enc.generator.rates.mul_(2.0)  # the encoding's own tensor, changed in place
+    got = lp.attention(q[:, :, 5:], k[:, :, 5:], v[:, :, 5:], enc, cache=c)
+    return got, ref(q, k, v, enc, torch.arange(8.0))[:, :, 5:], 1e-9
+
+@attack("cache decode with more keys than queries")
+def _():
+    enc = lp.xpos(8); q, k, v = (rnd(1, 4, 8, 8, seed=i) for i in range(3)); c = lp.KVCache(); p = torch.arange(8, dtype=F64)
+    a = lp.attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], enc, cache=c)
+    b = lp.attention(q[:, :, 7:], k[:, :, 4:], v[:, :, 4:], enc, cache=c)  # one query, four new keys (a speculative chunk)
+    return torch.cat((a, b), 2), torch.cat((ref(q, k, v, enc, p)[:, :, :4], ref(q[:, :, 7:], k, v, enc, p[7:], p)), 2), 1e-9
+
+@attack("encoded store append of the wrong length refused")
+def _():
+    from liepos.cache import EncodedKeys
+    st = EncodedKeys(); st.append(k=torch.zeros(1, 1, 3, 4))
+    return refuses(lambda: st.append(k=torch.zeros(1, 1, 2, 4), v=torch.zeros(1, 1, 3, 4)), "")
+
+@attack("PerRequest empty refused")
+def _():
+    return refuses(lambda: lp.PerRequest([]), "encodings")
+
+@attack("Schedule of non-specs refused")
+def _():
+    return refuses(lambda: lp.Schedule([lp.rope(8)]), "layers", "LayerSpec")
+
+@attack("LayerSpec temperature with slots refused at the call")
+def _():
+    sch = lp.Schedule([lp.LayerSpec(lp.alibi(8, num_heads=2), temperature=ScalableSoftmax(0.5))]); q = rnd(1, 2, 4, 8)
+    return refuses(lambda: sch.attention(0, q, q, q), "temperature", "slots")
+
+@attack("vrope_encoding odd dim refused")
+def _():
+    return refuses(lambda: vrope_encoding(7), "dim", "7")
+
+@attack("circle_rope alpha 2 refused")
+def _():
+    return refuses(lambda: circle_rope(2, 2, 2, alpha=2.0), "alpha", "2")
+
+@attack("Mapped with a non-callable refused")
+def _():
+    return refuses(lambda: lp.Mapped(lp.rope(8), 3), "fn")
+
+@attack("swan alpha negative refused")
+def _():
+    return refuses(lambda: SwanLengthScaling(alpha=-0.1, train_length=4), "alpha")
+
+@attack("swan train_length 0 refused")
+def _():
+    return refuses(lambda: SwanLengthScaling(alpha=0.1, train_length=0), "train_length", "0")
+
+@attack("llama4 floor_scale 0 refused")
+def _():
+    return refuses(lambda: lp.Llama4Temperature(floor_scale=0), "floor_scale", "0")
+
+
 def main(argv: list[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     only = [a[len("--only="):] for a in argv if a.startswith("--only=")]

@@ -158,8 +158,11 @@ def expand_batch(p: torch.Tensor, B: int, axes: int | None = None) -> torch.Tens
     return p.expand(B, *p.shape[1:])  # (1|B, S[, A]) -> (B, S[, A])
 
 
-def _positions(p: Any, n: int, B: int, axes: int | None, name: str) -> torch.Tensor:
-    return expand_batch(as_positions(p, n, B, name, axes), B, axes)
+def _positions(p: Any, n: int, B: int, axes: int | None, name: str, dev: torch.device) -> torch.Tensor:
+    t = expand_batch(as_positions(p, n, B, name, axes), B, axes)
+    if t.is_meta and dev.type != "meta":
+        raise ValueError(f"{name} are on the meta device (no values) but the tensors are on {dev}")
+    return t.to(dev)
 
 
 def key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:
@@ -170,9 +173,9 @@ def key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:
     own cache of the same times."""
     n, dev = k.shape[2], k.device
     if key_positions is not None:
-        return _positions(key_positions, n, B, axes, "key_positions").to(dev)
+        return _positions(key_positions, n, B, axes, "key_positions", dev)
     if positions is not None and n == Sq:
-        return _positions(positions, n, B, axes, "positions").to(dev)
+        return _positions(positions, n, B, axes, "positions", dev)
     kpos = torch.arange(n, dtype=torch.float64)
     if cache is not None and len(cache):
         # continue each row after its own last cached time (several axes: after the largest
@@ -246,7 +249,7 @@ def prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_paddi
     Sk = (len(cache) if cache is not None else 0) + Sk_new
     if positions is None and Sq > Sk:
         raise ValueError(f"{Sq} queries but only {Sk} keys: pass positions explicitly")
-    qpos = None if positions is None else _positions(positions, Sq, B, axes, "positions").to(dev)
+    qpos = None if positions is None else _positions(positions, Sq, B, axes, "positions", dev)
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
             raise TypeError("`attn_mask` must be a boolean tensor (True = attend)")

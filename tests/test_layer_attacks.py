@@ -1,0 +1,141 @@
+"""What the adversarial attacks of tests/attacks.py found in the layers above the encoding (temperatures,
+per-request batches, schedules, coordinate maps, the diagnosis) and in the float64 oracle, each held
+right: the right value against an independent computation, or a refusal that names the argument."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+import torch
+
+import liepos as lp
+from liepos.coordinates import ring
+from liepos.temperature import ScalableSoftmax
+
+F64 = torch.float64
+
+
+def _rnd(*shape, seed=0):
+    return torch.randn(*shape, dtype=F64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("u", [3.0, 1e9, 2.0**52 + 1, 1e18])
+def test_the_dense_exp_is_exact_at_any_lag(u):
+    """``Generator.exp`` (what ``attention_reference`` and ``query_reference`` build from) reduces each angle
+    ``ω u`` from the exact product: every entry equals the 200-bit rotation to a few ulps at any lag."""
+    g = lp.rope(8).generator
+    A = g.exp(torch.tensor(u, dtype=F64))
+    with mpmath.workprec(200):
+        for i, w in enumerate(g.freqs.tolist()):
+            a = mpmath.mpf(w) * mpmath.mpf(u)
+            c, s = float(mpmath.cos(a)), float(mpmath.sin(a))
+            block = A[2 * i : 2 * i + 2, 2 * i : 2 * i + 2]
+            assert abs(float(block[0, 0]) - c) <= 4e-16 and abs(float(block[1, 1]) - c) <= 4e-16, (u, w)
+            assert abs(abs(float(block[0, 1])) - abs(s)) <= 4e-16, (u, w)
+
+
+def test_the_reference_equals_the_fast_path_at_lags_of_1e9():
+    """Keys at 0 … 4 and queries at 1e9: the oracle's lag blocks are as exact as the fast path's tables."""
+    enc = lp.rope(8)
+    q, k, v = (_rnd(1, 4, 8, 8, seed=i) for i in range(3))
+    p = torch.tensor([0.0, 1, 2, 3, 4, 1e9, 1e9 + 1, 1e9 + 2], dtype=F64)
+    ref = lp.attention_reference(q, k, v, enc, p, p)
+    assert float((lp.attention(q, k, v, enc, p, p) - ref).abs().max()) < 1e-14
+    assert float((enc.query(q, p) - enc.query_reference(q, p)).abs().max()) < 1e-14
+    moved = enc.key_reference(k, p, origin=torch.tensor(1e9, dtype=F64))
+    assert float((enc.transport(enc.key(k, p), 1e9) - moved).abs().max()) < 1e-14
+
+
+def test_the_dense_exp_keeps_its_derivative_in_the_lag():
+    """d/du exp(uX) = X exp(uX), through the exact reduction."""
+    g = lp.xpos(8).generator
+    u = torch.tensor(1234.5, dtype=F64, requires_grad=True)
+    (d,) = torch.autograd.grad(g.exp(u).sum(), u)
+    assert math.isclose(float(d), float((g.matrix() @ g.exp(u.detach())).sum()), rel_tol=1e-9, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize("t0", [1e9, 1e12, 2.0**53 - 24])
+def test_a_ring_reduces_the_token_index_by_its_period_first(t0):
+    """``ring(N)(p) = ring(N)(p mod N)`` exactly: the angle is 2π (p mod N)/N, never 2π/N times a large p."""
+    phi = ring(12, radius=3.0)
+    t = t0 + torch.arange(24, dtype=F64)
+    assert torch.equal(phi(t), phi(torch.remainder(t, 12)))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_ssmax_counts_every_row_over_several_query_blocks(padded):
+    """Bidirectional attention without a per-row mask: each row of each block sees the same keys; the counts
+    have a row axis of the block's length (they had one entry per block)."""
+    q, k, v = (_rnd(2, 2, 7, 8, seed=i) for i in range(3))
+    p = torch.arange(7, dtype=F64)
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    if padded:
+        keep[1, 2:4] = False
+    got = lp.attention(q, k, v, lp.rope(8), p, p, causal=False, block_size=3, key_padding_mask=keep,
+                       temperature=ScalableSoftmax(0.6))
+    n = keep.sum(-1).to(F64)  # (B,) every row of a batch row sees its kept keys
+    qs = q * (0.6 * torch.log(n)).view(2, 1, 1, 1)
+    want = lp.attention_reference(qs, k, v, lp.rope(8), p, p, causal=False, mask=keep[:, None, None, :])
+    assert float((got - want).abs().max()) < 1e-12
+
+
+def test_a_temperature_on_meta_tensors_gives_the_shapes_and_is_still_checked():
+    q = torch.empty(1, 2, 5, 8, device="meta")
+    out = lp.attention(q, q, q, lp.rope(8), temperature=ScalableSoftmax(0.5))
+    assert out.device.type == "meta" and tuple(out.shape) == (1, 2, 5, 8)
+    qa = torch.empty(1, 4, 5, 8, device="meta")
+    with pytest.raises(ValueError, match="temperature"):
+        lp.attention(qa, qa, qa, lp.alibi(8, num_heads=4), temperature=ScalableSoftmax(0.5))
+
+
+def _mrope_rows():
+    return [lp.mrope(12, sections=(2, 2, 2)), lp.scaling.linear(lp.mrope(12, sections=(2, 2, 2)), factor=2.0),
+            lp.mrope(12, sections=(2, 2, 2))]
+
+
+def test_per_request_splits_batched_several_axis_positions_by_row():
+    encs = _mrope_rows()
+    q, k, v = (_rnd(3, 1, 5, 12, seed=i) for i in range(3))
+    p = torch.randint(0, 9, (3, 5, 3), generator=torch.Generator().manual_seed(0)).to(F64)  # (batch, seq, axes)
+    got = lp.PerRequest(encs).attention(q, k, v, p, p)
+    for b, e in enumerate(encs):
+        want = lp.attention_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], e, p[b], p[b])
+        assert float((got[b:b + 1] - want).abs().max()) < 1e-12, b
+
+
+def test_per_request_keeps_unbatched_several_axis_positions_whole():
+    """Positions ``(seq, axes)`` with ``seq`` equal to the batch are every row's, not one row each."""
+    encs = _mrope_rows()
+    q, k, v = (_rnd(3, 1, 3, 12, seed=i) for i in range(3))
+    p = torch.tensor([[0.0, 0, 0], [1, 2, 1], [2, 2, 3]], dtype=F64)  # (seq = 3, axes = 3)
+    got = lp.PerRequest(encs).attention(q, k, v, p, p)
+    for b, e in enumerate(encs):
+        want = lp.attention_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1], e, p, p)
+        assert float((got[b:b + 1] - want).abs().max()) < 1e-12, b
+
+
+@pytest.mark.parametrize("kind", ["window", "chunk"])
+def test_a_window_on_a_several_axis_layer_is_refused_at_construction(kind):
+    with pytest.raises(ValueError, match=f"`{kind}`=3 .*3 position axes"):
+        lp.LayerSpec(lp.mrope(12, sections=(2, 2, 2)), **{kind: 3})
+
+
+def test_diagnose_names_an_encoder_that_is_not_callable():
+    with pytest.raises(TypeError, match=r"`encode_query` must be callable.*its \.query and \.key"):
+        lp.diagnose(lp.rope(8))
+    with pytest.raises(TypeError, match="`encode_key` must be callable"):
+        lp.diagnose(lp.rope(8).query, 3, 8)
+
+
+def test_positions_on_the_meta_device_give_shapes_with_meta_data_and_are_named_with_real_data():
+    qm = torch.empty(1, 2, 4, 8, device="meta")
+    pm = torch.arange(4.0, device="meta")
+    out = lp.attention(qm, qm, qm, lp.xpos(8), pm, pm)
+    assert out.device.type == "meta" and tuple(out.shape) == (1, 2, 4, 8)
+    q = _rnd(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="positions are on the meta device .* on cpu"):
+        lp.attention(q, q, q, lp.rope(8), pm)
+    with pytest.raises(ValueError, match="key_positions are on the meta device"):
+        lp.attention(q, q, q, lp.rope(8), torch.arange(4.0), pm)
