@@ -1259,6 +1259,15 @@ def _():
     return refuses(lambda: lp.Llama4Temperature(floor_scale=0), "floor_scale", "0")
 
 
+@attack("alibi window: a block of anti-aligned own keys, the nearest key 1000 before")
+def _():
+    q, k, v = (rnd(1, 4, 4, 8, dtype=torch.float32, seed=i) for i in range(3)); q[:, :, 3] = q[:, :, 2]
+    for i in (2, 3):
+        k[:, :, i] = -q[:, :, 2] / q[:, :, 2].norm(dim=-1, keepdim=True) * 1e3
+    p = torch.tensor([0.0, 1000.0, 2000.0, 2000.5], dtype=F64); enc = lp.alibi(8, num_heads=4)
+    return lp.attention(q, k, v, enc, p, p, block_size=2), ref(q, k, v, enc, p), 1e-5
+
+
 def main(argv: list[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     only = [a[len("--only="):] for a in argv if a.startswith("--only=")]

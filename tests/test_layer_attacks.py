@@ -139,3 +139,20 @@ def test_positions_on_the_meta_device_give_shapes_with_meta_data_and_are_named_w
         lp.attention(q, q, q, lp.rope(8), pm)
     with pytest.raises(ValueError, match="key_positions are on the meta device"):
         lp.attention(q, q, q, lp.rope(8), torch.arange(4.0), pm)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_alibis_key_window_keeps_the_nearest_key_when_a_blocks_own_keys_are_anti_aligned(dtype):
+    """A block whose queries meet only huge anti-aligned keys of their own: the row's largest score is the
+    nearest earlier key's (lag 1000), which a window bounded by the keys before the block alone (or by a
+    row maximum of at least the bias) would leave out — in float32 by 1.8."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 4, 8, dtype=F64, generator=g) for _ in range(3))
+    q[:, :, 3] = q[:, :, 2]  # both queries of the last block point the same way ...
+    for i in (2, 3):  # ... and their block's keys are huge and anti-aligned with them
+        k[:, :, i] = -q[:, :, 2] / q[:, :, 2].norm(dim=-1, keepdim=True) * 1e3
+    p = torch.tensor([0.0, 1000.0, 2000.0, 2000.5], dtype=F64)
+    enc = lp.alibi(8, num_heads=4)
+    got = lp.attention(q.to(dtype), k.to(dtype), v.to(dtype), enc, p, p, block_size=2)
+    want = lp.attention_reference(*(x.to(dtype).double() for x in (q, k, v)), enc, p, p)
+    assert float((got.double() - want).abs().max()) <= 16 * torch.finfo(dtype).eps
