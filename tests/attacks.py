@@ -2,10 +2,14 @@
 
 Each attack calls liepos on an input meant to break a fast path's assumptions (dtypes, far times,
 tiny and huge norms, batch-varying times, grouped-query keys in odd layouts, strided caches, values
-carried by a generator, in place on views, masks, sinks) and compares with the float64 reference. A
-verdict per attack: RIGHT (within the tolerance), NAMED (a ValueError / TypeError / OverflowError
-naming the input), WRONG (a wrong answer without a word) or CRASH (any other exception). The last
-line gives the counts; ``-v`` prints every verdict, else only WRONG and CRASH.
+carried by a generator, in place on views, masks, sinks) or a layer above them (per-layer schedules
+and their windows, logit temperatures, one encoding per batch row, coordinate maps, a cache's state and
+version changes, composed scaling maps, Hugging Face round trips, classify and diagnose, argument types
+and devices) and compares with the float64 reference. A verdict per attack: RIGHT (within the
+tolerance), NAMED (a ValueError / TypeError / OverflowError naming the input), WRONG (a wrong answer
+without a word, or a call that should be refused accepted) or CRASH (any other exception, or a refusal
+that does not name what :func:`refuses` expects). The last line gives the counts; ``-v`` prints every
+verdict, else only WRONG and CRASH; ``--only=PREFIX`` (repeatable) runs the attacks whose name starts so.
 """
 
 from __future__ import annotations
