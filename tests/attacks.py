@@ -1272,6 +1272,43 @@ def _():
     return lp.attention(q, k, v, enc, p, p, block_size=2), ref(q, k, v, enc, p), 1e-5
 
 
+# 23. float16 near its range: large (finite) inputs times the factors a call applies
+def big_half(*shape, scale, seed):
+    """float16 values up to ``2·scale`` in magnitude (every one finite)."""
+    return (rnd(*shape, seed=seed).clamp(-2, 2) * scale).half()
+
+for how in ("ssmax", "query_scale", "decay far", "xpos values", "jordan", "alibi"):
+    @attack(f"float16 large q, {how}")
+    def _(how=how):
+        S = 40; q, k, v = big_half(1, 2, S, 8, scale=1e4, seed=0), big_half(1, 2, S, 8, scale=1e-3, seed=1), big_half(1, 2, S, 8, scale=1.0, seed=2)
+        p = torch.cumsum(torch.rand(S, dtype=F64, generator=torch.Generator().manual_seed(3)) * 2 + 0.1, 0) + 1e5
+        enc, kw, rkw = lp.rope(8), {}, {}
+        if how == "ssmax":
+            kw["temperature"] = ScalableSoftmax(2.0)
+            n = torch.arange(1, S + 1, dtype=F64).expand(1, 1, S)
+            return lp.attention(q, k, v, enc, p, p, **kw), _ssmax_full(enc, torch.tensor([2.0], dtype=F64), q, k, v, p, n), 2e-2
+        if how == "query_scale":
+            enc = lp.rope(8, layout="half").replace(query_scale=torch.full((8,), 8.0))
+        elif how == "decay far":
+            enc = lp.decay([0.5, 0.3, 0.2, 0.1, 0.05, 0.5, 0.4, 0.0])
+        elif how == "xpos values":
+            kw["value_encoding"] = rkw["value_encoding"] = lp.decay([0.5] * 8)
+            v = big_half(1, 2, S, 8, scale=1e4, seed=2)
+            return lp.attention(q, k, v, enc, p, p, **kw), ref(q, k, v, enc, p, **rkw), 2e-2 * 2e4
+        elif how == "jordan":
+            enc = lp.build("jordan", 8)
+        else:
+            enc = lp.alibi(8, num_heads=2)
+        return lp.attention(q, k, v, enc, p, p, **kw), ref(q, k, v, enc, p, **rkw), 2e-2
+
+@attack("float16 large q through a cache, decay")
+def _():
+    S = 12; q, k, v = big_half(1, 2, S, 8, scale=1e4, seed=0), big_half(1, 2, S, 8, scale=1e-3, seed=1), big_half(1, 2, S, 8, scale=1.0, seed=2)
+    q[:, :, :5] = q[:, :, :5] * 1e-3  # small queries first, large ones later: the work dtype changes mid-cache
+    enc = lp.decay([0.5] * 8); p = torch.arange(S, dtype=F64) * 1.5 + 1e5
+    return decode(att(enc), q, k, v, p, CUTS, cache=lp.KVCache()), ref(q, k, v, enc, p), 2e-2
+
+
 def main(argv: list[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     only = [a[len("--only="):] for a in argv if a.startswith("--only=")]

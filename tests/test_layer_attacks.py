@@ -156,3 +156,44 @@ def test_alibis_key_window_keeps_the_nearest_key_when_a_blocks_own_keys_are_anti
     got = lp.attention(q.to(dtype), k.to(dtype), v.to(dtype), enc, p, p, block_size=2)
     want = lp.attention_reference(*(x.to(dtype).double() for x in (q, k, v)), enc, p, p)
     assert float((got.double() - want).abs().max()) <= 16 * torch.finfo(dtype).eps
+
+
+def _big_half(*shape, scale, seed):
+    return (_rnd(*shape, seed=seed).clamp(-2, 2) * scale).half()  # finite float16, |x| ≤ 2·scale
+
+
+@pytest.mark.parametrize("how", ["ssmax", "query_scale", "decay", "value_encoding"])
+def test_float16_inputs_near_its_range_are_encoded_without_overflow(how):
+    """Queries up to 2e4 (finite in float16) times a temperature, a per-dim query scale or an origin's factors
+    overflowed float16 (the output was inf); such calls now compute in float32 and round once."""
+    S = 40
+    q, k, v = (_big_half(1, 2, S, 8, scale=s, seed=i) for i, s in enumerate((1e4, 1e-3, 1.0)))
+    p = 1e5 + torch.cumsum(torch.rand(S, dtype=F64, generator=torch.Generator().manual_seed(3)) * 2 + 0.1, 0)
+    enc, kw = lp.rope(8), {}
+    qr = q.double()
+    if how == "ssmax":
+        kw["temperature"] = ScalableSoftmax(2.0)
+        qr = qr * (2.0 * torch.log(torch.arange(1, S + 1, dtype=F64))).view(1, 1, S, 1)
+    elif how == "query_scale":
+        enc = lp.rope(8, layout="half").replace(query_scale=torch.full((8,), 8.0))
+    elif how == "decay":
+        enc = lp.decay([0.5, 0.3, 0.2, 0.1, 0.05, 0.5, 0.4, 0.0])
+    else:
+        kw["value_encoding"] = lp.decay([0.5] * 8)
+    got = lp.attention(q, k, v, enc, p, p, **kw)
+    want = lp.attention_reference(qr, k.double(), v.double(), enc, p, p, value_encoding=kw.get("value_encoding"))
+    assert bool(torch.isfinite(got).all())
+    assert float((got.double() - want).abs().max()) <= 4 * 2.0**-11 * float(want.abs().max())  # float16's rounding
+
+
+def test_a_cache_whose_work_dtype_changes_never_mixes_encoded_keys():
+    """Small queries first (float16 holds them), large ones later (computed in float32): the cache's encoded
+    store is re-encoded from the raw keys, never appended in another dtype."""
+    S = 12
+    q, k, v = (_big_half(1, 2, S, 8, scale=s, seed=i) for i, s in enumerate((1e4, 1e-3, 1.0)))
+    q[:, :, :5] = q[:, :, :5] * 1e-3
+    enc, p, cache = lp.decay([0.5] * 8), 1e5 + 1.5 * torch.arange(S, dtype=F64), lp.KVCache()
+    out = torch.cat([lp.attention(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi], enc, p[lo:hi], p[lo:hi], cache=cache)
+                     for lo, hi in ((0, 5), (5, 6), (6, 7), (7, 12))], 2)
+    want = lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p)
+    assert float((out.double() - want).abs().max()) <= 4 * 2.0**-11 * float(want.abs().max())

@@ -147,7 +147,7 @@ def _encoded(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     if cache is None or call.k.shape[1] != cache.held()[0].shape[1]:
         return call.enc.key(call.k, call.kpos), call.v if venc is None else venc.key(call.v, call.kpos)
     store = cache.encoded
-    version = ("abs", call.enc.version, None if venc is None else venc.version)
+    version = ("abs", call.enc.version, None if venc is None else venc.version, call.q.dtype)  # the work dtype too
     if store.version != version:
         store.reencode(version)  # an empty store of this version: every key is new below
     n_old = len(store)
