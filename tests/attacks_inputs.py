@@ -648,3 +648,12 @@ def _():
     q[:, :, :5] = q[:, :, :5] * 1e-3  # small queries first, large ones later: the work dtype changes mid-cache
     enc = lp.decay([0.5] * 8); p = torch.arange(S, dtype=F64) * 1.5 + 1e5
     return decode(att(enc), q, k, v, p, CUTS, cache=lp.KVCache()), ref(q, k, v, enc, p), 2e-2
+
+
+@attack("hf Qwen2-VL legacy rope_scaling type mrope")
+def _():
+    from transformers import Qwen2VLConfig
+    cfg = Qwen2VLConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, vocab_size=10, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    enc = lp.from_hf(cfg); want = lp.mrope(16, sections=(2, 3, 3), base=1e6, layout="half")
+    q, k, v = (rnd(1, 4, 6, 16, seed=i) for i in range(3)); p = torch.randint(0, 5, (6, 3), generator=torch.Generator().manual_seed(1)).double()
+    return lp.attention(q, k, v, enc, p, p), ref(q, k, v, want, p), 1e-9

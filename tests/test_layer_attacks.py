@@ -197,3 +197,21 @@ def test_a_cache_whose_work_dtype_changes_never_mixes_encoded_keys():
                      for lo, hi in ((0, 5), (5, 6), (6, 7), (7, 12))], 2)
     want = lp.attention_reference(q.double(), k.double(), v.double(), enc, p, p)
     assert float((out.double() - want).abs().max()) <= 4 * 2.0**-11 * float(want.abs().max())
+
+
+def test_qwen2_vls_legacy_mrope_type_is_read_as_transformers_reads_it():
+    """Qwen2-VL's config.json says ``rope_scaling: {"type": "mrope", "mrope_section": …}``; transformers' config
+    keeps ``type="mrope"`` beside ``rope_type="default"`` (it rewrites the type) and builds M-RoPE from the
+    section. That config, and the same dict as a plain mapping, give the encoding of the modern form."""
+    from transformers import Qwen2VLConfig
+
+    common = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 10}
+    legacy = Qwen2VLConfig(**common, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    modern = Qwen2VLConfig(**common, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e6})
+    raw = {"model_type": "qwen2_vl", "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e6,
+           "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+    want = lp.from_hf(modern)
+    assert want.num_axes == 3
+    assert lp.from_hf(legacy).version == want.version == lp.from_hf(raw).version
+    with pytest.raises(ValueError, match="contradictory rope type"):  # a real contradiction is still named
+        lp.from_hf({**raw, "rope_scaling": {"type": "linear", "rope_type": "yarn", "factor": 2.0}})
