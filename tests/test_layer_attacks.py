@@ -1,6 +1,7 @@
 """What the adversarial attacks of tests/attacks.py found in the layers above the encoding (temperatures,
-per-request batches, schedules, coordinate maps, the diagnosis) and in the float64 oracle, each held
-right: the right value against an independent computation, or a refusal that names the argument."""
+per-request batches, schedules, coordinate maps, the diagnosis, the Hugging Face bridge), in float16 near
+its range, in ALiBi's key window and in the float64 oracle, each held right: the right value against an
+independent computation, or a refusal that names the argument."""
 
 from __future__ import annotations
 
