@@ -49,6 +49,9 @@ _DEFAULT_THETA = 10000.0
 # ---------------------------------------------------------------------- one layer type
 def _rope_type(params: Mapping[str, Any], where: str) -> str:
     a, b = params.get("rope_type"), params.get("type")
+    # the legacy type "mrope" (Qwen2-VL's config.json) is rope_type "default", as transformers' Qwen2-VL configs
+    # rewrite it (keeping type="mrope" beside it): the M-RoPE itself is the mrope_section
+    a, b = ("default" if x == "mrope" else x for x in (a, b))
     if a is not None and b is not None and a != b:
         raise ValueError(f"contradictory rope type{where}: type={b!r} but rope_type={a!r}")
     kind = a if a is not None else (b if b is not None else "default")
