@@ -102,3 +102,22 @@ def test_bfloat16_sinks_with_alibi_at_far_times_match_the_reference():
     as32 = lp.attention(q.to(bf), k.to(bf), v.to(bf), enc, p, p, sinks=sinks.float())
     assert torch.equal(got, as32)
     assert float((got.double() - want).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize("rate", [2.0, 4.0])
+def test_faded_keys_stay_finite_with_tiny_queries_and_huge_keys(rate):
+    """The diagonal tiles of the faded path take their origin in the middle of each block, so the factors
+    ``e^{±λ (t − o)}`` stay within the diagonal budget; keys of norm 1e10 against queries of 1e-9 (scores of
+    order one) in float32 then encode without overflow, and attention equals the float64 one."""
+    enc = lp.decay(torch.full((16,), rate))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 256, 16, dtype=F64, generator=g) for _ in range(3))
+    q, k = q * 1e-9, k * 1e10
+    plans = []
+    spy = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
+    with mock.patch.object(faded_keys, "_fade_plan", spy):
+        got = lp.attention(q.float(), k.float(), v.float(), enc)
+    assert plans and plans[0] is not None  # the faded path ran
+    want = lp.attention_reference(q, k, v, enc)
+    assert torch.isfinite(got).all()
+    assert float((got.double() - want).abs().max()) <= 1e-5
