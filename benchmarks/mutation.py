@@ -27,6 +27,7 @@ Writes ``benchmarks/results/mutation/<module>.json`` and ``.md``. Run (one core,
     python benchmarks/mutation.py _angles --list              # every mutant with its id, nothing runs
     python benchmarks/mutation.py _angles --only 12 31        # re-run two mutants (after a new test)
     python benchmarks/mutation.py faded_keys --from recentre --report   # results that moved with their code
+    python benchmarks/mutation.py --summary                   # the score over every module's last results
 
 Results follow the code: a re-run (``--only``, ``--report``) keeps the earlier results whose signature is
 still a mutant of the module, and counts the others as *moved* (their signature is now a mutant of another
@@ -71,11 +72,14 @@ TARGETS: dict[str, list[str]] = {
     # lp.attention's module (its results before the module's rename are under attention)
     "attend": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_oracle.py",
                "tests/test_sinks.py"],
-    # tests/test_attention_fused.py (about 3 minutes on 2 loaded cores) is too slow to run per mutant
-    "attention_pieces": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_sinks.py"],
+    # tests/test_attention_fused.py (about 3 minutes on 2 loaded cores) is too slow to run per mutant; the
+    # clearing of entries no score can see is tested with the subnormal counts
+    "attention_pieces": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_sinks.py",
+                         "tests/test_subnormal.py"],
     "attention_call": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_sinks.py"],
-    # the one call into SDPA: sinks and non-finite keys are exercised by the edge and sink tests
-    "attention_sdpa": ["tests/test_attention.py", "tests/test_sinks.py", "tests/test_attention_edges.py"],
+    # the one call into SDPA: its sinks, its edges and its select-masked form for non-finite keys
+    "attention_sdpa": ["tests/test_attention.py", "tests/test_sinks.py", "tests/test_attention_edges.py",
+                       "tests/test_attention_inputs.py"],
     "attention_graph": ["tests/test_compile_attention.py"],
     "attention_flex": ["tests/test_attention_flex.py"],
 }
@@ -333,7 +337,7 @@ def _report(module: str, info: dict, mutants: list[Mutant], equivalent: dict) ->
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("module", choices=sorted(TARGETS))
+    ap.add_argument("module", nargs="?", choices=sorted(TARGETS))
     ap.add_argument("--sample", type=int, default=40, help="mutants to run (a seeded random sample); 0: all")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--tests", nargs="+", help="test files (default: the module's targeted files)")
@@ -342,7 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", action="store_true", help="rewrite the report from the last results (equivalents)")
     ap.add_argument("--from", dest="origin", choices=sorted(TARGETS) + ["attention"],
                     help="with --only/--report: take the earlier results from this module's file (code that moved)")
+    ap.add_argument("--summary", action="store_true",
+                    help="the table of every module's last results and the overall score (summary.md); nothing runs")
     args = ap.parse_args(argv)
+    if args.summary:
+        return _summary()
+    if args.module is None:
+        ap.error("a module is needed (or --summary)")
     path = PACKAGE / f"{args.module}.py"
     source = path.read_bytes()
     mutants = find_mutants(source)
@@ -397,6 +407,28 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         target.write_bytes(source)
     return _finish(args, old, mutants, tests, chosen, timeout, equivalent)
+
+
+def _summary() -> int:
+    """Killed / sampled per module and over all of them (equivalent survivors count as survived)."""
+    rows, total = [], dict(ran=0, killed=0, survived=0, equivalent=0, killed_before_new_tests=0)
+    for module in sorted(TARGETS):
+        run = _load(RESULTS / f"{module}.json").get("run")
+        if not run or not run.get("ran"):
+            continue
+        for key in total:
+            total[key] += run[key]
+        rows.append(f"| `{module}` | {run['ran']} of {run['total']} | {run['killed']} ({100 * run['score']:.0f} %) | "
+                    f"{run['survived']} | {run['equivalent']} | {run['killed_before_new_tests']} | {run['date']} |")
+    score = total["killed"] / max(total["ran"], 1)
+    lines = ["| module | sampled | killed | survived | of them equivalent | killed before the new tests | run |",
+             "|---|---|---|---|---|---|---|", *rows,
+             f"| **all** | {total['ran']} | **{total['killed']} ({100 * score:.1f} %)** | {total['survived']} | "
+             f"{total['equivalent']} | {total['killed_before_new_tests']} | |"]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "summary.md").write_text(text)
+    print(text, end="")
+    return 0
 
 
 def _finish(args, old: dict, mutants: list[Mutant], tests: list[str], chosen: list[int], timeout: float,
