@@ -121,3 +121,40 @@ def test_faded_keys_stay_finite_with_tiny_queries_and_huge_keys(rate):
     want = lp.attention_reference(q, k, v, enc)
     assert torch.isfinite(got).all()
     assert float((got.double() - want).abs().max()) <= 1e-5
+
+
+def test_the_origin_budget_is_the_documented_one():
+    """``e^{|λ| span} ≤ e^30`` (or a cube root of the dtype's range) and a polynomial span of
+    ``min(512, (2^-14 / eps)^(1/n))`` for a largest Jordan block of degree n (slots: degree one), computed in
+    float32 for half-precision inputs; no polynomial limit without coupling or slots."""
+    import math
+    from types import SimpleNamespace
+
+    from liepos import origin_budget
+
+    decay, jordan, alibi = lp.decay([1.0, 0.5, 0.25, 0.1]), lp.jordan(3, -0.1), lp.alibi(8, num_heads=2)
+    cube_root = math.log(torch.finfo(torch.float32).max) / 3  # 29.57: below 30 in float32
+    assert origin_budget.origin_span(decay, torch.float64) == 30.0
+    assert origin_budget.origin_span(decay, torch.float32) == origin_budget.origin_span(decay, torch.bfloat16) == cube_root
+    assert origin_budget.poly_span(lp.rope(8), torch.float32) == math.inf
+    assert origin_budget.poly_span(alibi, torch.float32) == 512.0  # degree one: (2^-14 / 2^-23) = 2^9
+    assert origin_budget.poly_span(jordan, torch.float32) == 2.0**4.5  # degree two: (2^9)^(1/2)
+    assert origin_budget.poly_span(jordan, torch.float64) == 512.0  # (2^38)^(1/2), capped
+    for dtype, span in [(torch.float64, 512.0), (torch.float32, 2.0**4.5), (torch.bfloat16, 2.0**4.5)]:
+        call = SimpleNamespace(enc=jordan, venc=None, q=torch.zeros(1, dtype=dtype))
+        rate, limit, poly = origin_budget.budget(call)
+        assert (rate, poly) == (0.1, span), dtype
+        assert limit == (30.0 if dtype == torch.float64 else cube_root)
+
+
+def test_within_the_budget_is_every_distance_to_the_row_origin_up_to_the_limits_inclusive():
+    from liepos import origin_budget
+
+    b = (2.0, 30.0, 100.0)  # rate, exponent budget, polynomial span
+    o = torch.tensor([1000.0], dtype=F64)
+    at = lambda *ts: torch.tensor([ts], dtype=F64)  # noqa: E731  (1, n): one row
+    assert origin_budget.within(at(), o, b)  # no times: nothing to exceed
+    assert origin_budget.within(at(1000.0, 1015.0, 985.0), o, b)  # 2 · 15 = 30: at the limit
+    assert not origin_budget.within(at(1000.0, 1015.5), o, b)  # 31 > 30
+    assert origin_budget.within(at(900.0), o, (0.0, 30.0, 100.0))  # a span of 100: at the limit
+    assert not origin_budget.within(at(899.0), o, (0.0, 30.0, 100.0))
