@@ -158,3 +158,41 @@ def test_within_the_budget_is_every_distance_to_the_row_origin_up_to_the_limits_
     assert not origin_budget.within(at(1000.0, 1015.5), o, b)  # 31 > 30
     assert origin_budget.within(at(900.0), o, (0.0, 30.0, 100.0))  # a span of 100: at the limit
     assert not origin_budget.within(at(899.0), o, (0.0, 30.0, 100.0))
+
+
+def test_diagonal_tiles_are_sized_as_documented():
+    """``tile_size``: every time within ``allowed`` of the middle origin (``2⌊allowed⌋ + 1`` rows); below 32
+    rows that, a whole sequence when it fits, else the multiple of the flash kernel's 32 rows giving the fewest
+    flash calls, the larger on a tie; and the diagonal budget is ``min(22, log(max) / 2)``."""
+    import math
+
+    from liepos import causal_tiling as ct
+
+    assert ct.tile_size(math.inf, 300) == 300
+    assert ct.tile_size(10.7, 1000) == 21 and ct.tile_size(15.0, 1000) == 31  # below 32 rows: 2⌊a⌋ + 1
+    assert ct.tile_size(50.0, 101) == 101  # 2·50 + 1 = T: the whole sequence, one causal block
+    assert ct.tile_size(20.0, 1000) == 32  # 41 rows allowed: the one multiple of 32 below
+    assert ct.tile_size(48.0, 100) == 96  # 97 allowed: 64 and 96 rows both take 3 flash calls, the larger wins
+    for a, T in [(40.0, 1000), (100.0, 2048), (300.0, 4096)]:
+        top, w = 2 * math.floor(a) + 1, ct.tile_size(a, T)
+        calls = {u: sum(map(len, ct.tile_plan(T, u))) for u in range(32, top + 1, 32)}
+        assert w % 32 == 0 and calls[w] == min(calls.values()) and w == max(u for u, n in calls.items() if n == calls[w])
+    b = (1.0, 29.0, 512.0)
+    assert ct.diagonal_budget(b, torch.float32) == ct.diagonal_budget(b, torch.bfloat16) == (1.0, 22.0, 512.0)
+    assert ct.diagonal_budget(b, torch.float16) == (1.0, math.log(torch.finfo(torch.float16).max) / 2, 512.0)
+
+
+def test_equal_times_starting_anywhere_take_the_tiled_triangle(monkeypatch):
+    """Times ``t₀ + 0 … T − 1`` with ``t₀ ≠ 0`` are a unit range too: the causal triangle is tiled (not the
+    general block-by-block path), and attention equals the reference."""
+    from liepos import causal_tiling
+
+    plans, real = [], causal_tiling.tile_plan
+    monkeypatch.setattr(causal_tiling, "tile_plan", lambda T, size: plans.append((T, size)) or real(T, size))
+    enc = lp.decay(torch.full((8,), 0.01))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 96, 8, dtype=F64, generator=g) for _ in range(3))
+    p = torch.arange(96, dtype=F64) + 1000.0
+    got = lp.attention(q, k, v, enc, p, p)
+    assert plans and plans[0][0] == 96
+    assert torch.allclose(got, lp.attention_reference(q, k, v, enc, p, p), rtol=1e-10, atol=1e-12)
