@@ -67,13 +67,24 @@ def test_families_read_wrongly_before_are_exact_now(model_type):
     assert worst(cfg, enc) < 1e-5  # float32 rounding of upstream's angles at positions up to 4 L0
 
 
-def test_ernie_vl_text_rope_is_exact_and_its_m_rope_refused():
-    """Ernie 4.5 VL's text rope (M-RoPE sections over h, w, t): its sections are its model's wiring,
-    refused by name; its 1-D text positions (every axis the same) are verified and exact."""
+def test_ernie_vl_text_rope_is_exact_with_its_m_rope_axes():
+    """Ernie 4.5 VL's text rope: M-RoPE sections over h, w, t (neither Qwen2-VL's order nor Qwen3-VL's
+    interleave), probed axis by axis; exact on grid positions, and its 1-D text positions knowingly."""
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [3, 3, 2]}
     cfg = AutoConfig.for_model("ernie4_5_vl_moe", text_config=dict(SMALL, rope_parameters=rope))
-    with pytest.raises(ValueError, match="one position per axis.*M-RoPE.*ignore_keys"):
-        from_hf(cfg)
+    enc = from_hf(cfg)
+    assert enc.generator.num_axes == 3 and enc.name == "hf:mrope[probed]"
+    text = cfg.get_text_config()
+    up = upstream_of(text, text.model_type)
+    t = torch.tensor(POS)
+    pos = torch.stack([t, t // 3 + 1, (t * 5) % 7], dim=-1)  # (S, 3): the axes differ
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, len(POS), 16, generator=gen), torch.randn(1, 2, len(POS), 16, generator=gen)
+    cos, sin = up.rotary(text)(q, pos.T[:, None, :])  # (S, 3) -> (3, 1, S) position_ids
+    qe, ke = up.rotate(q, k, cos, sin)
+    want = qe.double() @ ke.double().transpose(-1, -2)
+    got = enc.query(q.double(), pos) @ enc.key(k.double(), pos).transpose(-1, -2)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
     assert worst(cfg, from_hf(cfg, ignore_keys={"mrope_section"})) < 1e-5
 
 

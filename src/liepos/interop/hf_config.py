@@ -25,7 +25,8 @@ This module reads one layer type and the whole config; the reading of a config o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ import torch
 from liepos import scaling
 from liepos._checks import check_real
 from liepos.encoding import Encoding
+from liepos.generator import Generator
 from liepos.interop.config_alibi import config_alibi, position_kind
 from liepos.interop.config_source import ConfigSource, merge_top, rope_dicts, source_labels
 from liepos.interop.families import Family, family_of
@@ -233,6 +235,44 @@ def _mrope(params: Mapping[str, Any], src: ConfigSource, head_dim: int, where: s
     return enc.replace(name="hf:mrope")
 
 
+# the M-RoPE keys of a rope dict: read by a verified family's probed axes, not by its 1-D rope
+_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+
+def spread_axes(enc: Encoding, owners: Sequence[int], axes: int, sections: Any = None) -> Encoding:
+    """``enc``'s rotation planes on ``axes`` position axes: plane k turns with axis ``owners[k]`` (M-RoPE).
+
+    Named after the pattern ``owners`` follow for the config's ``sections``: ``hf:mrope`` (consecutive
+    sections, section i on axis i mod 3: :func:`liepos.catalogue.mrope`), ``hf:mrope_interleaved``
+    (:func:`liepos.catalogue.mrope_interleaved`), else ``hf:mrope[probed]``.
+    """
+    g = enc.generator
+    if enc.length_rule is not None or g.num_axes is not None or g.freqs.dim() != 1 or max(g.sizes) > 1 \
+            or bool((g.rates != 0).any()):
+        raise ValueError(f"M-RoPE axes spread over fixed rotation planes only, got {enc!r}")
+    complex_ = [bool(c) for c in g.complex]
+    if sum(complex_) != len(owners):
+        raise ValueError(f"the rotary module's {len(owners)} planes are not the {sum(complex_)} rotation planes of {enc!r}")
+    freqs = torch.zeros(axes, len(complex_), dtype=g.freqs.dtype)
+    plane = iter(owners)
+    for b, c in enumerate(complex_):
+        if c:
+            freqs[next(plane), b] = g.freqs[b]
+    spread = Generator(torch.zeros_like(freqs), freqs, g.sizes, complex=complex_, axes=axes)
+    return enc.replace(generator=spread, name=f"hf:{_axes_pattern(list(owners), sections)}")
+
+
+def _axes_pattern(owners: list[int], sections: Any) -> str:
+    if not isinstance(sections, list | tuple) or len(sections) != 3 or sum(sections) != len(owners):
+        return "mrope[probed]"
+    consecutive = [i % 3 for i, n in enumerate(sections) for _ in range(int(n))]
+    interleaved = [0] * len(owners)
+    for axis in (1, 2):
+        for k in range(axis, min(3 * int(sections[axis]), len(owners)), 3):
+            interleaved[k] = axis
+    return {str(consecutive): "mrope", str(interleaved): "mrope_interleaved"}.get(str(owners), "mrope[probed]")
+
+
 def _checked_family(src: ConfigSource, family: Family | None, ignore: frozenset[str]) -> tuple[str, Family | None]:
     """The kind of positions and the family row of a config: the table's, or one verified against the
     modeling code (:mod:`liepos.interop.hf_verify`) for a ``model_type`` the table lacks."""
@@ -298,11 +338,15 @@ def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head
                  ignore: frozenset[str], family: Family | None) -> HFRope | dict[str, HFRope]:
     dicts, nested = rope_dicts(src)
 
-    def read(lt: str | None, params: dict[str, Any] | None) -> HFRope:
+    def read(lt: str | None, params: dict[str, Any] | None, axes: bool = True) -> HFRope:
         hd = _head_dim(src, lt, head_dim)
         if params is None:
             return HFRope(nope_encoding(hd, "hf:nope" + ("" if lt is None else f"[{lt}]")), 0, 1.0, 1.0, family)
         where = "" if lt is None else f" for layer type {lt!r}"
+        if axes and family is not None and family.verified and family.axis_of:  # M-RoPE, its axes probed
+            one = read(lt, {k: v for k, v in params.items() if k not in _MROPE_KEYS}, axes=False)
+            spread = spread_axes(one.encoding, family.axis_of, family.axes, params.get("mrope_section"))
+            return dataclasses.replace(one, encoding=spread)
         if "mrope_section" in params and "mrope_section" not in ignore:
             if family is not None and family.verified:
                 raise ValueError(

@@ -285,17 +285,79 @@ def _layer_types(up: Upstream) -> list[str | None]:
     return [None]
 
 
+def _rope_params(up: Upstream, layer_type: str | None) -> Mapping[str, Any]:
+    rp = getattr(up.config, "rope_parameters", None) or {}
+    inner = rp.get(layer_type) if layer_type is not None else None
+    return inner if isinstance(inner, Mapping) else rp
+
+
+def _num_axes(up: Upstream, layer_type: str | None) -> int:
+    """The position axes an M-RoPE rotary module reads: one per ``mrope_section`` entry (3 without one)."""
+    sections = _rope_params(up, layer_type).get("mrope_section")
+    return len(sections) if isinstance(sections, list | tuple) and len(sections) > 1 else 3
+
+
+def _axes_ids(positions: torch.Tensor, axes: int, axis: int | None = None) -> torch.Tensor:
+    """``(S,)`` or ``(S, axes)`` positions as a rotary module's ``(axes, 1, S)`` position_ids; ``axis``:
+    only that axis at the positions, the others at 0."""
+    if positions.dim() == 2:
+        return positions.T[:, None, :].to(torch.long)  # (S, axes) -> (axes, 1, S)
+    ids = positions.reshape(1, 1, -1).to(torch.long).expand(axes, 1, -1)  # (S,) -> (axes, 1, S)
+    if axis is not None:
+        ids = torch.where(torch.arange(axes)[:, None, None] == axis, ids, torch.zeros_like(ids))
+    return ids
+
+
 def _reads_axes(up: Upstream, layer_type: str | None) -> bool:
-    """Whether the rotary module turns (3, batch, seq) position_ids, one row per axis, into one rotation
+    """Whether the rotary module turns (axes, batch, seq) position_ids, one row per axis, into one rotation
     that differs from the first axis's: M-RoPE (a 1-D rotary module fails on them or answers another shape)."""
     t = torch.arange(5)
     x = torch.zeros(1, 1, 5, 2)
+    axes = _num_axes(up, layer_type)
     try:
         one = up.rotary_for(layer_type)(x, t[None, :])[0]
-        axes = up.rotary_for(layer_type)(x, torch.stack((t, 2 * t + 1, 3 * t + 2))[:, None, :])[0]
-    except Exception:  # noqa: BLE001 - a 1-D rotary module on 3-axis positions
+        many = up.rotary_for(layer_type)(x, torch.stack([(a + 1) * t + a for a in range(axes)])[:, None, :])[0]
+    except Exception:  # noqa: BLE001 - a 1-D rotary module on several position axes
         return False
-    return tuple(axes.shape) == tuple(one.shape) and not torch.equal(axes, one)
+    return tuple(many.shape) == tuple(one.shape) and not torch.equal(many, one)
+
+
+def _planes(s: Structure) -> list[tuple[int, int]]:
+    """The dims ``(i, j)`` of each rotation plane, in the order of the rotary module's frequencies."""
+    r = s.rotated
+    return [(k, k + r // 2) for k in range(r // 2)] if s.layout == "half" else [(2 * k, 2 * k + 1) for k in range(r // 2)]
+
+
+def axis_of(up: Upstream, layer_type: str | None, s: Structure, axes: int) -> tuple[int, ...]:
+    """The position axis each rotation plane turns with: upstream's apply probed with position_ids
+    ``(axes, 1, seq)`` that move one axis at a time. A plane that turns with no axis (frequency 0) is
+    given axis 0; one that turns with several, or with none while it turns on text positions, is refused."""
+    dims = s.rotated if s.splits else s.head_dim
+    rotary = up.rotary_for(layer_type)
+    times = torch.tensor(_TIMES[:1] + _TIMES[-2:])
+    eye = torch.eye(s.head_dim, dtype=torch.float64)
+    planes = _planes(s)
+    moved = torch.zeros(axes, len(planes), dtype=torch.bool)
+    for a in range(axes):
+        def encode(x: torch.Tensor, positions: torch.Tensor, a: int = a) -> torch.Tensor:
+            cos, sin = rotary(x, _axes_ids(positions, axes, a))
+            head, rest = x[..., :dims], x[..., dims:]
+            q, _ = up.rotate(head, head, cos, sin)
+            return torch.cat((q.to(x.dtype), rest), dim=-1)  # (…, dims) + (…, d − dims)
+
+        F = Probe(encode, s.head_dim, "query", dtype=torch.float32)(eye, times, "structure").permute(1, 2, 0)
+        for n, (i, j) in enumerate(planes):  # F: (T, d_out, d_in)
+            block = F[:, [i, j]][:, :, [i, j]] - torch.eye(2, dtype=F.dtype)  # (T, 2, 2): the plane's motion
+            moved[a, n] = bool((block.abs() > _ZERO).any())
+    owners = []
+    for n, omega in enumerate(s.omega):
+        turns = moved[:, n].nonzero().flatten().tolist()
+        if len(turns) > 1:
+            raise ValueError(f"rotation plane {n} turns with position axes {turns}: not one axis per plane")
+        if not turns and omega > _ZERO:
+            raise ValueError(f"rotation plane {n} turns on text positions (ω = {omega:.4g}) but with no single axis")
+        owners.append(turns[0] if turns else 0)
+    return tuple(owners)
 
 
 def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_axes: bool = False) -> Family:
@@ -311,10 +373,14 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
+    axes, owners = 1, ()
     if _reads_axes(up, lt) and not ignore_axes:
-        raise ValueError(_refusal(
-            model_type, "its rotary module reads one position per axis ((3, batch, seq) position_ids: M-RoPE), "
-            "whose sections are its model's wiring; pass ignore_keys={'mrope_section'} for its 1-D text positions", False))
+        axes = _num_axes(up, lt)
+        try:
+            owners = axis_of(up, lt, s, axes)
+        except Exception as err:  # noqa: BLE001 - upstream's code failing on a probe is a refusal
+            raise ValueError(_refusal(model_type, f"its rotary module reads one position per axis ((axes, batch, seq) "
+                                                  f"position_ids: M-RoPE), and probing its axes: {err}", False)) from None
     if s.splits and model is None:
         raise ValueError(_refusal(
             model_type, f"its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
@@ -322,7 +388,7 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
     module = up.modeling.__name__.split(".")[-2]
     return Family(model_type, module, (), layout=s.layout, default_partial=s.rotated < s.head_dim,
                   splits_rotary=s.splits, direction=s.direction, rotary_dims=s.rotated if s.splits else s.head_dim,
-                  verified=True)
+                  axes=axes, axis_of=owners, verified=True)
 
 
 def _forward(cls: type) -> Any:
@@ -389,6 +455,8 @@ def _tolerance(pos: torch.Tensor, omega_max: float) -> torch.Tensor:
     """Float32 rounding of upstream's scores of (t, s), relative to ``|q_t| |k_s| τ²``: the angles ω·t
     rounded twice (inv_freq, the product) and cos, sin and the products once, with a margin of 8."""
     t = pos.to(torch.float64).abs()
+    if t.dim() == 2:  # (S, axes): the largest angle of each token
+        t = t.amax(-1)
     return 8 * _EPS32 * (2 * omega_max * (t[:, None] + t[None, :]) + 8) + 1e-6  # (S, S)
 
 
@@ -407,7 +475,7 @@ def _scores(enc: Any, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, rotar
 def _upstream_scores(up: Upstream, lt: str | None, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor,
                      dims: int) -> torch.Tensor:
     rotary = up.rotary_for(lt)
-    cos, sin = rotary(q, pos[None, :])
+    cos, sin = rotary(q, pos[None, :] if pos.dim() == 1 else _axes_ids(pos, pos.shape[-1]))
     qh, kh = up.rotate(q[..., :dims], k[..., :dims], cos, sin)
     qe = torch.cat((qh.to(torch.float64), q[..., dims:].to(torch.float64)), dim=-1)
     ke = torch.cat((kh.to(torch.float64), k[..., dims:].to(torch.float64)), dim=-1)
@@ -420,8 +488,11 @@ def _prove_one(up: Upstream, lt: str | None, read: Any, s: Structure, L0: int) -
     omega_max = max(s.omega) if s.omega else 0.0
     tau2 = max(s.tau2) if s.tau2 else 1.0
     dims = s.rotated if s.splits else s.head_dim
+    axes = read.encoding.generator.num_axes
     for pos in _positions(L0):
         p = torch.tensor(pos)
+        if axes is not None:  # M-RoPE: every axis at its own positions (a shuffle of them), the first in order
+            p = _per_axis(p, axes, gen)
         q = torch.randn(1, _HEADS, len(pos), s.head_dim, generator=gen)
         k = torch.randn(1, _HEADS, len(pos), s.head_dim, generator=gen)
         want = _upstream_scores(up, lt, q, k, p, dims)
@@ -431,10 +502,17 @@ def _prove_one(up: Upstream, lt: str | None, read: Any, s: Structure, L0: int) -
         ratio = err / _tolerance(p, omega_max)
         if bool((ratio > 1).any()) or not bool(torch.isfinite(got).all()):
             h, i, j = (int(v) for v in divmod_index(ratio[0]))
-            return (f"scores differ by {float(err[0, h, i, j]):.3g} of |q||k| at (t, s) = ({pos[i]}, {pos[j]}) "
+            at = (pos[i], pos[j]) if p.dim() == 1 else (p[i].tolist(), p[j].tolist())
+            return (f"scores differ by {float(err[0, h, i, j]):.3g} of |q||k| at (t, s) = ({at[0]}, {at[1]}) "
                     f"(float32 rounding allows {float(_tolerance(p, omega_max)[i, j]):.3g}); upstream: "
                     f"{_described(s)}; liepos read {read.encoding!r}")
     return None
+
+
+def _per_axis(p: torch.Tensor, axes: int, gen: torch.Generator) -> torch.Tensor:
+    """``(S,)`` positions as ``(S, axes)``: axis 0 at ``p``, every other axis at its own shuffle of ``p``."""
+    cols = [p] + [p[torch.randperm(p.numel(), generator=gen)] for _ in range(axes - 1)]
+    return torch.stack(cols, dim=-1)  # (S,) * axes -> (S, axes)
 
 
 def divmod_index(x: torch.Tensor) -> tuple[int, ...]:
