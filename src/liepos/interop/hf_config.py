@@ -92,6 +92,20 @@ def _rotary_fraction(params: Mapping[str, Any], kind: str, family: Family | None
     return p if family.default_partial else 1.0
 
 
+def _mla_fraction(src: ConfigSource, layer_type: str | None, head_dim: int, p: Any) -> Any:
+    """An MLA config's partial rotary factor: Mistral 4 spells its decoupled slice as ``head_dim ·
+    partial_rotary_factor == qk_rope_head_dim`` (its rotary module reads ``head_dim``), so the slice rotates whole."""
+    view = src.layer_view(layer_type)
+    rope = src.get("qk_rope_head_dim", obj=view)
+    if p == 1 or not rope or head_dim != rope:
+        return p
+    full = src.get("head_dim", obj=view)
+    if full and int(full * p) == rope:
+        return 1.0
+    raise ValueError(f"partial_rotary_factor={p} with qk_rope_head_dim={rope} and head_dim={full}: the rope's "
+                     "rotated dims are neither the decoupled slice nor a part of it liepos knows")
+
+
 def _one(params: dict[str, Any], *, src: ConfigSource, layer_type: str | None, nested: bool, head_dim: int,
          precision: str, ignore_keys: frozenset[str], family: Family | None) -> tuple[Encoding, int]:
     """The encoding of one layer type (rope temperature in ``logit_scale``) and its rotated dims."""
@@ -109,7 +123,7 @@ def _one(params: dict[str, Any], *, src: ConfigSource, layer_type: str | None, n
     check_real("rope_theta", base, positive=True)
     if base == 1:
         raise ValueError("rope_theta must differ from 1")
-    p = _rotary_fraction(params, kind, family, src.get("model_type"))
+    p = _mla_fraction(src, layer_type, head_dim, _rotary_fraction(params, kind, family, src.get("model_type")))
     # the rotary dim: the generic partial rotary, except proportional, which covers the full head
     dim = head_dim if kind == "proportional" else int(head_dim * p)
     if dim < 2:
@@ -181,7 +195,11 @@ class HFRope:
     * ``softmax_multiplier``: a model-level factor on the softmax scale (DeepSeek's
       ``m(s, mscale_all_dim)²``), 1 for other families; never part of the rope's factor;
     * ``rope_type``: the config's rope type (``"dynamic"`` and ``"longrope"`` tell a patched
-      model how transformers picks the length of each forward), None for ALiBi and NoPE.
+      model how transformers picks the length of each forward), None for ALiBi and NoPE;
+    * ``query_temperature``: ``("llama_4_scaling_beta", β, L0)``: the attention multiplies the rotated
+      query by ``1 + β·log(1 + ⌊t / L0⌋)`` (Mistral 3/4's ``get_llama_4_attn_scale``), a factor of the
+      query's time an :class:`~liepos.Encoding` does not carry: a patched model keeps upstream's, and
+      :func:`from_hf` refuses it unless it is named in ``ignore_keys``.
     """
 
     encoding: Encoding
@@ -190,6 +208,7 @@ class HFRope:
     softmax_multiplier: float
     family: Family | None
     rope_type: str | None = None
+    query_temperature: tuple[str, float, int] | None = None
 
     @property
     def exact_encoding(self) -> bool:
@@ -233,6 +252,22 @@ def _mrope(params: Mapping[str, Any], src: ConfigSource, head_dim: int, where: s
     base = params.get("rope_theta", src.get("rope_theta", _DEFAULT_THETA))
     enc = mrope(head_dim, [int(s) for s in params["mrope_section"]], float(base))
     return enc.replace(name="hf:mrope")
+
+
+# Mistral 3/4's position-dependent query temperature in the rope parameters (applied by the attention)
+_L4_BETA = "llama_4_scaling_beta"
+
+
+def _l4_length(params: Mapping[str, Any], src: ConfigSource) -> int:
+    length = params.get("original_max_position_embeddings") or src.get("max_position_embeddings")
+    if not length:
+        raise ValueError(f"{_L4_BETA} needs original_max_position_embeddings, the length its temperature steps at")
+    return int(length)
+
+
+def _not_rope_keys(src: ConfigSource) -> frozenset[str]:
+    """The rope-parameter keys the config's class says transformers' rope validation does not read."""
+    return frozenset(getattr(src.obj, "ignore_keys_at_rope_validation", None) or ())
 
 
 # the M-RoPE keys of a rope dict: read by a verified family's probed axes, not by its 1-D rope
@@ -343,6 +378,13 @@ def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head
         if params is None:
             return HFRope(nope_encoding(hd, "hf:nope" + ("" if lt is None else f"[{lt}]")), 0, 1.0, 1.0, family)
         where = "" if lt is None else f" for layer type {lt!r}"
+        if _L4_BETA in params and _L4_BETA not in ignore:  # the attention's query temperature, not the rope's
+            beta = params[_L4_BETA]
+            rest = {k: v for k, v in params.items() if k != _L4_BETA}
+            return dataclasses.replace(read(lt, rest, axes), query_temperature=(_L4_BETA, beta, _l4_length(rest, src)))
+        if "max_position_embeddings" in params and "max_position_embeddings" in _not_rope_keys(src):
+            # a copy transformers' rope does not read (it reads the config's own max_position_embeddings)
+            params = {k: v for k, v in params.items() if k != "max_position_embeddings"}
         if axes and family is not None and family.verified and family.axis_of:  # M-RoPE, its axes probed
             one = read(lt, {k: v for k, v in params.items() if k not in _MROPE_KEYS}, axes=False)
             spread = spread_axes(one.encoding, family.axis_of, family.axes, params.get("mrope_section"))
@@ -454,6 +496,15 @@ def from_hf(
     True
     """
     read = read_hf(config, layer_type=layer_type, precision=precision, head_dim=head_dim, ignore_keys=ignore_keys)
+    for r in [read] if isinstance(read, HFRope) else list(read.values()):
+        if r.query_temperature is not None:
+            key, beta, length = r.query_temperature
+            raise ValueError(
+                f"the config's {key}={beta!r} is a query temperature 1 + {beta!r}·log(1 + ⌊t / {length}⌋) that the "
+                "attention multiplies the rotated query by (get_llama_4_attn_scale), a factor of the query's time "
+                f"that an Encoding does not carry; pass ignore_keys={{{key!r}}} for the rope alone (patch_model "
+                "keeps the attention's own factor)"
+            )
     if isinstance(read, HFRope):
         return _as_encoding(read, softmax_mscale)
     return {lt: _as_encoding(r, softmax_mscale) for lt, r in read.items()}
