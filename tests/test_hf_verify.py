@@ -124,6 +124,13 @@ def test_unknown_model_type_is_refused_with_what_to_pass():
         from_hf({"model_type": "not_a_family", "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e4})
 
 
+@pytest.mark.parametrize("model_type, vision", [("nemotron_h", None), ("glm5_next_text", "Glm5NextVisionRotaryEmbedding")])
+def test_a_text_model_without_rope_is_refused_by_name(model_type, vision):
+    with pytest.raises(ValueError, match="no text \\*RotaryEmbedding class: its text attention takes no rotary") as err:
+        from_hf(dict(SMALL, model_type=model_type, rope_theta=1e4, num_key_value_heads=4))
+    assert (vision is None) or f"only its vision tower rotates: {vision}" in str(err.value)
+
+
 def test_gptj_says_once_what_it_is():
     with pytest.raises(ValueError) as err:
         from_hf(AutoConfig.for_model("gptj", n_embd=64, n_head=4, rotary_dim=8))

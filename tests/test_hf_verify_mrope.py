@@ -121,3 +121,13 @@ def test_patched_m_rope_model_is_exact_on_grid_positions(model_type, rope, name)
     assert float((got - want).abs().max() / want.abs().max()) < 1e-4
     assert float((text - plain).abs().max() / plain.abs().max()) < 1e-4
     assert float((want - plain).abs().max()) > 1e-2  # the grid positions matter: the test sees the axes
+
+
+def test_the_rotary_class_is_the_one_the_text_model_builds():
+    """Qwen3-Omni's modeling file has three text rotary classes; its thinker's text model builds one of them."""
+    cfg = AutoConfig.for_model("qwen3_omni_moe", thinker_config=dict(text_config=dict(
+        SMALL, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]})))
+    text = cfg.thinker_config.text_config
+    assert upstream_of(text, text.model_type).rotary.__name__ == "Qwen3OmniMoeThinkerTextRotaryEmbedding"
+    enc = from_hf(text)
+    assert enc.name == "hf:mrope_interleaved" and worst(text, enc, grid(3 * L0)) < 1e-5

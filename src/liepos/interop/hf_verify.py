@@ -126,14 +126,29 @@ def _config_object(config: Any, model_type: str) -> Any:
         raise ValueError(_refusal(model_type, f"{cls.__name__} refuses the config: {err}")) from None
 
 
+def _text_rotaries(modeling: Any) -> list[str]:
+    """The names of the modeling module's own ``*RotaryEmbedding`` classes outside a vision tower."""
+    return [n for n, c in vars(modeling).items() if n.endswith("RotaryEmbedding") and inspect.isclass(c)
+            and c.__module__ == modeling.__name__ and "Vision" not in n]
+
+
 def _rotary_class(modeling: Any, config: Any) -> type | None:
-    """The text rotary class of a modeling module: ``<Config>RotaryEmbedding``, else the only one."""
+    """The text rotary class of a modeling module: ``<Config>RotaryEmbedding``, else the one the module's
+    models of this config class build (``self.rotary_emb = …RotaryEmbedding(config)``), else the only one."""
     name = type(config).__name__.removesuffix("Config") + "RotaryEmbedding"
     if inspect.isclass(getattr(modeling, name, None)):
         return getattr(modeling, name)
-    found = [c for n, c in vars(modeling).items() if n.endswith("RotaryEmbedding") and inspect.isclass(c)
-             and c.__module__ == modeling.__name__ and "Vision" not in n]
-    return found[0] if len(found) == 1 else None
+    built: set[str] = set()
+    for cls in vars(modeling).values():
+        if inspect.isclass(cls) and cls.__module__ == modeling.__name__ and getattr(cls, "config_class", None) is type(config):
+            try:
+                built |= set(re.findall(r"(\w+RotaryEmbedding)\(", inspect.getsource(cls.__init__)))
+            except (OSError, TypeError):  # no source: judged by the names alone
+                continue
+    texts = _text_rotaries(modeling)
+    built &= set(texts)
+    found = sorted(built) if built else texts
+    return getattr(modeling, found[0]) if len(found) == 1 else None
 
 
 def upstream_of(config: Any, model_type: str) -> Upstream:
@@ -154,7 +169,14 @@ def upstream_of(config: Any, model_type: str) -> Upstream:
     apply = getattr(apply, "_liepos_upstream", apply)  # a patched model's dispatcher: upstream's own function
     rotary = _rotary_class(modeling, cfg)
     if apply is None or rotary is None:
-        what = f"no module-level {_APPLY}" if apply is None else "no (single) text *RotaryEmbedding class"
+        texts = _text_rotaries(modeling)
+        if not texts:  # nothing rotates the text: position-free attention (or a vision tower's own rope)
+            vision = sorted(n for n in vars(modeling) if n.endswith("RotaryEmbedding") and "Vision" in n)
+            raise ValueError(_refusal(model_type, f"{name} has no text *RotaryEmbedding class: its text attention "
+                                                  "takes no rotary embedding" + (f" (only its vision tower rotates: "
+                                                  f"{', '.join(vision)})" if vision else ""), False))
+        what = (f"no module-level {_APPLY}" if apply is None else
+                f"several text *RotaryEmbedding classes ({', '.join(texts)}) and none named after {type(cfg).__name__}")
         raise ValueError(_refusal(model_type, f"{name} has {what}"))
     return Upstream(model_type, cfg, modeling, rotary, apply)
 
@@ -415,7 +437,14 @@ def patch_family(model: Any, config: Any) -> Family:
     if not isinstance(model_type, str):
         raise ValueError(f"the config has no model_type to find its family by, got {model_type!r}")
     family = verified_family(config, model_type, model=model)
-    if upstream_of(config, model_type).per_tensor:
+    up = upstream_of(config, model_type)
+    others = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")
+                     and getattr(getattr(m, "config", None), "model_type", model_type) == model_type
+                     and not isinstance(m, up.rotary)})
+    if others:
+        raise ValueError(_refusal(model_type, f"its text rotary modules are {', '.join(others)}, not the "
+                                              f"{up.rotary.__name__} the probe proved", False))
+    if up.per_tensor:
         raise ValueError(_refusal(model_type, f"its attention calls {_APPLY} once per tensor (x, cos, sin), and "
                                               "patch_model's dispatcher replaces the (q, k, cos, sin) form only", False))
     modeling = importlib.import_module(family.modeling)
