@@ -62,10 +62,12 @@ SMALL: dict[str, Any] = dict(
 )
 # sizes of the fields a config already has (vision towers), never passed as new attributes
 FIELDS: dict[str, Any] = dict(depth=2, embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
-                              encoder_layers=2, decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128)
+                              encoder_layers=2, decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                              upsample_groups=64)  # a depthwise convolution over hidden_size channels (Mimi)
 # per-family facts a tiny model needs beyond SMALL
 _MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
             v_head_dim=16)
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 EXTRA: dict[str, dict[str, Any]] = {
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
     **{t: _MLA for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "glm4_moe_lite", "glm_moe_dsa",
@@ -76,6 +78,14 @@ EXTRA: dict[str, dict[str, Any]] = {
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
     "qwen3_next": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"]),
+    # hybrids whose layer list has no default for a shrunk depth: one recurrent layer, one attending
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], use_mem_rope=True),
+    # per-layer-type rope parameters for the layer types of the shrunk depth
+    "cohere_compass_text": dict(rope_parameters={"full_attention": _ROPE}),
+    # the sparse-attention indexer's sizes (no defaults)
+    "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
+                           indexer_compress_ratio=4),
 }
 # per-layer lists of the full-size config, dropped before shrinking (rebuilt for the new depth)
 _PER_LAYER = ("layer_types", "no_rope_layers", "mlp_only_layers", "sliding_window_pattern", "block_types",
