@@ -81,6 +81,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     # hybrids whose layer list has no default for a shrunk depth: one recurrent layer, one attending
     "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], use_mem_rope=True),
+    "bamba": dict(attn_layer_indices=[1]),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
     # per-layer-type rope parameters for the layer types of the shrunk depth
     "cohere_compass_text": dict(rope_parameters={"full_attention": _ROPE}),
     # the sparse-attention indexer's sizes (no defaults)
@@ -188,7 +190,9 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
         d.pop(key, None)
     d.update({k: v for k, v in {**FIELDS, **small}.items() if k in d and k != "rope_parameters"})
     rope, want = d.get("rope_parameters"), small.get("rope_parameters")
-    if isinstance(rope, dict) and "mrope_section" in rope and want:  # M-RoPE sections that fit the tiny head
+    mrope = "mrope_section" in rope if isinstance(rope, dict) else False
+    mrope = mrope or "mrope_section" in (getattr(config, "ignore_keys_at_rope_validation", None) or ())
+    if isinstance(rope, dict) and mrope and want:  # M-RoPE sections that fit the tiny head (default ones too)
         d["rope_parameters"] = dict(rope, mrope_section=want["mrope_section"])
     d.update(extra)
     d.pop("model_type", None)

@@ -204,8 +204,8 @@ def test_patch_model_more_verified_families(model_type):
     assert patched_worst(model_type) < 1e-4
 
 
-def test_the_coverage_script_rows():
-    """benchmarks/hf_coverage.py on one verified family, one table family and one refusal."""
+def coverage_script():
+    """benchmarks/hf_coverage.py as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -213,6 +213,12 @@ def test_the_coverage_script_rows():
     spec = importlib.util.spec_from_file_location("hf_coverage", path)
     cov = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cov)
+    return cov
+
+
+def test_the_coverage_script_rows():
+    """benchmarks/hf_coverage.py on one verified family, one table family and one refusal."""
+    cov = coverage_script()
     assert {"helium", "cohere2", "llama", "bloom"} <= set(cov.model_types())
     for model_type in ("helium", "llama"):
         row = cov.run_one(model_type)
@@ -223,13 +229,7 @@ def test_the_coverage_script_rows():
 
 def test_the_coverage_script_repairs_validators_and_names_components():
     """The tiny config agrees with what a validator names; a sub-config type is a component of its parent."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "hf_coverage.py"
-    spec = importlib.util.spec_from_file_location("hf_coverage", path)
-    cov = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cov)
+    cov = coverage_script()
     d = {"num_attention_heads": 4, "num_key_value_heads": 2}
     assert cov._repair("ValueError: num_attention_heads (4) must be the same as num_key_value_heads (2).", d)
     assert d["num_key_value_heads"] == 4
@@ -244,3 +244,17 @@ def test_the_coverage_script_repairs_validators_and_names_components():
     # layers of two head sizes: refused at patch time, never accepted and then failing in the forward
     row = cov.run_one("embedding_gemma2_text")
     assert row["status"] == "refused" and "head sizes [16, 512]" in row["reason"], row
+
+
+@pytest.mark.parametrize("model_type, status", [
+    ("lfm2_moe", "exact"),  # a hybrid whose layer list has no default for the shrunk depth
+    ("cohere_compass_text", "exact"),  # per-layer-type rope parameters, M-RoPE
+    ("csm", "exact"),  # its Mimi codec's depthwise upsampling over the shrunk width
+    ("mimi", "not measured"),  # the codec alone builds; it takes audio, not token ids
+])
+def test_the_coverage_script_builds_tiny_configs_with_their_own_layer_lists(model_type, status):
+    cov = coverage_script()
+    row = cov.run_one(model_type)
+    assert row["status"] == status, row
+    if status == "exact":
+        assert row["rel"] <= cov.TOL and row["greedy"] is not False
