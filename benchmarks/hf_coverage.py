@@ -85,6 +85,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
     # per-layer-type rope parameters for the layer types of the shrunk depth
     "cohere_compass_text": dict(rope_parameters={"full_attention": _ROPE}),
+    "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0),
     # the sparse-attention indexer's sizes (no defaults)
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
                            indexer_compress_ratio=4),
@@ -184,7 +185,7 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
     """``config`` with ``small`` (and ``extra``) over every sub-config that has those fields."""
     for name, sub in list(vars(config).items()):  # vars: per-layer attributes raise on getattr
         if _is_config(sub):  # text_config, vision_config, encoder, decoder, ...
-            setattr(config, name, _shrunk(sub, small, {}))
+            setattr(config, name, _shrunk(sub, small, EXTRA.get(sub.model_type, {})))  # its own row's facts too
     d = config.to_dict()
     for key in _PER_LAYER:
         d.pop(key, None)

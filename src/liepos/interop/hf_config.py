@@ -42,7 +42,7 @@ from liepos.interop.families import Family, family_of
 from liepos.interop.rope_types import (COMMON_KEYS, ROPE_TYPES, RopeContext, RopeType, half_rope, nope_encoding,
                                        times_logit)
 
-__all__ = ["from_hf", "read_hf", "HFRope", "ROPE_TYPES", "RopeType", "PRECISIONS", "times_logit"]
+__all__ = ["from_hf", "read_hf", "HFRope", "ROPE_TYPES", "RopeType", "PRECISIONS", "times_logit", "spread_axes"]
 
 PRECISIONS = ("precise", "compat")
 _DEFAULT_THETA = 10000.0

@@ -42,6 +42,7 @@ from liepos.interop.hf_decode import attend, checked_step_matrix, hf_visible, re
 from liepos.interop.hf_config import HFRope, read_hf
 from liepos.interop.rope_types import times_logit
 from liepos.interop.hf_packed import check_row, documents, per_document, restarted
+from liepos.interop.hf_verify import one_tensor, patch_family, rotate_one
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
 
@@ -241,7 +242,7 @@ def _rope_dispatcher(upstream: Any) -> Any:
         module = _ACTIVE.get()
         if module is None:
             return upstream(q, k, *args, **kwargs)
-        return module._liepos.rotate(q, k)
+        return rotate_one(module._liepos, q, args, kwargs) if one_tensor(upstream) else module._liepos.rotate(q, k)
 
     vars(rope)["_liepos_upstream"] = upstream
     return rope
@@ -577,8 +578,6 @@ def _family(model: Any, config: Any) -> Family:
     model_type = getattr(config, "model_type", None)
     family = family_of(model_type)
     if family is None and isinstance(model_type, str):
-        from liepos.interop.hf_verify import patch_family
-
         return patch_family(model, config)  # probed from the modeling code and proven, or refused with why
     if family is None or not family.attention:
         known = sorted(SUPPORTED_FAMILIES)

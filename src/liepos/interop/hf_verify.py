@@ -40,7 +40,8 @@ import torch
 from liepos.diagnosis.probes import Probe
 from liepos.interop.families import FAMILIES, Family
 
-__all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove"]
+__all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove", "axis_of", "one_tensor",
+           "rotate_one"]
 
 _APPLY = "apply_rotary_pos_emb"
 # an entry of a probe matrix below this is a zero (float32 cos/sin are exact to ~6e-8)
@@ -83,8 +84,7 @@ class Upstream:
     @property
     def per_tensor(self) -> bool:
         """The apply rotates one tensor, ``apply(x, cos, sin)`` (Gemma 4), not ``apply(q, k, cos, sin)``."""
-        names = list(inspect.signature(self.apply).parameters)
-        return len(names) > 1 and names[1] == "cos"
+        return one_tensor(self.apply)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any]:
         """Upstream's apply on q and k ``(B, H, S, dims)``."""
@@ -107,6 +107,25 @@ class Upstream:
         if layer_type is not None and "layer_type" in takes:
             return lambda x, ids: module(x, ids, layer_type=layer_type)
         return lambda x, ids: module(x, ids)
+
+
+def one_tensor(apply: Callable[..., Any]) -> bool:
+    """Whether a rope function rotates one tensor, ``apply(x, cos, sin, unsqueeze_dim=1)`` (Gemma 3n/4)."""
+    names = getattr(getattr(apply, "__code__", None), "co_varnames", ())
+    return names[1:2] == ("cos",)
+
+
+def rotate_one(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor:
+    """A patched layer's rope on the one tensor of ``apply(x, cos, sin, unsqueeze_dim=1)``: q and k take the
+    same call, which a rotation allows (its query and key sides agree); ``unsqueeze_dim=2``: x is
+    ``(batch, seq, heads, dim)``."""
+    if layer.encoded and layer.sided:
+        raise NotImplementedError(f"{layer.family.model_type}: the rope is applied per tensor, which does not say "
+                                  f"query from key, and {layer.encoding!r} encodes them differently")
+    seq_first = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1) == 2
+    x = x.transpose(1, 2) if seq_first else x  # (B, S, H, D) -> (B, H, S, D)
+    out, _ = layer.rotate(x, x)
+    return out.transpose(1, 2) if seq_first else out
 
 
 def _config_object(config: Any, model_type: str) -> Any:
@@ -444,9 +463,6 @@ def patch_family(model: Any, config: Any) -> Family:
     if others:
         raise ValueError(_refusal(model_type, f"its text rotary modules are {', '.join(others)}, not the "
                                               f"{up.rotary.__name__} the probe proved", False))
-    if up.per_tensor:
-        raise ValueError(_refusal(model_type, f"its attention calls {_APPLY} once per tensor (x, cos, sin), and "
-                                              "patch_model's dispatcher replaces the (q, k, cos, sin) form only", False))
     modeling = importlib.import_module(family.modeling)
     classes = sorted({type(m).__name__ for m in model.modules()
                       if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
@@ -454,12 +470,20 @@ def patch_family(model: Any, config: Any) -> Family:
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
-    sizes = sorted({int(m.head_dim) for m in model.modules()
-                    if type(m).__name__ in classes and isinstance(getattr(m, "head_dim", None), int)})
-    if len(sizes) > 1:
+    by_type: dict[Any, set[int]] = {}  # layer type -> head sizes: the proof probes each layer type at its own
+    types = list(getattr(config, "layer_types", None) or ())
+    for m in model.modules():
+        if type(m).__name__ in classes and isinstance(getattr(m, "head_dim", None), int):
+            lt = getattr(m, "layer_type", None) or (types[m.layer_idx] if m.layer_idx < len(types) else None)
+            by_type.setdefault(lt if len(_layer_types(up)) > 1 else None, set()).add(int(m.head_dim))
+    sizes = sorted(set().union(*by_type.values()))
+    if any(len(v) > 1 for v in by_type.values()) or (len(sizes) > 1 and family.splits_rotary):
         raise ValueError(_refusal(model_type, f"its attention layers have head sizes {sizes}, and the probe proves "
-                                              "one rotation for one head size", False))
-    seq_first = [c for c in classes if re.search(r"unsqueeze_dim\s*=\s*(?!1\b)", _source(getattr(modeling, c)))]
+                                              "one rotation for one head size per layer type", False))
+    if len(sizes) > 1:  # one head size per layer type: each layer rotates its own head (read per layer type)
+        family = replace(family, rotary_dims=0)
+    seq_first = [] if up.per_tensor else [  # a per-tensor apply's unsqueeze_dim is read by the dispatcher
+        c for c in classes if re.search(r"unsqueeze_dim\s*=\s*(?!1\b)", _source(getattr(modeling, c)))]
     if seq_first:
         raise ValueError(_refusal(model_type, f"{', '.join(seq_first)} passes unsqueeze_dim to {_APPLY} (q and k "
                                               "sequence-first, as Llama 4), which the dispatcher does not read", False))
