@@ -349,18 +349,24 @@ def _axes_ids(positions: torch.Tensor, axes: int, axis: int | None = None) -> to
     return ids
 
 
-def _reads_axes(up: Upstream, layer_type: str | None) -> bool:
-    """Whether the rotary module turns (axes, batch, seq) position_ids, one row per axis, into one rotation
-    that differs from the first axis's: M-RoPE (a 1-D rotary module fails on them or answers another shape)."""
+def _axes_read(up: Upstream, layer_type: str | None) -> int:
+    """How many position axes the rotary module reads from ``(axes, batch, seq)`` position_ids, turning them
+    into one rotation that differs from the first axis's (M-RoPE); 1 for a 1-D rotary module (it fails on
+    them or answers another shape). Tried: one axis per ``mrope_section`` entry, then 3, 2 and 4."""
     t = torch.arange(5)
     x = torch.zeros(1, 1, 5, 2)
-    axes = _num_axes(up, layer_type)
     try:
         one = up.rotary_for(layer_type)(x, t[None, :])[0]
-        many = up.rotary_for(layer_type)(x, torch.stack([(a + 1) * t + a for a in range(axes)])[:, None, :])[0]
-    except Exception:  # noqa: BLE001 - a 1-D rotary module on several position axes
-        return False
-    return tuple(many.shape) == tuple(one.shape) and not torch.equal(many, one)
+    except Exception:  # noqa: BLE001 - judged by the probe of the structure
+        return 1
+    for axes in dict.fromkeys((_num_axes(up, layer_type), 3, 2, 4)):
+        try:
+            many = up.rotary_for(layer_type)(x, torch.stack([(a + 1) * t + a for a in range(axes)])[:, None, :])[0]
+        except Exception:  # noqa: BLE001 - not this many axes
+            continue
+        if tuple(many.shape) == tuple(one.shape) and not torch.equal(many, one):
+            return axes
+    return 1
 
 
 def _planes(s: Structure) -> list[tuple[int, int]]:
@@ -414,14 +420,17 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
-    axes, owners = 1, ()
-    if _reads_axes(up, lt) and not ignore_axes:
-        axes = _num_axes(up, lt)
+    axes, owners = (1 if ignore_axes else _axes_read(up, lt)), ()
+    if axes > 1:
         try:
             owners = axis_of(up, lt, s, axes)
         except Exception as err:  # noqa: BLE001 - upstream's code failing on a probe is a refusal
             raise ValueError(_refusal(model_type, f"its rotary module reads one position per axis ((axes, batch, seq) "
                                                   f"position_ids: M-RoPE), and probing its axes: {err}", False)) from None
+    others = [t for t in _layer_types(up)[1:] if not ignore_axes and _axes_read(up, t) != axes]
+    if others:  # the probed axes are the first layer type's: every other must read positions the same way
+        raise ValueError(_refusal(model_type, f"its layer types {lt!r} and {others[0]!r} differ in how many "
+                                              "position axes their rotary module reads (M-RoPE)", False))
     if s.splits and model is None:
         raise ValueError(_refusal(
             model_type, f"its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
