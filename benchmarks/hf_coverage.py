@@ -497,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--update needs --only MODEL_TYPE ...")
         full = json.loads(out.with_suffix(".json").read_text())
         kept, t0 = full["rows"], t0 - full["seconds"]  # the time of the full run, plus this one's
-    meta = dict(command="OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_coverage.py" + (" --quick" if args.quick else ""),
+    flags = (" --quick" if args.quick else "") + (f" --timeout {args.timeout:g}" if args.timeout != 60.0 else "")
+    meta = dict(command="OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_coverage.py" + flags,
                 transformers=transformers.__version__, torch=torch.__version__,
                 date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{platform.machine()}, {os.cpu_count()} cores")
     try:

@@ -420,7 +420,8 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
-    axes, owners = (1 if ignore_axes else _axes_read(up, lt)), ()
+    axes = 1 if ignore_axes else _axes_read(up, lt)
+    owners: tuple[int, ...] = ()
     if axes > 1:
         try:
             owners = axis_of(up, lt, s, axes)
