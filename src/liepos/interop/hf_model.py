@@ -53,6 +53,7 @@ from liepos.interop.hf_modeling_hooks import install, release
 from liepos.interop.hf_packed import documents
 from liepos.interop.hf_raw import raw_attention
 from liepos.interop.hf_state import Layer, Length, Positions
+from liepos.interop.hf_verify import patch_family
 from liepos.interop.rope_types import times_logit
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -241,8 +242,6 @@ def _family(model: Any, config: Any) -> Family:
     model_type = getattr(config, "model_type", None)
     family = family_of(model_type)
     if family is None and isinstance(model_type, str):
-        from liepos.interop.hf_verify import patch_family
-
         return patch_family(model, config)  # probed from the modeling code and proven, or refused with why
     if family is None or not family.attention:
         known = sorted(SUPPORTED_FAMILIES)
