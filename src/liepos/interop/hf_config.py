@@ -308,7 +308,7 @@ def _axes_pattern(owners: list[int], sections: Any) -> str:
     for axis in (1, 2):
         for k in range(axis, min(3 * int(sections[axis]), len(owners)), 3):
             interleaved[k] = axis
-    return {str(consecutive): "mrope", str(interleaved): "mrope_interleaved"}.get(str(owners), "mrope[probed]")
+    return "mrope" if owners == consecutive else "mrope_interleaved" if owners == interleaved else "mrope[probed]"
 
 
 def _checked_family(src: ConfigSource, family: Family | None, ignore: frozenset[str]) -> tuple[str, Family | None]:
