@@ -73,7 +73,7 @@ def test_fused_equals_general_equals_reference(name, dtype, offset):
     assert float((general.double() - ref).abs().max()) <= b, name
 
 
-@pytest.mark.parametrize("dtype", fast_lane(torch.float32, torch.float64))
+@pytest.mark.parametrize("dtype", fast_lane(torch.float32, torch.float64, fast=0))  # the lane keeps the far-key window test
 def test_alibi_window_with_sinks_and_grouped_queries(dtype, monkeypatch):
     """Per-head windows (the steep heads leave out early keys) with learned sinks and one kv head."""
     seen = []
@@ -105,7 +105,8 @@ def _spy_flash(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("dtype", fast_lane(torch.bfloat16, torch.float64, torch.float32))
+# the lane keeps the per-key mask in the gradient test below
+@pytest.mark.parametrize("dtype", fast_lane(torch.bfloat16, torch.float64, torch.float32, fast=0))
 def test_alibi_bias_rides_as_a_per_key_mask_on_the_content(dtype, monkeypatch):
     """ALiBi's bias ``−m_h (t − s) = m_h (s − o) − m_h (t − o)``: the flash kernel gets q and k of the
     content's head size with ``m_h (s − o)`` as its broadcast mask, the row's constant is left out, and a
@@ -258,7 +259,7 @@ TILED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TILED))
+@pytest.mark.parametrize("name", fast_lane(*sorted(TILED, reverse=True)))  # the lane: the Jordan blocks
 @pytest.mark.parametrize("dtype", fast_lane(torch.float32, torch.float64, torch.bfloat16))
 def test_tiled_path_over_many_levels_with_batch_groups_and_sinks(name, dtype, monkeypatch):
     """Two batch rows at different times (near 0 and past 10⁶), grouped keys, learned sinks: the tiled
@@ -389,7 +390,8 @@ def _spy_faded(monkeypatch) -> list:
     return seen
 
 
-@pytest.mark.parametrize("dtype", fast_lane(torch.bfloat16, torch.float64, torch.float32))
+# the lane keeps the faded keys in test_faded_keys_follow_the_data_norms
+@pytest.mark.parametrize("dtype", fast_lane(torch.bfloat16, torch.float64, torch.float32, fast=0))
 def test_faded_keys_score_zero_exactly_to_the_contract(dtype, monkeypatch):
     """Heads that fade within the sequence see the keys of their last blocks and every earlier key as
     score 0 (their count and mean value): per head windows (a fast and a slow head), a short last block,

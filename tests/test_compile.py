@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import liepos as lp
+from helpers import fast_lane
 
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.utils import counters  # noqa: E402
@@ -18,7 +19,7 @@ def _encode(enc):
     return f
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", fast_lane("aot_eager", "inductor"))
 def test_fullgraph_no_recompile_across_lengths(backend):
     enc = lp.xpos(16, layout="half")
     if backend == "inductor":
@@ -82,7 +83,6 @@ def test_compiled_backward():
 # ---------------------------------------------------------------------- the fast path as one opaque op
 from liepos import _graph  # noqa: E402
 from liepos.generator import Generator, direct_sum  # noqa: E402
-from helpers import fast_lane  # noqa: E402
 
 # ops that build tables (angles, scales, polynomial coefficients): none may appear in a compiled graph
 TABLE_OPS = ("sin", "cos", "exp", "lgamma", "pow", "remainder", "fmod", "floor", "round", "atan2", "polar")

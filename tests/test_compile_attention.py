@@ -234,6 +234,7 @@ def _small(S, seed=0):
     return (torch.randn(1, 2, S, 8, dtype=torch.float64, generator=g) for _ in range(3))
 
 
+@pytest.mark.slow
 def test_a_kv_cache_under_torch_compile_runs_the_eager_call_and_fills_the_cache():
     """A KVCache is state the op cannot hold: traced, the call stays the eager code, so the cache grows by each
     step's keys and prefill + decode equal the full forward."""
