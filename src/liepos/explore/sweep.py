@@ -212,8 +212,9 @@ def _paired(cells: list[dict], refs: list[dict]) -> dict:
 def _passkey(cells: list[dict], refs: list[dict]) -> dict:
     acc = binomial_interval([c["acc"] * c["tokens_scored"] for c in cells], [c["tokens_scored"] for c in cells]) \
         if all(not c["diverged"] for c in cells) else (float("nan"),) * 3
-    return {"loss": (float(np.mean([c["loss"] for c in cells])),) * 3, "acc": acc,
-            "delta": (float(np.mean([c["loss"] - r["loss"] for c, r in zip(cells, refs)])),) * 3,
+    one = np.ones(1)  # the probes' loss is one figure per seed: the interval resamples the seeds
+    return {"loss": interval([[c["loss"]] for c in cells], one), "acc": acc,
+            "delta": interval([[c["loss"] - r["loss"]] for c, r in zip(cells, refs)], one),
             "acc_tail": float(np.mean([c["acc_tail"] for c in cells]))}
 
 
