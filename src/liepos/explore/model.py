@@ -89,8 +89,10 @@ class Block(nn.Module):
             layers = [None] * len(spans)
         self.spans, self.layers = spans, layers
         # learned temperatures (a schedule row's Scalable-Softmax s) train here
-        self.temperatures = nn.ModuleList(s.temperature for s in self.layers
-                                          if s is not None and isinstance(s.temperature, nn.Module))
+        self.temperatures = nn.ModuleList()
+        for spec in layers:
+            if spec is not None and isinstance(spec.temperature, nn.Module):
+                self.temperatures.append(spec.temperature)
         # one module per head group: fixed encodings, or learned generators whose parameters train here
         self.encoders = nn.ModuleList(
             _Fixed(s) if isinstance(s, Encoding) else SpecEncoding(s, self.head_dim, b - a)

@@ -128,15 +128,16 @@ def schedule_layers(text: str, layers: int, head_dim: int, heads: int) -> list[L
     name, options = parse_schedule_row(text)
     learn = bool(options.pop("learn", 0))
     every = options.get("every")
-    across = isinstance(every, int) and 1 <= layers < every  # the pattern across the heads of each layer
-    if across and heads % every:
+    # a model shallower than the pattern lays it across the heads of each layer: `span` head groups
+    span = every if isinstance(every, int) and 1 <= layers < every else None
+    if span is not None and heads % span:
         raise ValueError(f"{text!r} on {layers} layer(s) lays its {every}-layer pattern across the heads: "
                          f"{heads} heads do not split into {every} groups; use --layers {every} or more, "
                          f"or a head count divisible by {every}")
     try:
-        if across:
-            group = heads // every
-            return [tuple(_learned(s, group) if learn else s for s in build_schedule(name, every, head_dim, group,
+        if span is not None:
+            group = heads // span
+            return [tuple(_learned(s, group) if learn else s for s in build_schedule(name, span, head_dim, group,
                                                                                      **options))
                     for _ in range(layers)]
         sched: Schedule = build_schedule(name, layers, head_dim, heads, **options)
