@@ -61,7 +61,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--encodings", default=None,
       help=f"comma-separated specs: a catalogue entry with options (decay:0.01, growth:0.02, jordan4, "
-           f"xpos:scale=256), learn[:start], sums a+b (split the head dim), '|' between head groups "
+           f"xpos:scale=256), learn[:start], sums a+b (split the head dim), '|' between head groups, "
+           f"schedule:NAME[:key=value] per-layer layouts (schedule:rnope_swa, schedule:ssmax) "
            f"(quote the list in a shell: '|' pipes, e.g. --encodings 'rope|alibi'; default {DEFAULT_ENCODINGS})")
     a("--task", default=None, choices=TASK_NAMES, help="task (default lm; lookup with --quick)")
     a("--text-file", default=None, help="train the LM on this file instead of the stdlib sources")
