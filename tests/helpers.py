@@ -62,3 +62,15 @@ def fast_lane(*values, fast: int = 1) -> list:
     import pytest
 
     return [v if i < fast else pytest.param(v, marks=pytest.mark.slow) for i, v in enumerate(values)]
+
+
+def explore_main(argv: list[str], capsys) -> tuple:
+    """``liepos explore ARGV`` in process: (exit status, stderr, stdout); argparse's refusals exit with 2 too."""
+    from liepos.cli import explore as cli
+
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.err, out.out

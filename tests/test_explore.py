@@ -113,7 +113,7 @@ def test_a_batch_equals_one_sequence_at_a_time(spec):
     ("roap", "unknown encoding 'roap'"), ("alibi+alibi", "more than one part with slots"),
     ("jordan9+rope", "jordan|size|smaller"), ("alibi:3", "takes no bare value"),
     ("rope:bass=3", "bad option for 'rope'.*base"), ("learn:alibi", "slots"), ("learn:growth", "decay side"),
-    ("decay:rate=1:rate=2", "twice"),
+    ("decay:rate=1:rate=2", "twice"), ("schedule:ssmax", "per-layer schedule row"),
 ])
 def test_bad_specs_are_refused_by_name(spec, message):
     with pytest.raises(ValueError, match=message):
@@ -124,6 +124,10 @@ def test_head_groups():
     assert split_heads("rope|alibi", 4) == [(0, 2, "rope"), (2, 4, "alibi")]
     with pytest.raises(ValueError, match="head groups"):
         split_heads("rope|alibi|nope", 2)
+    with pytest.raises(ValueError, match="schedule row, not head groups"):
+        split_heads("schedule:rnope_swa", 4)
+    with pytest.raises(ValueError, match="'schedule:ssmax' is a per-layer schedule row"):
+        split_heads("rope|schedule:ssmax", 4)  # a schedule is the whole decoder's, never one group's
 
 
 # ---------------------------------------------------------------------- learned generators

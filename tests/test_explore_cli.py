@@ -8,20 +8,11 @@ import math
 import os
 
 import pytest
+from helpers import explore_main as _main
 import torch
 
 from liepos.cli import explore as cli
 from liepos.explore.sweep import LEARNED_ACC, run_path
-
-
-def _main(argv, capsys):
-    """Run the subcommand; return (exit status, stderr, stdout). argparse's own refusals exit with 2 too."""
-    try:
-        code = cli.main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.err, out.out
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ import torch
 from liepos.explore.spec import decoder_entries
 from liepos.explore.sweep import run_path
 
-# every registry entry that runs on one position axis (the decoder's), plus a learned generator
-ENCODINGS = [*decoder_entries(), "learn"]
+# every registry entry that runs on one position axis (the decoder's), a learned generator, and the schedule
+# rows (windows across the heads of the one layer; Scalable-Softmax's s learned per head)
+ENCODINGS = [*decoder_entries(), "learn", "schedule:rnope_swa:window=4", "schedule:ssmax"]
 ARGS = ["--task", "lookup", "--steps", "12", "--batch-size", "8", "--d-model", "16", "--layers", "1",
         "--heads", "2", "--train-len", "16", "--eval-lens", "16,32", "--eval-tokens", "256", "--lr", "1e-2",
         "--warmup", "2", "--no-progress", "--save-model", "--threads", "1", "--encodings", ",".join(ENCODINGS)]

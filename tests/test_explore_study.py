@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import explore_main as _main
 import torch
 from torch import nn
 
@@ -42,15 +43,6 @@ TINY = {"task": "copy", "d_model": 16, "layers": 1, "heads": 2, "steps": 6, "bat
         "eval_lens": [16, 32], "eval_tokens": 256, "warmup": 2}
 ARGV = ["--task", "copy", "--steps", "4", "--batch-size", "8", "--d-model", "16", "--layers", "1", "--heads", "2",
         "--train-len", "16", "--eval-lens", "16,32", "--eval-tokens", "256", "--threads", "1", "--no-progress"]
-
-
-def _main(argv, capsys):
-    try:
-        code = cli.main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.err, out.out
 
 
 class Bigram(nn.Module):
@@ -174,10 +166,11 @@ def test_passkey_accuracy_is_recorded_by_distance(one_thread):
 
 
 # ---------------------------------------------------------------------- resume, provenance, checks
-def test_a_resumed_run_continues_from_its_checkpoint_to_the_same_numbers(one_thread, tmp_path):
+@pytest.mark.parametrize("row", ["rope|learn:rope", "schedule:ssmax"])  # a learned generator, a learned temperature
+def test_a_resumed_run_continues_from_its_checkpoint_to_the_same_numbers(row, one_thread, tmp_path):
     cfg = TrainConfig(**(TINY | {"steps": 8}))
     task = make_task("copy")
-    m0, r0 = train_run(cfg, task, "rope|learn:rope", 0, progress=False)
+    m0, r0 = train_run(cfg, task, row, 0, progress=False)
 
     class Stop(Exception):
         pass
@@ -191,14 +184,13 @@ def test_a_resumed_run_continues_from_its_checkpoint_to_the_same_numbers(one_thr
 
     ck = tmp_path / "run.ckpt.pt"
     with pytest.raises(Stop):
-        train_run(cfg, Interrupting(), "rope|learn:rope", 0, progress=False, checkpoint=ck, key="k",
-                  checkpoint_every=2)
+        train_run(cfg, Interrupting(), row, 0, progress=False, checkpoint=ck, key="k", checkpoint_every=2)
     assert ck.exists() and torch.load(ck, weights_only=True)["step"] == 4
-    m1, r1 = train_run(cfg, task, "rope|learn:rope", 0, progress=False, checkpoint=ck, key="k", checkpoint_every=2)
+    m1, r1 = train_run(cfg, task, row, 0, progress=False, checkpoint=ck, key="k", checkpoint_every=2)
     assert r1["resumed_at"] == 4 and r1["train_loss"] == r0["train_loss"] and r1["trajectory"] == r0["trajectory"]
     for a, b in zip(m0.parameters(), m1.parameters()):
         assert torch.equal(a, b)
-    _, r2 = train_run(cfg, task, "rope|learn:rope", 0, progress=False, checkpoint=ck, key="other")
+    _, r2 = train_run(cfg, task, row, 0, progress=False, checkpoint=ck, key="other")
     assert r2["resumed_at"] == 0  # a checkpoint of another configuration is not resumed
 
 

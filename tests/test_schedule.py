@@ -119,22 +119,24 @@ def test_from_hf_reads_command_a_llama4_and_smollm3_as_their_attention_modules_d
     assert rel_err(rope_layer.encoding.query(q, [0, 1, 2]), lp.from_hf(smol).query(q, [0, 1, 2])) == 0.0
 
 
-@pytest.mark.parametrize("spec", ["schedule:rnope_swa:window=3", "schedule:ssmax:s=0.6", "schedule:llama4:chunk=2"])
+@pytest.mark.parametrize("spec", ["schedule:rnope_swa:window=3", "schedule:ssmax:s=0.6:learn=0",
+                                  "schedule:llama4:chunk=2", "schedule:rnope_swa:every=4"])
 def test_the_explorers_decoder_runs_a_schedule_by_name(spec):
     """Decoder(config, "schedule:…") gives each block its layer's encoding, window and temperature: block ℓ's
     attention is the schedule's layer ℓ."""
     from liepos.explore.model import Decoder, ModelConfig
+    from liepos.explore.schedule_rows import parse_schedule_row
 
     cfg = ModelConfig(vocab_size=16, d_model=16, layers=4, heads=2)
     torch.manual_seed(0)
     model = Decoder(cfg, spec).double()
-    name, *opts = spec.split(":")[1:]
-    sch = build_schedule(name, 4, 8, 2, **{o.split("=")[0]: float(o.split("=")[1]) if "." in o else int(o.split("=")[1])
-                                          for o in opts})
+    name, opts = parse_schedule_row(spec)  # the row's options over the explorer's defaults (every=2, window=16 …)
+    opts.pop("learn", None)
+    sch = build_schedule(name, 4, 8, 2, **opts)
     x = torch.randn(1, 6, 16, dtype=F64)
     with torch.no_grad():
         for layer, blk in enumerate(model.blocks):
-            mine, want = blk.layer, sch[layer]
+            (mine,), want = blk.layers, sch[layer]
             assert (mine.encoding.name, mine.window, mine.chunk, repr(mine.temperature)) == (
                 want.encoding.name, want.window, want.chunk, repr(want.temperature))
             qkv = blk.qkv(blk.ln1(x)).view(1, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)  # each (B, H, S, hd)

@@ -11,7 +11,7 @@ SEEDS=${SEEDS:-0,1,2,3,4}
 PY=${PY:-python}
 # The rows: one list each. A name this liepos cannot parse is left out (rows other branches add).
 ROWS="nope decay rope xpos alibi jordan3 growth learn learn:rope"
-NEW_ROWS="schedule:rnope_swa schedule:ssmax cope_clipped rope_clipped learn:per_head"
+NEW_ROWS="schedule:rnope_swa schedule:ssmax cope_clipped"  # clipped RoPE is cope_clipped; learn:rope is per head
 FREE="learn:rope learn:nope learn:random"  # learned generators with their own learning rate (--gen-lr)
 if [ -n "${REDUCED:-}" ]; then  # the subset that fits an afternoon of a 2-core machine; each list can be set
   ROWS_PASSKEY=${ROWS_PASSKEY-"nope decay rope alibi jordan3"}
@@ -24,11 +24,11 @@ fi
 rows() {  # the names this liepos can parse, comma-separated
   $PY - "$@" <<'PY'
 import sys
-from liepos.explore.spec import split_heads
+from liepos.explore.schedule_rows import check_row
 names = []
 for n in sys.argv[1:]:
     try:
-        split_heads(n, 4)
+        check_row(n, 16, 2, 4)  # the LM's decoder: d_model 64, 2 layers, 4 heads
         names.append(n)
     except ValueError:
         print(f"row {n!r} is not in this catalogue: left out", file=sys.stderr)

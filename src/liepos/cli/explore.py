@@ -61,7 +61,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--encodings", default=None,
       help=f"comma-separated specs: a catalogue entry with options (decay:0.01, growth:0.02, jordan4, "
-           f"xpos:scale=256), learn[:start], sums a+b (split the head dim), '|' between head groups "
+           f"xpos:scale=256), learn[:start], sums a+b (split the head dim), '|' between head groups, "
+           f"schedule:NAME[:key=value] per-layer layouts (schedule:rnope_swa, schedule:ssmax) "
            f"(quote the list in a shell: '|' pipes, e.g. --encodings 'rope|alibi'; default {DEFAULT_ENCODINGS})")
     a("--task", default=None, choices=TASK_NAMES, help="task (default lm; lookup with --quick)")
     a("--text-file", default=None, help="train the LM on this file instead of the stdlib sources")
@@ -112,7 +113,7 @@ def _config(args: argparse.Namespace):
 def _check(cfg, encodings: list[str], world: int) -> None:
     """Everything that can be refused before training: specs, maps, shapes, data, the process count."""
     from liepos.explore.eval_scaling import parse_scaling
-    from liepos.explore.spec import SpecEncoding, split_heads
+    from liepos.explore.schedule_rows import check_row
     from liepos.explore.tasks import make_task
 
     if cfg.curriculum and (cfg.curriculum != sorted(set(cfg.curriculum)) or cfg.curriculum[-1] != cfg.train_len):
@@ -129,13 +130,7 @@ def _check(cfg, encodings: list[str], world: int) -> None:
                          f"a multiple of the {world} processes")
     try:
         for e in encodings:
-            if e.startswith("schedule:"):  # a per-layer schedule (liepos.schedule), built as the decoder will
-                from liepos.explore.model import ModelConfig, resolve_schedule
-
-                resolve_schedule(e, ModelConfig(d_model=cfg.d_model, layers=cfg.layers, heads=cfg.heads))
-                continue
-            for a, b, g in split_heads(e, cfg.heads):
-                SpecEncoding(g, cfg.d_model // cfg.heads, b - a)
+            check_row(e, cfg.d_model // cfg.heads, cfg.layers, cfg.heads)
         for s in cfg.eval_scaling:
             parse_scaling(s)
         if cfg.task != "lm" and cfg.text_file:

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from liepos.classification import classify
-from liepos.explore.spec import from_spec
+from liepos.explore.spec import from_spec, is_schedule_row
 from liepos.explore.stats import ci, headline
 
 __all__ = [
@@ -68,16 +68,18 @@ def row_of(name: str, results: dict) -> str:
     row = results["summary"][name]
     if row.get("dominant"):
         return row["dominant"]
-    if row["base"].startswith("schedule:"):  # a per-layer schedule: the blocks of every layer
-        from liepos.explore.model import ModelConfig, resolve_schedule
+    if is_schedule_row(row["base"]):  # a per-layer schedule: the position-carrying blocks of every layer
+        from liepos.explore.model import ModelConfig, layer_specs
 
         cfg = results["config"]
         mc = ModelConfig(d_model=cfg["d_model"], layers=cfg["layers"], heads=cfg["heads"])
         counts: dict = {}
-        for spec in resolve_schedule(row["base"], mc):
+        for spec in layer_specs(row["base"], mc):
             for r, n in classify(spec.encoding.generator).counts.items():
                 counts[r] = counts.get(r, 0) + n
-        return max(counts, key=lambda r: counts[r])
+        # NoPE layers carry no position: a hybrid (RNoPE-SWA) is the row of its other layers, NoPE only alone
+        moving = {r: n for r, n in counts.items() if r != "nope" and n}
+        return max(moving or counts, key=lambda r: (moving or counts)[r])
     c = classify(from_spec(row["base"].split("|")[0], 16, 2))  # the first head group's encoding
     counts = dict(c.counts)
     if c.num_slots:

@@ -9,8 +9,9 @@ The encoding is pluggable per layer and per head: ``encoding`` is one spec (stri
 spec per layer; within a layer, a string ``"rope|alibi"`` or a tuple ``("rope", lp.alibi(32, num_heads=2))``
 splits the heads into contiguous equal groups (an Encoding in a tuple must be built for its group).
 A per-layer schedule (:mod:`liepos.schedule`) is the string ``"schedule:<name>[:key=value…]"`` (e.g.
-``"schedule:rnope_swa:window=64"``, ``"schedule:ssmax"``), a :class:`~liepos.Schedule`, or a
-:class:`~liepos.LayerSpec` per layer: each layer then gets its encoding, window and temperature.
+``"schedule:rnope_swa:window=64"``, ``"schedule:ssmax"``; :mod:`liepos.explore.schedule_rows`), a
+:class:`~liepos.Schedule`, or a :class:`~liepos.LayerSpec` per layer (or a tuple of them, one per head
+group): each layer or head group then gets its encoding, window and temperature.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from torch import nn
 
 from liepos.attend import attention
 from liepos.encoding import Encoding
-from liepos.explore.spec import SpecEncoding, number_or_text, split_heads
-from liepos.schedule import LayerSpec, Schedule, build_schedule, window_mask
+from liepos.explore.schedule_rows import schedule_layers
+from liepos.explore.spec import SpecEncoding, is_schedule_row, split_heads
+from liepos.schedule import LayerSpec, Schedule, window_mask
 
 # an evaluation-time change of an encoding (a context-extension map): (encoding, sequence length) -> encoding
 Transform = Callable[[Encoding, int], Encoding]
 
-__all__ = ["Block", "Decoder", "ModelConfig", "Transform", "resolve_schedule"]
+__all__ = ["Block", "Decoder", "ModelConfig", "Transform", "layer_specs", "resolve_schedule"]
 
 
 @dataclass
@@ -65,23 +67,32 @@ class Block(nn.Module):
         if d_model % heads:
             raise ValueError(f"d_model {d_model} must be divisible by heads {heads}")
         self.heads, self.head_dim = heads, d_model // heads
-        self.layer = encoding if isinstance(encoding, LayerSpec) else None  # window and temperature of a schedule
-        encoding = encoding.encoding if isinstance(encoding, LayerSpec) else encoding
         spans: list[tuple[int, int]]
         specs: list[Encoding | str]  # a fixed encoding or a spec per head group
+        if isinstance(encoding, LayerSpec):  # a schedule's layer: one encoding, window and temperature
+            encoding = (encoding,)
+        layers: list[LayerSpec | None]  # a schedule's window and temperature per head group (None: causal only)
         if isinstance(encoding, Encoding):
-            spans, specs = [(0, heads)], [encoding]
+            spans, specs, layers = [(0, heads)], [encoding], [None]
         elif isinstance(encoding, (list, tuple)):
-            # one spec or Encoding per contiguous group of heads
+            # one spec, Encoding or LayerSpec per contiguous group of heads
             n = len(encoding)
             if not 1 <= n <= heads or heads % n:
                 raise ValueError(f"{n} head groups do not divide {heads} heads evenly")
             w = heads // n
-            spans, specs = [(i * w, (i + 1) * w) for i in range(n)], list(encoding)
+            spans = [(i * w, (i + 1) * w) for i in range(n)]
+            specs = [e.encoding if isinstance(e, LayerSpec) else e for e in encoding]
+            layers = [e if isinstance(e, LayerSpec) else None for e in encoding]
         else:
             groups = split_heads(encoding, heads)
             spans, specs = [(a, b) for a, b, _ in groups], [s for _, _, s in groups]
-        self.spans = spans
+            layers = [None] * len(spans)
+        self.spans, self.layers = spans, layers
+        # learned temperatures (a schedule row's Scalable-Softmax s) train here
+        self.temperatures = nn.ModuleList()
+        for spec in layers:
+            if spec is not None and isinstance(spec.temperature, nn.Module):
+                self.temperatures.append(spec.temperature)
         # one module per head group: fixed encodings, or learned generators whose parameters train here
         self.encoders = nn.ModuleList(
             _Fixed(s) if isinstance(s, Encoding) else SpecEncoding(s, self.head_dim, b - a)
@@ -95,14 +106,15 @@ class Block(nn.Module):
             nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(), nn.Linear(mlp_ratio * d_model, d_model)
         )
 
-    def _schedule_kwargs(self, S: int, device: torch.device) -> dict:
-        """A schedule layer's window mask and temperature for positions 0 … S − 1 (nothing otherwise)."""
-        if self.layer is None:
+    @staticmethod
+    def _schedule_kwargs(layer: LayerSpec | None, S: int, device: torch.device) -> dict:
+        """A schedule group's window mask and temperature for positions 0 … S − 1 (nothing otherwise)."""
+        if layer is None:
             return {}
-        kw: dict = {"temperature": self.layer.temperature}
-        if self.layer.window is not None or self.layer.chunk is not None:
+        kw: dict = {"temperature": layer.temperature}
+        if layer.window is not None or layer.chunk is not None:
             t = torch.arange(S, dtype=torch.float64, device=device)[None]  # (1, S)
-            kw["attn_mask"] = window_mask(t, t, window=self.layer.window, chunk=self.layer.chunk)  # (1, 1, S, S)
+            kw["attn_mask"] = window_mask(t, t, window=layer.window, chunk=layer.chunk)  # (1, 1, S, S)
         return kw
 
     @property
@@ -120,12 +132,12 @@ class Block(nn.Module):
         qkv = self.qkv(self.ln1(x)).view(B, S, 3, self.heads, self.head_dim)  # (B, S, 3, H, hd)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, S, hd)
         outs = []
-        for (a, b), (enc, p) in zip(self.spans, self.canonical()):
+        for (a, b), (enc, p), layer in zip(self.spans, self.canonical(), self.layers):
             # canonical blocks, and the learned diagonal basis P = diag(p) or None
             enc = transform(enc, S) if transform is not None else enc
             qg, kg = (q[:, a:b], k[:, a:b]) if p is None else (q[:, a:b] * p.to(q.dtype), k[:, a:b] / p.to(k.dtype))
             # positions default to arange(S) (bottom-right aligned, causal): the fast path of liepos.attention
-            outs.append(attention(qg, kg, v[:, a:b], enc, causal=True, **self._schedule_kwargs(S, x.device)))
+            outs.append(attention(qg, kg, v[:, a:b], enc, causal=True, **self._schedule_kwargs(layer, S, x.device)))
         y = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]  # (B, H, S, hd)
         y = y.transpose(1, 2).reshape(B, S, D)  # (B, S, D)
         x = x + self.proj(y)
@@ -133,18 +145,19 @@ class Block(nn.Module):
 
 
 def resolve_schedule(encoding, config: ModelConfig):
-    """``"schedule:<name>[:key=value…]"`` or a :class:`~liepos.Schedule` -> one LayerSpec per layer; else as given."""
-    if isinstance(encoding, str) and encoding.startswith("schedule:"):
-        name, *fields = encoding.split(":")[1:]
-        options = {}
-        for f in fields:
-            key, sep, value = f.partition("=")
-            if not sep:
-                raise ValueError(f"{encoding!r}: a schedule option is key=value, got {f!r}")
-            options[key] = number_or_text(value)
-        encoding = build_schedule(name, config.layers, config.d_model // config.heads, config.heads, **options)
+    """A schedule row ``"schedule:<name>[:key=value…]"`` (:func:`~liepos.explore.schedule_rows.schedule_layers`)
+    or a :class:`~liepos.Schedule` -> one item per layer (a LayerSpec, or a LayerSpec per head group); else as given."""
+    if is_schedule_row(encoding):
+        return schedule_layers(encoding, config.layers, config.d_model // config.heads, config.heads)
     return list(encoding) if isinstance(encoding, Schedule) else encoding
 
+
+def layer_specs(encoding, config: ModelConfig) -> list[LayerSpec]:
+    """Every LayerSpec of a schedule row or Schedule, layer by layer and head group by head group."""
+    out: list[LayerSpec] = []
+    for item in resolve_schedule(encoding, config):
+        out.extend(item if isinstance(item, tuple) else [item])
+    return out
 
 
 class Decoder(nn.Module):

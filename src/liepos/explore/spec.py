@@ -46,9 +46,11 @@ if TYPE_CHECKING:
 __all__ = [
     "MAIN_OPTION",
     "Part",
+    "SCHEDULE",
     "SpecEncoding",
     "decoder_entries",
     "from_spec",
+    "is_schedule_row",
     "number_or_text",
     "one_axis",
     "parse_part",
@@ -64,7 +66,13 @@ _SHORT = re.compile(r"^([a-z_]+?)(\d+)$")  # ``jordan3`` is ``jordan:size=3``
 # a head dim every catalogue entry builds at (divisible by 2…6): used to ask whether a part has rotation blocks
 _PROBE_DIM = 60
 LEARN = "learn"
+SCHEDULE = "schedule"  # ``schedule:<name>…`` names a per-layer schedule row (liepos.explore.schedule_rows)
 _FREE_STARTS = ("nope", "random")  # learn:nope, learn:random: RoPE's block structure, other start values
+
+
+def is_schedule_row(text: object) -> bool:
+    """Whether ``text`` names a per-layer schedule row (``schedule:<name>…``), not a spec."""
+    return isinstance(text, str) and text.strip().lower().startswith(SCHEDULE + ":")
 
 
 def one_axis(enc: object) -> bool:
@@ -168,6 +176,9 @@ def parse_spec(spec: str) -> list[Part]:
     """Split one group ``a+b+…`` into its parts (lower case, spaces ignored)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"encoding spec must be a non-empty string, got {spec!r}")
+    if is_schedule_row(spec):
+        raise ValueError(f"{spec!r} is a per-layer schedule row: it lays out the whole decoder (every layer's "
+                         f"encoding, window and temperature), not one head group's encoding")
     if "|" in spec:
         raise ValueError(f"spec {spec!r} has per-head groups ('|'); split them with split_heads first")
     if spec.strip().lower().startswith(LEARN + ":") and "+" in spec.split(":", 1)[1]:
@@ -310,6 +321,9 @@ def split_heads(spec: str, num_heads: int) -> list[tuple[int, int, str]]:
     >>> split_heads("rope|alibi", 4)
     [(0, 2, 'rope'), (2, 4, 'alibi')]
     """
+    if is_schedule_row(spec):
+        raise ValueError(f"{spec!r} is a per-layer schedule row, not head groups: check it with "
+                         f"liepos.explore.schedule_rows.check_row")
     groups = [g.strip() for g in str(spec).split("|")]
     if len(groups) > num_heads:
         raise ValueError(f"spec {spec!r} has {len(groups)} head groups but the layer has {num_heads} heads")
@@ -321,3 +335,4 @@ def split_heads(spec: str, num_heads: int) -> list[tuple[int, int, str]]:
         out.append((h, h + n, g))
         h += n
     return out
+

@@ -34,7 +34,7 @@ from liepos.explore.model import Block, Decoder, Transform
 from liepos.explore.provenance import provenance
 from liepos.explore.stats import binomial_interval, headline, interval
 from liepos.explore.tasks import PasskeyTask, Task, TextTask, make_task
-from liepos.explore.train import Dist, TrainConfig, train_run
+from liepos.explore.train import Dist, TrainConfig, temperature_record, train_run
 from liepos.explore.usage import block_usage
 
 __all__ = ["LEARNED_ACC", "METRICS", "RunFileError", "collect", "eval_docs", "learned", "refusal", "summarise", "sweep"]
@@ -127,7 +127,8 @@ def _one(cfg: TrainConfig, task: Task, enc: str, seed: int, dist: Dist, progress
         "train_seconds": rec["seconds"], "eval_seconds": time.time() - t0, "resumed_at_step": rec["resumed_at"],
         "final_train_loss": rec["train_loss"][-1], "train_loss": rec["train_loss"], "diverged": rec["diverged"],
         "in_distribution": ind, "learned": learned(task, ind), "eval": ev, "eval_scaled": scaled,
-        "learned_generator": _learned_generator(rec), "torch": torch.__version__, "provenance": prov or provenance(),
+        "learned_generator": _learned_generator(rec), "learned_temperature": temperature_record(model) or None,
+        "torch": torch.__version__, "provenance": prov or provenance(),
         "block_usage": block_usage(model, probe.to(dist.device)),
     }
     return model, result

@@ -32,6 +32,7 @@ import torch.nn.functional as Fn
 from liepos._progress import progress as make_progress
 from liepos.explore.evaluate import EVAL_SEED, evaluate
 from liepos.explore.learned import LearnedGenerator, snapshot
+from liepos.explore.schedule_rows import LearnedScalableSoftmax
 from liepos.explore.model import Block, Decoder, ModelConfig
 from liepos.explore.tasks import IGNORE, Task
 
@@ -44,6 +45,7 @@ __all__ = [
     "build_model",
     "evaluate",
     "learned_record",
+    "temperature_record",
     "stage_length",
     "train_run",
 ]
@@ -163,6 +165,16 @@ def learned_record(model: Decoder, tol: float) -> list[dict]:
             for m in enc.modules():
                 if isinstance(m, LearnedGenerator):
                     out.append({"layer": li, "group": gi, "start": m.name, **snapshot(m, tol)})
+    return out
+
+
+def temperature_record(model: Decoder) -> list[dict]:
+    """The learned temperatures' ``s`` per layer and head group (a ``schedule:ssmax`` row), else empty."""
+    out = []
+    for li, blk in enumerate(model.blocks):
+        for gi, layer in enumerate(cast(Block, blk).layers):
+            if layer is not None and isinstance(layer.temperature, LearnedScalableSoftmax):
+                out.append({"layer": li, "group": gi, "s": [float(v) for v in layer.temperature.s().detach()]})
     return out
 
 
