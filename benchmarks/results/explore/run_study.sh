@@ -61,6 +61,9 @@ A=$!
 B=$!
 {
   phase learned_passkey --quick --task passkey --encodings "$(rows $FREE)" --gen-lr 0.05 --gen-schedule constant
+  # the same, trained on lengths that grow (8, 16, then 32 tokens): reach is rewarded as training goes on
+  [ -n "${REDUCED:-}" ] || phase learned_curriculum --quick --task passkey --encodings "$(rows $FREE)" --gen-lr 0.05 \
+    --gen-schedule constant --curriculum 8,16,32
   [ -z "$ROWS_KJV" ] || phase kjv $LM --corpus kjv --encodings "$(rows $ROWS_KJV $NEW_ROWS)" --eval-scaling "$LM_MAPS"
 } &
 C=$!
