@@ -121,8 +121,10 @@ class SwanLengthScaling(Temperature):
 
     SWAN-GPT interleaves NoPE global layers with sliding-window RoPE layers and, at inference, scales the
     attention logits with the length of the context beyond the training length ``L_train``, logarithmically.
-    liepos implements exactly the formula above (reimplemented from the paper's description; there is no
-    reference package): ``t + 1`` is the length of the context the query at time ``t`` closes (the number of
+    liepos implements exactly the formula above, the paper's "dynamic, logarithmic scaling of attention
+    logits" in the common log-n form (there is no reference package, and the paper's own equation was not
+    available to check its constants against): with ``α = 1 / ln L_train`` it is ``log(t + 1) / log L_train``
+    clipped at 1, the log-n query scaling of Qwen's ``logn_attn``. ``t + 1`` is the length of the context the query at time ``t`` closes (the number of
     keys it sees on a causal global layer), ``log`` is the natural logarithm, and the factor is 1 — the
     trained model unchanged — up to ``t + 1 = L_train`` and grows as ``α log`` of the extrapolation ratio
     after it (continuous at ``L_train``). ``α ≥ 0``; ``α = 0`` is no scaling; a logarithm to another base
@@ -134,6 +136,10 @@ class SwanLengthScaling(Temperature):
     >>> T = SwanLengthScaling(alpha=0.5, train_length=4)
     >>> tau = T.factor(torch.tensor([[0.0, 3.0, 7.0]], dtype=torch.float64), None).flatten()  # t + 1 = 1, 4, 8
     >>> tau.tolist() == [1.0, 1.0, 1 + 0.5 * math.log(2.0)]
+    True
+    >>> logn = SwanLengthScaling(alpha=1 / math.log(4), train_length=4)  # log(t + 1) / log L, clipped at 1
+    >>> t = torch.tensor([[2.0, 15.0, 63.0]], dtype=torch.float64)
+    >>> torch.allclose(logn.factor(t, None).flatten(), (torch.log(t + 1) / math.log(4)).clamp_min(1).flatten())
     True
     """
 
