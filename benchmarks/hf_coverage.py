@@ -86,6 +86,11 @@ EXTRA: dict[str, dict[str, Any]] = {
     # per-layer-type rope parameters for the layer types of the shrunk depth
     "cohere_compass_text": dict(rope_parameters={"full_attention": _ROPE}),
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0),
+    "diffusion_gemma": dict(top_k_experts=2),
+    "dia_decoder": dict(cross_hidden_size=64),
+    "step3p7": dict(sliding_window=16),
+    # one layer per stack, one cycle each: num_hidden_layers = per stack · H_cycles · (L_cycles + 1)
+    "hrm_text": dict(num_layers_per_stack=1, H_cycles=1, L_cycles=1, L_bp_cycles=[1]),
     # the sparse-attention indexer's sizes (no defaults)
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
                            indexer_compress_ratio=4),
@@ -268,6 +273,72 @@ def _inputs(model: Any, x: Any) -> dict[str, Any]:
     return {"input_ids": x}
 
 
+def _size(config: Any, *names: str, default: int) -> int:
+    """The first of ``names`` that ``config`` (or its text / audio / encoder sub-config) sets to an int."""
+    subs = [config] + [vars(config).get(k) for k in ("text_config", "decoder_config", "audio_config", "encoder_config",
+                                                     "vision_config")]
+    for c in subs:
+        for n in names:
+            v = getattr(c, n, None) if c is not None else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return default
+
+
+def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
+    """The inputs to try, in order: token ids alone, then the tiny random features a forward that takes
+    no token ids asks for (audio features either way round, waveforms, latents, embeddings, pixels,
+    a time series), with the token ids beside them where the forward takes both. The first that runs
+    unpatched is the one the patched model gets."""
+    import inspect
+
+    import torch
+
+    params = inspect.signature(model.forward).parameters
+    c, g = model.config, torch.Generator().manual_seed(2)
+    hidden = _size(c, "hidden_size", "d_model", default=64)
+    mel = _size(c, "num_mel_bins", "feature_size", "input_feat_size", default=80)
+    channels = _size(c, "audio_channels", default=1)
+    frame = _size(c, "frame_size", "hop_length", default=320)
+    image = _size(c, "image_size", default=32)
+    codes = _size(c, "codebook_dim", default=hidden)
+    depth = _size(c, "num_channels", default=0)  # multi-stream decoder ids (B, S, streams)
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, generator=g)
+
+    options: dict[str, list[Any]] = {
+        "input_features": [rand(1, mel, 2 * SEQ), rand(1, 2 * SEQ, mel), rand(1, mel, 8 * SEQ)],
+        "input_values": [rand(1, channels, 4 * frame), rand(1, 4 * frame), rand(1, channels, 16000)],
+        "latents": [rand(1, codes, SEQ), rand(1, hidden, SEQ)],
+        "past_values": [rand(1, 8 * SEQ)],
+        "pixel_values": [rand(1, 1, 3, image, image), rand(1, 3, image, image)],
+        "inputs_embeds": [rand(1, SEQ, hidden)],
+    }
+    layers = len(getattr(c, "target_layer_ids", None) or [0])  # a drafter's context: hidden states of these layers
+    widths = {"noise_embeds": hidden, "context_hidden_states": hidden * layers}
+    fixed = {n: rand(1, SEQ, w) for n, w in widths.items() if n in params}
+    decoder = [x] + ([x[..., None].expand(1, SEQ, depth).contiguous()] if depth else [])
+    found = [_inputs(model, x)] + ([fixed] if fixed and "input_ids" not in params else [])
+    for name, values in options.items():
+        if name not in params:
+            continue
+        for value in values:
+            for ids in ([True, False] if "input_ids" in params and name != "inputs_embeds" else [False]):
+                for dec in (decoder if "decoder_input_ids" in params else [None]):
+                    d = {name: value, **fixed}
+                    if ids:
+                        d["input_ids"] = x
+                    if dec is not None:
+                        d["decoder_input_ids"] = dec
+                    if "image_attention_mask" in params and name == "pixel_values" and value.dim() == 5:
+                        d["image_attention_mask"] = torch.ones(1, SEQ, 1, dtype=torch.long)  # every token sees the image
+                    found.append(d)
+    if "decoder_input_ids" in params:
+        found += [{"input_ids": x, "decoder_input_ids": dec} for dec in decoder[1:]]
+    return found
+
+
 class _Unrun(Exception):
     """A model that builds but whose unpatched forward on ``input_ids`` alone raised (``model``, ``error``)."""
 
@@ -277,7 +348,7 @@ class _Unrun(Exception):
 
 
 def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any]]:
-    """The first attempt that builds and runs unpatched: (model, causal, input, output, greedy tokens, gen).
+    """The first attempt that builds and runs unpatched: (model, causal, inputs, output, greedy tokens, gen).
 
     Raises the first build error, or :class:`_Unrun` (the first model that built) when every model
     that built raised in its forward: a further-reaching failure says more than a validator's."""
@@ -293,13 +364,14 @@ def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any
         except Exception as err:  # noqa: BLE001 - the next attempt; the first error is the row's reason
             first = first or err
             continue
-        try:
-            with torch.no_grad():
-                want = _output(model(**_inputs(model, x))).float()
-                tokens = model.generate(x, **gen) if causal else None
-            return model, causal, x, want, tokens, gen
-        except Exception as err:  # noqa: BLE001
-            unrun = unrun or _Unrun(model, err)
+        for inputs in _candidates(model, x):
+            try:
+                with torch.no_grad():
+                    want = _output(model(**inputs)).float()
+                    tokens = model.generate(x, **gen) if causal else None
+                return model, causal, inputs, want, tokens, gen
+            except Exception as err:  # noqa: BLE001 - the next inputs; the first error is the row's reason
+                unrun = unrun or _Unrun(model, err)
     raise unrun or first  # type: ignore[misc]
 
 
@@ -328,7 +400,7 @@ def _unrun_row(row: dict[str, Any], unrun: _Unrun) -> dict[str, Any]:
     """A model that built but does not run on ``input_ids`` alone: what patch_model says of it."""
     from liepos.interop import patch_model
 
-    why = f"(its unpatched forward on input_ids alone raised {_short(unrun.error)[:200]}; not run)"
+    why = f"(its unpatched forward on every input tried raised, the first: {_short(unrun.error)[:200]}; not run)"
     try:
         patch_model(unrun.model)
     except Exception as err:  # noqa: BLE001 - patch_model's refusal is the row
@@ -343,7 +415,9 @@ def _output(out: Any) -> Any:
         return out.logits
     if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
         return out.last_hidden_state
-    first = out[0] if isinstance(out, tuple | list) else next(iter(out.values()))
+    values = list(out) if isinstance(out, tuple | list) else list(out.values())
+    floats = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    first = floats[0] if floats else values[0]  # a float output (Mimi's audio, not its integer codes)
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"the model's output has no logits or hidden states ({type(out).__name__})")
     return first
@@ -356,7 +430,7 @@ def run_one(model_type: str) -> dict[str, Any]:
 
     row: dict[str, Any] = {"model_type": model_type}
     try:
-        model, causal, x, want, want_tokens, gen = _reference(model_type)
+        model, causal, inputs, want, want_tokens, gen = _reference(model_type)
         row["class"] = type(model).__name__
     except _Unrun as unrun:
         return _unrun_row(dict(row, **{"class": type(unrun.model).__name__}), unrun)
@@ -371,8 +445,8 @@ def run_one(model_type: str) -> dict[str, Any]:
         return dict(row, status="refused", reason=_short(err))
     try:
         with torch.no_grad():
-            got = _output(model(**_inputs(model, x))).float()
-            got_tokens = model.generate(x, **gen) if causal else None
+            got = _output(model(**inputs)).float()
+            got_tokens = model.generate(inputs["input_ids"], **gen) if causal else None
     except Exception as err:  # noqa: BLE001
         return dict(row, status="failed", reason=_short(err), trace=traceback.format_exc()[-1500:])
     rel = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))

@@ -460,6 +460,23 @@ def _calls(cls: type, name: str) -> bool:
     return code is not None and name in code.co_names
 
 
+def _own_classes(callers: list[Any], model_type: str) -> list[str]:
+    """The attention classes of ``callers`` that belong to ``model_type``'s config: a tower of a composite
+    with a config of its own (an audio encoder beside the text decoder, in the same modeling file)
+    keeps upstream's rope, its frequencies are its own config's; a class serving both is refused."""
+    def owner(m: Any) -> Any:
+        return getattr(getattr(m, "config", None), "model_type", model_type)
+
+    mine = {type(m).__name__ for m in callers if owner(m) == model_type}
+    theirs = {type(m).__name__: owner(m) for m in callers if owner(m) != model_type}
+    both = sorted(mine & set(theirs))
+    if both:
+        raise ValueError(_refusal(model_type, f"its attention class {both[0]} serves both the {model_type!r} layers "
+                                              f"and the {theirs[both[0]]!r} layers, whose rope the probe did not prove",
+                                  False))
+    return sorted(mine)
+
+
 def patch_family(model: Any, config: Any) -> Family:
     """:func:`verified_family` plus the attention classes of ``model`` that call the module's apply."""
     model_type = getattr(config, "model_type", None)
@@ -474,9 +491,10 @@ def patch_family(model: Any, config: Any) -> Family:
         raise ValueError(_refusal(model_type, f"its text rotary modules are {', '.join(others)}, not the "
                                               f"{up.rotary.__name__} the probe proved", False))
     modeling = importlib.import_module(family.modeling)
-    classes = sorted({type(m).__name__ for m in model.modules()
-                      if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
-                      and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)})
+    callers = [m for m in model.modules()
+               if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
+               and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)]
+    classes = _own_classes(callers, model_type)
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
