@@ -407,6 +407,19 @@ def axis_of(up: Upstream, layer_type: str | None, s: Structure, axes: int) -> tu
     return tuple(owners)
 
 
+def _slices_query(up: Upstream, layer_type: str | None, s: Structure) -> bool:
+    """Whether upstream's apply, given one query and three keys with the keys' cos and sin, returns one
+    query rotated at the last position (q and k of different lengths) rather than refusing or broadcasting."""
+    dims = s.rotated if s.splits else s.head_dim
+    q, k = torch.randn(1, 1, 1, dims), torch.randn(1, 1, 3, dims)
+    cos, sin = up.rotary_for(layer_type)(k, torch.arange(3)[None])
+    try:
+        out, _ = up.rotate(q, k, cos, sin)
+    except (RuntimeError, ValueError, IndexError):
+        return False  # lengths must agree: the usual apply
+    return tuple(out.shape[-2:]) == (1, dims)
+
+
 def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_axes: bool = False) -> Family:
     """The facts of an unknown family, probed from its modeling code (a :class:`Family` row marked verified).
 
@@ -420,6 +433,10 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
+    if not up.per_tensor and _slices_query(up, lt, s):
+        raise ValueError(_refusal(model_type, f"{up.modeling.__name__}.{_APPLY} rotates a query shorter than its keys "
+                                              "at the keys' last positions (a drafter whose keys carry a context "
+                                              "the queries lack), which liepos' layers do not follow", False))
     axes = 1 if ignore_axes else _axes_read(up, lt)
     owners: tuple[int, ...] = ()
     if axes > 1:
