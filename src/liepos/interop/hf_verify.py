@@ -41,7 +41,7 @@ from liepos.diagnosis.probes import Probe
 from liepos.interop.families import FAMILIES, Family
 
 __all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove", "axis_of", "one_tensor",
-           "rotate_one"]
+           "rotate_one", "slices_query"]
 
 _APPLY = "apply_rotary_pos_emb"
 # an entry of a probe matrix below this is a zero (float32 cos/sin are exact to ~6e-8)
@@ -407,7 +407,7 @@ def axis_of(up: Upstream, layer_type: str | None, s: Structure, axes: int) -> tu
     return tuple(owners)
 
 
-def _slices_query(up: Upstream, layer_type: str | None, s: Structure) -> bool:
+def slices_query(up: Upstream, layer_type: str | None, s: Structure) -> bool:
     """Whether upstream's apply, given one query and three keys with the keys' cos and sin, returns one
     query rotated at the last position (q and k of different lengths) rather than refusing or broadcasting."""
     dims = s.rotated if s.splits else s.head_dim
@@ -433,7 +433,7 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
-    if not up.per_tensor and _slices_query(up, lt, s):
+    if not up.per_tensor and slices_query(up, lt, s):
         raise ValueError(_refusal(model_type, f"{up.modeling.__name__}.{_APPLY} rotates a query shorter than its keys "
                                               "at the keys' last positions (a drafter whose keys carry a context "
                                               "the queries lack), which liepos' layers do not follow", False))
