@@ -92,6 +92,13 @@ EXTRA: dict[str, dict[str, Any]] = {
     "flint": dict(num_hidden_layers=3, layer_types=["full_attention", "full_attention", "sliding_attention"],
                   sliding_window=8),
     "diffusion_gemma": dict(top_k_experts=2),
+    "chameleon": dict(vocabulary_map={"<image>": 3}),  # no image tokens: the text path
+    "deepseek_ocr2_text": dict(mlp_layer_types=["dense", "sparse"]),
+    "dory": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                 rope_parameters={"sliding_attention": _ROPE, "full_attention": dict(_ROPE, rope_theta=1e6)}),
+    "molmo2_adapter": dict(vision_feature_layer=[1, 0]),
+    "apertus1p5_text": dict(vocab_size=266752),  # its audio and image token ranges sit at the top of the vocabulary
+    "kyutai_speech_to_text": dict(vocab_size=4001),
     "dia_decoder": dict(cross_hidden_size=64),
     "step3p7": dict(sliding_window=16),
     # one layer per stack, one cycle each: num_hidden_layers = per stack · H_cycles · (L_cycles + 1)
