@@ -94,7 +94,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     "diffusion_gemma": dict(top_k_experts=2),
     "chameleon": dict(vocabulary_map={"<image>": 3}),  # no image tokens: the text path
     "deepseek_ocr2_text": dict(mlp_layer_types=["dense", "sparse"]),
-    "dory": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+    # Dory's config reads its saved form: an mlp block after each attention, every count doubled
+    "dory": dict(layer_types=["sliding_attention", "mlp", "full_attention", "mlp"], num_hidden_layers=4,
+                 n_input_layers=2, n_recurrent_layers=0, n_output_layers=2, sliding_window=8,
                  rope_parameters={"sliding_attention": _ROPE, "full_attention": dict(_ROPE, rope_theta=1e6)}),
     "molmo2_adapter": dict(vision_feature_layer=[1, 0]),
     "apertus1p5_text": dict(vocab_size=266752),  # its audio and image token ranges sit at the top of the vocabulary
