@@ -87,7 +87,9 @@ class Upstream:
         return one_tensor(self.apply)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any]:
-        """Upstream's apply on q and k ``(B, H, S, dims)``."""
+        """Upstream's apply on q and k ``(B, H, S, dims)`` with the rotary module's two outputs in its order."""
+        if sin_first(self.apply):  # (B, H, S, D) -> (B, S, H, D), as GPT-J's attention passes them, and back
+            return tuple(self.apply(x.transpose(1, 2), cos, sin).transpose(1, 2) for x in (q, k))  # type: ignore[return-value]
         if self.per_tensor:
             return self.apply(q, cos, sin), self.apply(k, cos, sin)
         return self.apply(q, k, cos, sin)[:2]
@@ -97,32 +99,46 @@ class Upstream:
 
         A layer type of the rope parameters that no layer of the config has is still built: the
         rotary module is made from a copy of the config whose ``layer_types`` include it."""
-        config = self.config
-        types = getattr(config, "layer_types", None)
-        if layer_type is not None and isinstance(types, list | tuple) and layer_type not in types:
-            config = copy.deepcopy(config)
-            config.layer_types = [*types, layer_type]
-        module = self.rotary(config)
+        module = self.rotary_for_module(layer_type)
         takes = inspect.signature(module.forward).parameters
         if layer_type is not None and "layer_type" in takes:
             return lambda x, ids: module(x, ids, layer_type=layer_type)
         return lambda x, ids: module(x, ids)
 
+    def rotary_for_module(self, layer_type: str | None) -> Any:
+        """A fresh rotary module for ``layer_type`` (see :meth:`rotary_for`)."""
+        config = self.config
+        types = getattr(config, "layer_types", None)
+        if layer_type is not None and isinstance(types, list | tuple) and layer_type not in types:
+            config = copy.deepcopy(config)
+            config.layer_types = [*types, layer_type]
+        return self.rotary(config)
+
 
 def one_tensor(apply: Callable[..., Any]) -> bool:
-    """Whether a rope function rotates one tensor, ``apply(x, cos, sin, unsqueeze_dim=1)`` (Gemma 3n/4)."""
+    """Whether a rope function rotates one tensor, ``apply(x, cos, sin, unsqueeze_dim=1)`` (Gemma 3n/4) or
+    ``apply(x, sin, cos)`` (GPT-J, CodeGen)."""
     names = getattr(getattr(apply, "__code__", None), "co_varnames", ())
-    return names[1:2] == ("cos",)
+    return names[1:2] in (("cos",), ("sin",))
 
 
-def rotate_one(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor:
+def sin_first(apply: Callable[..., Any]) -> bool:
+    """Whether a rope function is GPT-J's ``apply(x, sin, cos)``: one tensor, sequence-first ``(B, S, H, D)``,
+    its sin and cos of half the rotated dims (each repeated for a pair); its rotary module answers (sin, cos)."""
+    names = getattr(getattr(apply, "__code__", None), "co_varnames", ())
+    return names[1:3] == ("sin", "cos")
+
+
+def rotate_one(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+               seq_first: bool | None = None) -> torch.Tensor:
     """A patched layer's rope on the one tensor of ``apply(x, cos, sin, unsqueeze_dim=1)``: q and k take the
-    same call, which a rotation allows (its query and key sides agree); ``unsqueeze_dim=2``: x is
-    ``(batch, seq, heads, dim)``."""
+    same call, which a rotation allows (its query and key sides agree); ``unsqueeze_dim=2`` (or
+    ``seq_first``, GPT-J's apply): x is ``(batch, seq, heads, dim)``."""
     if layer.encoded and layer.sided:
         raise NotImplementedError(f"{layer.family.model_type}: the rope is applied per tensor, which does not say "
                                   f"query from key, and {layer.encoding!r} encodes them differently")
-    seq_first = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1) == 2
+    if seq_first is None:
+        seq_first = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1) == 2
     x = x.transpose(1, 2) if seq_first else x  # (B, S, H, D) -> (B, H, S, D)
     out, _ = layer.rotate(x, x)
     return out.transpose(1, 2) if seq_first else out
@@ -234,10 +250,10 @@ def _encoder(up: Upstream, layer_type: str | None, dims: int) -> Callable[[torch
 def _matrices(up: Upstream, layer_type: str | None, head_dim: int) -> tuple[torch.Tensor, bool, int]:
     """``F(t)`` ``(T, d, d)`` (``F[t, j, i]``) at :data:`_TIMES`, whether the apply takes only the rotary
     module's dims (the attention cuts the head), and those dims (the last dim of cos and sin)."""
-    times = torch.tensor(_TIMES)
+    times = _times(up, layer_type)
     x = torch.zeros(1, 1, 1, head_dim)
     cos, _ = up.rotary_for(layer_type)(x, times[None, :1])
-    rdim = int(cos.shape[-1])
+    rdim = int(cos.shape[-1]) * (2 if sin_first(up.apply) else 1)  # GPT-J's sin and cos: one entry per pair
     if rdim > head_dim:
         raise ValueError(f"the rotary module gives cos and sin of {rdim} dims but the head has {head_dim}")
     eye = torch.eye(head_dim, dtype=torch.float64)
@@ -251,6 +267,21 @@ def _matrices(up: Upstream, layer_type: str | None, head_dim: int) -> tuple[torc
             continue
         return rows.permute(1, 2, 0), splits, rdim  # (d, T, d) -> (T, d_out, d_in)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def reach(up: Upstream, layer_type: str | None) -> int | None:
+    """The positions a rotary module that looks its sin and cos up in a table (GPT-J's ``embed_positions``)
+    answers: the table's rows; None for one that computes them at any position."""
+    table = getattr(up.rotary_for_module(layer_type), "embed_positions", None)
+    return int(table.shape[0]) if isinstance(table, torch.Tensor) else None
+
+
+def _times(up: Upstream, layer_type: str | None) -> torch.Tensor:
+    """:data:`_TIMES` the rotary module answers (within a table's rows, the last row added)."""
+    rows = reach(up, layer_type)
+    if rows is None:
+        return torch.tensor(_TIMES)
+    return torch.tensor(sorted({t for t in _TIMES if t < rows} | {rows - 1}))
 
 
 def _pairs(F: torch.Tensor) -> dict[int, int]:
@@ -450,8 +481,10 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         raise ValueError(_refusal(model_type, f"its layer types {lt!r} and {others[0]!r} differ in how many "
                                               "position axes their rotary module reads (M-RoPE)", False))
     if s.splits and model is None:
+        what = ("its rope is GPT-J's (apply(x, sin, cos) on the first rotary_dim dims, in pairs (2k, 2k + 1)): "
+                if sin_first(up.apply) else "")
         raise ValueError(_refusal(
-            model_type, f"its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
+            model_type, f"{what}its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
             "ones is the attention's code, not the rope's; patch_model(model) verifies it with the model at hand", False))
     module = up.modeling.__name__.split(".")[-2]
     return Family(model_type, module, (), layout=s.layout, default_partial=s.rotated < s.head_dim,
@@ -477,21 +510,33 @@ def _calls(cls: type, name: str) -> bool:
     return code is not None and name in code.co_names
 
 
-def _own_classes(callers: list[Any], model_type: str) -> list[str]:
+def _own_classes(up: Upstream, callers: list[Any], model_type: str) -> list[str]:
     """The attention classes of ``callers`` that belong to ``model_type``'s config: a tower of a composite
     with a config of its own (an audio encoder beside the text decoder, in the same modeling file)
-    keeps upstream's rope, its frequencies are its own config's; a class serving both is refused."""
+    keeps upstream's rope, its frequencies are its own config's. A class that serves both is kept
+    where the other config's rotary module gives the same cos and sin at every probe position (one
+    rope, proven once), else refused."""
     def owner(m: Any) -> Any:
         return getattr(getattr(m, "config", None), "model_type", model_type)
 
     mine = {type(m).__name__ for m in callers if owner(m) == model_type}
-    theirs = {type(m).__name__: owner(m) for m in callers if owner(m) != model_type}
-    both = sorted(mine & set(theirs))
-    if both:
-        raise ValueError(_refusal(model_type, f"its attention class {both[0]} serves both the {model_type!r} layers "
-                                              f"and the {theirs[both[0]]!r} layers, whose rope the probe did not prove",
-                                  False))
+    for m in callers:
+        if type(m).__name__ in mine and owner(m) != model_type and not _same_rope(up, m.config):
+            raise ValueError(_refusal(model_type, f"its attention class {type(m).__name__} serves both the "
+                                                  f"{model_type!r} layers and the {owner(m)!r} layers, whose rotary "
+                                                  "module gives other cos and sin", False))
     return sorted(mine)
+
+
+def _same_rope(up: Upstream, other: Any) -> bool:
+    """Whether ``up``'s rotary class built from the config ``other`` answers as from ``up.config``."""
+    x = torch.zeros(1, 1, 1, _head_dim(up.config, None))
+    ids = torch.tensor([sorted({0, 1, 5, 31, 127, 4093})])
+    try:
+        got, want = up.rotary(other)(x, ids), up.rotary(up.config)(x, ids)
+    except Exception:  # noqa: BLE001 - a config the rotary class cannot read is not the same rope
+        return False
+    return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def patch_family(model: Any, config: Any) -> Family:
@@ -511,7 +556,7 @@ def patch_family(model: Any, config: Any) -> Family:
     callers = [m for m in model.modules()
                if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
                and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)]
-    classes = _own_classes(callers, model_type)
+    classes = _own_classes(up, callers, model_type)
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
@@ -587,7 +632,9 @@ def _prove_one(up: Upstream, lt: str | None, read: Any, s: Structure, L0: int) -
     tau2 = max(s.tau2) if s.tau2 else 1.0
     dims = s.rotated if s.splits else s.head_dim
     axes = read.encoding.generator.num_axes
+    rows = reach(up, lt)
     for pos in _positions(L0):
+        pos = [t for t in pos if rows is None or t < rows]  # a table's rows: upstream answers no other position
         p = torch.tensor(pos)
         if axes is not None:  # M-RoPE: every axis at its own positions (a shuffle of them), the first in order
             p = _per_axis(p, axes, gen)
