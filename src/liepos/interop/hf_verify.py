@@ -510,6 +510,17 @@ def _calls(cls: type, name: str) -> bool:
     return code is not None and name in code.co_names
 
 
+def _number_layers(callers: list[Any], config: Any) -> None:
+    """Give the attention modules of an encoder that numbers none (GTE, NomicBERT: no cache, no layer types)
+    their index in the model's order, as ``layer_idx`` (what liepos' layers key their state by); a
+    model with layer types, or a cache-using model, numbers its own and is left as it is."""
+    bare = [m for m in callers if not hasattr(m, "layer_idx")]
+    if bare and len(bare) == len(callers) and not getattr(config, "layer_types", None) \
+            and not getattr(config, "is_decoder", False) and all(getattr(m, "is_causal", True) is False for m in bare):
+        for i, m in enumerate(bare):
+            m.layer_idx = i
+
+
 def _own_classes(up: Upstream, callers: list[Any], model_type: str) -> list[str]:
     """The attention classes of ``callers`` that belong to ``model_type``'s config: a tower of a composite
     with a config of its own (an audio encoder beside the text decoder, in the same modeling file)
@@ -554,8 +565,9 @@ def patch_family(model: Any, config: Any) -> Family:
                                               f"{up.rotary.__name__} the probe proved", False))
     modeling = importlib.import_module(family.modeling)
     callers = [m for m in model.modules()
-               if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
+               if type(m).__module__ == modeling.__name__ and _calls(type(m), _APPLY)
                and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)]
+    _number_layers(callers, config)
     classes = _own_classes(up, callers, model_type)
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
