@@ -438,6 +438,22 @@ def axis_of(up: Upstream, layer_type: str | None, s: Structure, axes: int) -> tu
     return tuple(owners)
 
 
+def _patch_positions(up: Upstream, layer_type: str | None) -> str | None:
+    """Why a vision tower's rope is refused, when its rotary module reads one (h, w) pair per patch
+    (``position_ids`` ``(patches, 2)``) and not a sequence of positions; None otherwise."""
+    x = torch.zeros(1, 1, 1, _head_dim(up.config, layer_type))
+    try:
+        cos = up.rotary_for(layer_type)(x, torch.zeros(5, 2, dtype=torch.long))[0]
+    except Exception:  # noqa: BLE001 - not a patch rope: the probe's own error is the reason
+        return None
+    vision = sorted(n for n in vars(up.modeling) if n.startswith(_APPLY) and n != _APPLY)
+    calls = f", and its attention calls {', '.join(vision)}" if vision else ""
+    return (f"its rotary module {up.rotary.__name__} reads one (h, w) position pair per patch (position_ids of shape "
+            f"(patches, 2), cos of shape {tuple(cos.shape)}){calls}: a 2-D rope over image patches, whose positions "
+            "the vision model computes from its grid, which patch_model does not reproduce (it patches a "
+            "rope over token positions)")
+
+
 def slices_query(up: Upstream, layer_type: str | None, s: Structure) -> bool:
     """Whether upstream's apply, given one query and three keys with the keys' cos and sin, returns one
     query rotated at the last position (q and k of different lengths) rather than refusing or broadcasting."""
@@ -463,7 +479,8 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
     try:
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
-        raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
+        patch = _patch_positions(up, lt)
+        raise ValueError(_refusal(model_type, patch or f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
     if not up.per_tensor and slices_query(up, lt, s):
         raise ValueError(_refusal(model_type, f"{up.modeling.__name__}.{_APPLY} rotates a query shorter than its keys "
                                               "at the keys' last positions (a drafter whose keys carry a context "
