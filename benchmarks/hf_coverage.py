@@ -12,12 +12,16 @@ nothing is downloaded), run unpatched, patched with ``liepos.interop.patch_model
 config means: a table family, or one verified against its modeling code), and compared against itself:
 
 * **exact**: max|Δlogit| / max|logit| ≤ 1e-4 on 24 tokens and the same 8 greedy tokens (causal LMs);
+  without logits, the last hidden state, else the first float output (Mimi's audio, not its codes);
 * **refused**: patch_model raised, with its reason;
 * **mismatch**: patch_model accepted the model and the outputs differ (a silent divergence: a bug);
 * **failed**: the patched model raised while running;
-* **not measured**: patch_model accepted a model whose unpatched forward does not run on token ids alone
-  (an audio or vision encoder): nothing compared, nothing claimed; where patch_model refuses such a
-  model the row is **refused**, with the forward's error beside the reason;
+* **not measured**: patch_model accepted a model whose unpatched forward runs on none of the inputs
+  tried: nothing compared, nothing claimed; where patch_model refuses such a model the row is
+  **refused**, with the forward's error beside the reason. The inputs tried, in order: token ids, then
+  tiny random features of what the forward takes instead or beside them (audio features either way
+  round, a waveform, latents, pixels, a time series, embeddings; ``_candidates``); the first that runs
+  unpatched is the one the patched model gets, and a forward that samples is seeded alike both times;
 * **component**: a sub-config type with no model class of its own (``blt_local_decoder``): only its parent
   builds it; the row names the parent and the parent row's result; never counted as exact;
 * **could not build**: the tiny config or the model raised (the exception).

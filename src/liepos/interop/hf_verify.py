@@ -41,7 +41,7 @@ from liepos.diagnosis.probes import Probe
 from liepos.interop.families import FAMILIES, Family
 
 __all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove", "axis_of", "one_tensor",
-           "rotate_one", "slices_query"]
+           "rotate_one", "slices_query", "sin_first", "reach"]
 
 _APPLY = "apply_rotary_pos_emb"
 # an entry of a probe matrix below this is a zero (float32 cos/sin are exact to ~6e-8)
@@ -89,7 +89,7 @@ class Upstream:
     def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any]:
         """Upstream's apply on q and k ``(B, H, S, dims)`` with the rotary module's two outputs in its order."""
         if sin_first(self.apply):  # (B, H, S, D) -> (B, S, H, D), as GPT-J's attention passes them, and back
-            return tuple(self.apply(x.transpose(1, 2), cos, sin).transpose(1, 2) for x in (q, k))  # type: ignore[return-value]
+            return tuple(self.apply(x.transpose(1, 2), cos, sin).transpose(1, 2) for x in (q, k))
         if self.per_tensor:
             return self.apply(q, cos, sin), self.apply(k, cos, sin)
         return self.apply(q, k, cos, sin)[:2]
@@ -528,10 +528,10 @@ def _calls(cls: type, name: str) -> bool:
 
 
 def _number_layers(callers: list[Any], config: Any) -> None:
-    """Give the attention modules of an encoder that numbers none (GTE, NomicBERT: no cache, no layer types)
+    """Give the attention modules of an encoder that numbers none (GTE, NomicBERT, ESM C: no cache, no layer types)
     their index in the model's order, as ``layer_idx`` (what liepos' layers key their state by); a
     model with layer types, or a cache-using model, numbers its own and is left as it is."""
-    bare = [m for m in callers if not hasattr(m, "layer_idx")]
+    bare = [m for m in callers if getattr(m, "layer_idx", None) is None]  # none, or None (ESM C)
     if bare and len(bare) == len(callers) and not getattr(config, "layer_types", None) \
             and not getattr(config, "is_decoder", False) and all(getattr(m, "is_causal", True) is False for m in bare):
         for i, m in enumerate(bare):
