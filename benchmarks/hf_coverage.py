@@ -618,7 +618,9 @@ def main(argv: list[str] | None = None) -> int:
         fresh = {r["model_type"]: r for r in rows}
         rows = [fresh.get(r["model_type"], r) for r in kept]
         rows += [r for r in fresh.values() if r["model_type"] not in {k["model_type"] for k in kept}]
-        meta["command"] = full["command"].split(" (")[0] + f" (rows {' '.join(args.only)} rerun with --only … --update)"
+        before = re.search(r"\(rows (.*) rerun with", full["command"])  # earlier reruns stay named
+        again = list(dict.fromkeys((before.group(1).split() if before else []) + list(args.only)))
+        meta["command"] = full["command"].split(" (")[0] + f" (rows {' '.join(again)} rerun with --only … --update)"
     write(rows, out, dict(meta, seconds=time.time() - t0))
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     print(", ".join(f"{n} {s}" for s, n in counts.items()), f"({time.time() - t0:.0f} s)", flush=True)

@@ -323,6 +323,8 @@ def structure(up: Upstream, layer_type: str | None, head_dim: int) -> Structure:
     partner = _pairs(F)
     if not partner:
         raise ValueError("the apply rotates no dim")
+    if not splits and r < max(partner) + 1 <= 2 * r <= head_dim:
+        r = 2 * r  # cos and sin of one entry per plane (the OpenAI privacy filter's pairs): the planes cover 2r dims
     layout = _layout(partner, r)
     lows = sorted(i for i, j in partner.items() if i < j)
     F1 = F[0]
@@ -445,6 +447,8 @@ def _patch_positions(up: Upstream, layer_type: str | None) -> str | None:
     try:
         cos = up.rotary_for(layer_type)(x, torch.zeros(5, 2, dtype=torch.long))[0]
     except Exception:  # noqa: BLE001 - not a patch rope: the probe's own error is the reason
+        return None
+    if cos.dim() != 2 or cos.shape[0] != 5:  # (5, 2, d): a 1-D rope broadcast over the pair, not a patch rope
         return None
     vision = sorted(n for n in vars(up.modeling) if n.startswith(_APPLY) and n != _APPLY)
     calls = f", and its attention calls {', '.join(vision)}" if vision else ""
@@ -585,6 +589,7 @@ def patch_family(model: Any, config: Any) -> Family:
                if type(m).__module__ == modeling.__name__ and _calls(type(m), _APPLY)
                and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)]
     _number_layers(callers, config)
+    callers = [m for m in callers if getattr(m, "layer_idx", None) is not None]  # a helper module (a compressor)
     classes = _own_classes(up, callers, model_type)
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
