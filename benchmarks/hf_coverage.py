@@ -334,7 +334,8 @@ def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
 
     options: dict[str, list[Any]] = {
         "input_features": [rand(1, mel, 2 * SEQ), rand(1, 2 * SEQ, mel), rand(1, mel, 8 * SEQ)],
-        "input_values": [rand(1, channels, 4 * frame), rand(1, 4 * frame), rand(1, channels, 16000)],
+        # a waveform of 16 frames: a codec's transformer sees several positions after its downsampling
+        "input_values": [rand(1, channels, 16 * frame), rand(1, 16 * frame), rand(1, channels, 16000)],
         "latents": [rand(1, codes, SEQ), rand(1, hidden, SEQ)],
         "past_values": [rand(1, 8 * SEQ)],
         "pixel_values": [rand(1, 1, 3, image, image), rand(1, 3, image, image)],
@@ -435,18 +436,26 @@ def _unrun_row(row: dict[str, Any], unrun: _Unrun) -> dict[str, Any]:
 
 
 def _output(out: Any) -> Any:
+    """What is compared: the logits, else the last hidden state, else every float tensor of the output
+    and of the outputs it nests (a contrastive model's embeddings and each tower's hidden states, a
+    codec's audio), flattened and concatenated: integer codes are left out."""
     import torch
 
     if hasattr(out, "logits") and out.logits is not None:
         return out.logits
     if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
         return out.last_hidden_state
-    values = list(out) if isinstance(out, tuple | list) else list(out.values())
-    floats = [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    first = floats[0] if floats else values[0]  # a float output (Mimi's audio, not its integer codes)
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"the model's output has no logits or hidden states ({type(out).__name__})")
-    return first
+
+    def floats(obj: Any, depth: int = 0) -> list[Any]:
+        if isinstance(obj, torch.Tensor):
+            return [obj.flatten()] if obj.is_floating_point() else []
+        values = list(obj) if isinstance(obj, tuple | list) else list(obj.values()) if hasattr(obj, "values") else []
+        return [t for v in values if depth < 2 for t in floats(v, depth + 1)]
+
+    found = floats(out)
+    if not found:
+        raise TypeError(f"the model's output has no logits, hidden states or float tensors ({type(out).__name__})")
+    return torch.cat(found)  # every float output, flattened
 
 
 def run_one(model_type: str) -> dict[str, Any]:
