@@ -65,3 +65,26 @@ def test_audio_model_patched_equals_unpatched(model_type):
         assert float((unrotated - want).abs().max() / want.abs().max()) > 1e-3
     finally:
         unpatch_model(model)
+
+
+def test_a_ctc_head_over_an_encoder_is_refused_and_its_encoder_patched():
+    """LASR's CTC model carries no rope parameters of its own: refused, naming the encoder's sub-config;
+    the encoder it wraps is patched and equals upstream."""
+    if "lasr_ctc" not in transformers.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no lasr_ctc")
+    cfg = AutoConfig.for_model("lasr_ctc", encoder_config=CASES["lasr_encoder"][0], vocab_size=128, pad_token_id=0)
+    cfg.encoder_config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCTC.from_config(cfg).eval()
+    with pytest.raises(ValueError, match=r"sub-config encoder_config \(lasr_encoder\) does: patch the model built from it"):
+        patch_model(model)
+    inputs = CASES["lasr_encoder"][1]()
+    with torch.no_grad():
+        want = model.encoder(**inputs).last_hidden_state
+    patch_model(model.encoder)
+    try:
+        with torch.no_grad():
+            got = model.encoder(**inputs).last_hidden_state
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-5
+    finally:
+        unpatch_model(model.encoder)

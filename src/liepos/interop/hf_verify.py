@@ -440,11 +440,23 @@ def axis_of(up: Upstream, layer_type: str | None, s: Structure, axes: int) -> tu
     return tuple(owners)
 
 
+def _sub_rope(up: Upstream) -> str | None:
+    """Why a wrapper whose own config carries no rope (a CTC head over an encoder, an audio tower) is
+    refused: the sub-configs that carry one, whose model is the one to patch; None otherwise."""
+    if getattr(up.config, "rope_parameters", None) is not None:
+        return None
+    subs = sorted(f"{name} ({sub.model_type})" for name, sub in vars(up.config).items()
+                  if hasattr(sub, "model_type") and getattr(sub, "rope_parameters", None) is not None)
+    where = (f"; its sub-config {', '.join(subs)} does: patch the model built from it" if subs else "")
+    return (f"its config {type(up.config).__name__} carries no rope parameters, so the rotary module "
+            f"{up.rotary.__name__} cannot be built from it{where}")
+
+
 def _patch_positions(up: Upstream, layer_type: str | None) -> str | None:
     """Why a vision tower's rope is refused, when its rotary module reads one (h, w) pair per patch
     (``position_ids`` ``(patches, 2)``) and not a sequence of positions; None otherwise."""
-    x = torch.zeros(1, 1, 1, _head_dim(up.config, layer_type))
     try:
+        x = torch.zeros(1, 1, 1, _head_dim(up.config, layer_type))
         cos = up.rotary_for(layer_type)(x, torch.zeros(5, 2, dtype=torch.long))[0]
     except Exception:  # noqa: BLE001 - not a patch rope: the probe's own error is the reason
         return None
@@ -483,8 +495,8 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
     try:
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
-        patch = _patch_positions(up, lt)
-        raise ValueError(_refusal(model_type, patch or f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
+        why = _patch_positions(up, lt) or _sub_rope(up) or f"probing {up.modeling.__name__}.{_APPLY}: {err}"
+        raise ValueError(_refusal(model_type, why, False)) from None
     if not up.per_tensor and slices_query(up, lt, s):
         raise ValueError(_refusal(model_type, f"{up.modeling.__name__}.{_APPLY} rotates a query shorter than its keys "
                                               "at the keys' last positions (a drafter whose keys carry a context "
