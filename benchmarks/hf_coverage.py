@@ -12,12 +12,16 @@ nothing is downloaded), run unpatched, patched with ``liepos.interop.patch_model
 config means: a table family, or one verified against its modeling code), and compared against itself:
 
 * **exact**: max|Δlogit| / max|logit| ≤ 1e-4 on 24 tokens and the same 8 greedy tokens (causal LMs);
+  without logits, the last hidden state, else the first float output (Mimi's audio, not its codes);
 * **refused**: patch_model raised, with its reason;
 * **mismatch**: patch_model accepted the model and the outputs differ (a silent divergence: a bug);
 * **failed**: the patched model raised while running;
-* **not measured**: patch_model accepted a model whose unpatched forward does not run on token ids alone
-  (an audio or vision encoder): nothing compared, nothing claimed; where patch_model refuses such a
-  model the row is **refused**, with the forward's error beside the reason;
+* **not measured**: patch_model accepted a model whose unpatched forward runs on none of the inputs
+  tried: nothing compared, nothing claimed; where patch_model refuses such a model the row is
+  **refused**, with the forward's error beside the reason. The inputs tried, in order: token ids, then
+  tiny random features of what the forward takes instead or beside them (audio features either way
+  round, a waveform, latents, pixels, a time series, embeddings; ``_candidates``); the first that runs
+  unpatched is the one the patched model gets, and a forward that samples is seeded alike both times;
 * **component**: a sub-config type with no model class of its own (``blt_local_decoder``): only its parent
   builds it; the row names the parent and the parent row's result; never counted as exact;
 * **could not build**: the tiny config or the model raised (the exception).
@@ -86,10 +90,32 @@ EXTRA: dict[str, dict[str, Any]] = {
     # per-layer-type rope parameters for the layer types of the shrunk depth
     "cohere_compass_text": dict(rope_parameters={"full_attention": _ROPE}),
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0),
+    # the rope these types carry, switched on (their default positions are absolute or none)
+    "esm": dict(position_embedding_type="rotary"), "granitemoehybrid": dict(position_embedding_type="rope"),
+    # Flint rotates its sliding-window layers only, and its first two layers attend in full
+    "flint": dict(num_hidden_layers=3, layer_types=["full_attention", "full_attention", "sliding_attention"],
+                  sliding_window=8),
+    "diffusion_gemma": dict(top_k_experts=2),
+    "chameleon": dict(vocabulary_map={"<image>": 3}),  # no image tokens: the text path
+    "deepseek_ocr2_text": dict(mlp_layer_types=["dense", "sparse"]),
+    # Dory's config reads its saved form: an mlp block after each attention, every count doubled
+    "dory": dict(layer_types=["sliding_attention", "mlp", "full_attention", "mlp"], num_hidden_layers=4,
+                 n_input_layers=2, n_recurrent_layers=0, n_output_layers=2, sliding_window=8,
+                 rope_parameters={"sliding_attention": _ROPE, "full_attention": dict(_ROPE, rope_theta=1e6)}),
+    "molmo2_adapter": dict(vision_feature_layer=[1, 0]),
+    "apertus1p5_text": dict(vocab_size=266752),  # its audio and image token ranges sit at the top of the vocabulary
+    "kyutai_speech_to_text": dict(vocab_size=4001),
+    "dia_decoder": dict(cross_hidden_size=64),
+    "step3p7": dict(sliding_window=16),
+    # one layer per stack, one cycle each: num_hidden_layers = per stack · H_cycles · (L_cycles + 1)
+    "hrm_text": dict(num_layers_per_stack=1, H_cycles=1, L_cycles=1, L_bp_cycles=[1]),
     # the sparse-attention indexer's sizes (no defaults)
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
                            indexer_compress_ratio=4),
 }
+# parameters a family initialises to zero that would make its scores position-free (ZAYA's key temperature
+# multiplies every key by 0: uniform attention, whatever the rope): set to random values so the rope is exercised
+NONZERO: dict[str, tuple[str, ...]] = {"zaya": ("qk_norm.temp",)}
 # per-layer lists of the full-size config, dropped before shrinking (rebuilt for the new depth)
 _PER_LAYER = ("layer_types", "no_rope_layers", "mlp_only_layers", "sliding_window_pattern", "block_types",
               "layers_block_type", "attn_layer_indices", "moe_layer_freq", "mlp_layer_types", "kv_source_layers",
@@ -258,6 +284,10 @@ def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
     config._attn_implementation = "eager"
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     model = _model_class(config, causal).from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(NONZERO.get(model_type, ())):
+                param.copy_(torch.rand(param.shape) + 0.5)
     return model.eval(), causal
 
 
@@ -266,6 +296,73 @@ def _inputs(model: Any, x: Any) -> dict[str, Any]:
     if getattr(model.config, "is_encoder_decoder", False):
         return {"input_ids": x, "decoder_input_ids": x}
     return {"input_ids": x}
+
+
+def _size(config: Any, *names: str, default: int) -> int:
+    """The first of ``names`` that ``config`` (or its text / audio / encoder sub-config) sets to an int."""
+    subs = [config] + [vars(config).get(k) for k in ("text_config", "decoder_config", "audio_config", "encoder_config",
+                                                     "vision_config")]
+    for c in subs:
+        for n in names:
+            v = getattr(c, n, None) if c is not None else None
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+    return default
+
+
+def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
+    """The inputs to try, in order: token ids alone, then the tiny random features a forward that takes
+    no token ids asks for (audio features either way round, waveforms, latents, embeddings, pixels,
+    a time series), with the token ids beside them where the forward takes both. The first that runs
+    unpatched is the one the patched model gets."""
+    import inspect
+
+    import torch
+
+    params = inspect.signature(model.forward).parameters
+    c, g = model.config, torch.Generator().manual_seed(2)
+    hidden = _size(c, "hidden_size", "d_model", default=64)
+    mel = _size(c, "num_mel_bins", "feature_size", "input_feat_size", default=80)
+    channels = _size(c, "audio_channels", default=1)
+    frame = _size(c, "frame_size", "hop_length", default=320)
+    image = _size(c, "image_size", default=32)
+    codes = _size(c, "codebook_dim", default=hidden)
+    depth = _size(c, "num_channels", default=0)  # multi-stream decoder ids (B, S, streams)
+
+    def rand(*shape: int) -> Any:
+        return torch.randn(*shape, generator=g)
+
+    options: dict[str, list[Any]] = {
+        "input_features": [rand(1, mel, 2 * SEQ), rand(1, 2 * SEQ, mel), rand(1, mel, 8 * SEQ)],
+        # a waveform of 16 frames: a codec's transformer sees several positions after its downsampling
+        "input_values": [rand(1, channels, 16 * frame), rand(1, 16 * frame), rand(1, channels, 16000)],
+        "latents": [rand(1, codes, SEQ), rand(1, hidden, SEQ)],
+        "past_values": [rand(1, 8 * SEQ)],
+        "pixel_values": [rand(1, 1, 3, image, image), rand(1, 3, image, image)],
+        "inputs_embeds": [rand(1, SEQ, hidden)],
+    }
+    layers = len(getattr(c, "target_layer_ids", None) or [0])  # a drafter's context: hidden states of these layers
+    widths = {"noise_embeds": hidden, "context_hidden_states": hidden * layers}
+    fixed = {n: rand(1, SEQ, w) for n, w in widths.items() if n in params}
+    decoder = [x] + ([x[..., None].expand(1, SEQ, depth).contiguous()] if depth else [])
+    found = [_inputs(model, x)] + ([fixed] if fixed and "input_ids" not in params else [])
+    for name, values in options.items():
+        if name not in params:
+            continue
+        for value in values:
+            for ids in ([True, False] if "input_ids" in params and name != "inputs_embeds" else [False]):
+                for dec in (decoder if "decoder_input_ids" in params else [None]):
+                    d = {name: value, **fixed}
+                    if ids:
+                        d["input_ids"] = x
+                    if dec is not None:
+                        d["decoder_input_ids"] = dec
+                    if "image_attention_mask" in params and name == "pixel_values" and value.dim() == 5:
+                        d["image_attention_mask"] = torch.ones(1, SEQ, 1, dtype=torch.long)  # every token sees the image
+                    found.append(d)
+    if "decoder_input_ids" in params:
+        found += [{"input_ids": x, "decoder_input_ids": dec} for dec in decoder[1:]]
+    return found
 
 
 class _Unrun(Exception):
@@ -277,7 +374,7 @@ class _Unrun(Exception):
 
 
 def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any]]:
-    """The first attempt that builds and runs unpatched: (model, causal, input, output, greedy tokens, gen).
+    """The first attempt that builds and runs unpatched: (model, causal, inputs, output, greedy tokens, gen).
 
     Raises the first build error, or :class:`_Unrun` (the first model that built) when every model
     that built raised in its forward: a further-reaching failure says more than a validator's."""
@@ -293,13 +390,15 @@ def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any
         except Exception as err:  # noqa: BLE001 - the next attempt; the first error is the row's reason
             first = first or err
             continue
-        try:
-            with torch.no_grad():
-                want = _output(model(**_inputs(model, x))).float()
-                tokens = model.generate(x, **gen) if causal else None
-            return model, causal, x, want, tokens, gen
-        except Exception as err:  # noqa: BLE001
-            unrun = unrun or _Unrun(model, err)
+        for inputs in _candidates(model, x):
+            try:
+                with torch.no_grad():
+                    torch.manual_seed(3)  # a forward that samples (a diffusion model's noise) draws the same twice
+                    want = _output(model(**inputs)).float()
+                    tokens = model.generate(x, **gen) if causal else None
+                return model, causal, inputs, want, tokens, gen
+            except Exception as err:  # noqa: BLE001 - the next inputs; the first error is the row's reason
+                unrun = unrun or _Unrun(model, err)
     raise unrun or first  # type: ignore[misc]
 
 
@@ -328,7 +427,7 @@ def _unrun_row(row: dict[str, Any], unrun: _Unrun) -> dict[str, Any]:
     """A model that built but does not run on ``input_ids`` alone: what patch_model says of it."""
     from liepos.interop import patch_model
 
-    why = f"(its unpatched forward on input_ids alone raised {_short(unrun.error)[:200]}; not run)"
+    why = f"(its unpatched forward on every input tried raised, the first: {_short(unrun.error)[:200]}; not run)"
     try:
         patch_model(unrun.model)
     except Exception as err:  # noqa: BLE001 - patch_model's refusal is the row
@@ -337,16 +436,26 @@ def _unrun_row(row: dict[str, Any], unrun: _Unrun) -> dict[str, Any]:
 
 
 def _output(out: Any) -> Any:
+    """What is compared: the logits, else the last hidden state, else every float tensor of the output
+    and of the outputs it nests (a contrastive model's embeddings and each tower's hidden states, a
+    codec's audio), flattened and concatenated: integer codes are left out."""
     import torch
 
     if hasattr(out, "logits") and out.logits is not None:
         return out.logits
     if hasattr(out, "last_hidden_state") and out.last_hidden_state is not None:
         return out.last_hidden_state
-    first = out[0] if isinstance(out, tuple | list) else next(iter(out.values()))
-    if not isinstance(first, torch.Tensor):
-        raise TypeError(f"the model's output has no logits or hidden states ({type(out).__name__})")
-    return first
+
+    def floats(obj: Any, depth: int = 0) -> list[Any]:
+        if isinstance(obj, torch.Tensor):
+            return [obj.flatten()] if obj.is_floating_point() else []
+        values = list(obj) if isinstance(obj, tuple | list) else list(obj.values()) if hasattr(obj, "values") else []
+        return [t for v in values if depth < 2 for t in floats(v, depth + 1)]
+
+    found = floats(out)
+    if not found:
+        raise TypeError(f"the model's output has no logits, hidden states or float tensors ({type(out).__name__})")
+    return torch.cat(found)  # every float output, flattened
 
 
 def run_one(model_type: str) -> dict[str, Any]:
@@ -356,7 +465,7 @@ def run_one(model_type: str) -> dict[str, Any]:
 
     row: dict[str, Any] = {"model_type": model_type}
     try:
-        model, causal, x, want, want_tokens, gen = _reference(model_type)
+        model, causal, inputs, want, want_tokens, gen = _reference(model_type)
         row["class"] = type(model).__name__
     except _Unrun as unrun:
         return _unrun_row(dict(row, **{"class": type(unrun.model).__name__}), unrun)
@@ -371,8 +480,9 @@ def run_one(model_type: str) -> dict[str, Any]:
         return dict(row, status="refused", reason=_short(err))
     try:
         with torch.no_grad():
-            got = _output(model(**_inputs(model, x))).float()
-            got_tokens = model.generate(x, **gen) if causal else None
+            torch.manual_seed(3)
+            got = _output(model(**inputs)).float()
+            got_tokens = model.generate(inputs["input_ids"], **gen) if causal else None
     except Exception as err:  # noqa: BLE001
         return dict(row, status="failed", reason=_short(err), trace=traceback.format_exc()[-1500:])
     rel = float((got - want).abs().max() / want.abs().max().clamp_min(1e-30))
@@ -517,7 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         fresh = {r["model_type"]: r for r in rows}
         rows = [fresh.get(r["model_type"], r) for r in kept]
         rows += [r for r in fresh.values() if r["model_type"] not in {k["model_type"] for k in kept}]
-        meta["command"] = full["command"].split(" (")[0] + f" (rows {' '.join(args.only)} rerun with --only … --update)"
+        before = re.search(r"\(rows (.*) rerun with", full["command"])  # earlier reruns stay named
+        again = list(dict.fromkeys((before.group(1).split() if before else []) + list(args.only)))
+        meta["command"] = full["command"].split(" (")[0] + f" (rows {' '.join(again)} rerun with --only … --update)"
     write(rows, out, dict(meta, seconds=time.time() - t0))
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     print(", ".join(f"{n} {s}" for s, n in counts.items()), f"({time.time() - t0:.0f} s)", flush=True)

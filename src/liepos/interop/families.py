@@ -148,9 +148,6 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),
     Family("opt", positions="absolute"),
-    Family("gptj", positions="refused",
-           why="GPT-J rotates the first rotary_dim dims of each head in pairs (2k, 2k + 1) with its own sin/cos "
-               "table and apply function, which neither from_hf nor patch_model reproduces yet"),
 )}
 # model types whose text decoder is one of the rows above
 _ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen2_vl": "qwen2_vl_text",

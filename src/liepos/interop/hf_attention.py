@@ -143,6 +143,8 @@ def route(model: Any, modules: list[Any], modeling: str) -> bool:
     Every config of ``modules`` must name a twinned implementation (or a twin: a repatched model) and the
     modeling file must not read the name; the name before is kept on ``model`` for :func:`restore`.
     """
+    if not all(hasattr(m, "config") for m in modules):  # an attention that keeps no config (GPT-NeoX-Japanese)
+        return False
     configs = {id(m.config): m.config for m in modules}
     names = {key: c._attn_implementation for key, c in configs.items()}
     upstream = {key: n[len(_PREFIX):] if isinstance(n, str) and n.startswith(_PREFIX) else n for key, n in names.items()}

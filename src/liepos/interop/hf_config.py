@@ -116,6 +116,10 @@ def _one(params: dict[str, Any], *, src: ConfigSource, layer_type: str | None, n
     kind = _rope_type(params, where)
     merge_top(params, "rope_theta", src.get("rope_theta"), src.is_dict, nested, where)
     merge_top(params, "partial_rotary_factor", src.get("partial_rotary_factor"), src.is_dict, nested, where)
+    rotary_dim = src.get("rotary_dim")  # GPT-J and CodeGen count their rotated dims instead
+    if params.get("partial_rotary_factor") is None and isinstance(rotary_dim, int) and family is not None \
+            and family.default_partial and 0 < rotary_dim <= head_dim:
+        params["partial_rotary_factor"] = rotary_dim / head_dim
     if ROPE_TYPES[kind].original:
         top = src.get("original_max_position_embeddings")
         merge_top(params, "original_max_position_embeddings", top, src.is_dict, nested, where)
@@ -325,7 +329,7 @@ def _checked_family(src: ConfigSource, family: Family | None, ignore: frozenset[
     if kind == "refused":
         raise ValueError(f"model_type {model_type!r}: {family.why if family is not None else 'refused'}")
     if model_type is not None and family is None and not any(
-        src.get(k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta")
+        src.get(k) is not None for k in ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim")
     ):
         raise ValueError(
             f"model_type {model_type!r} carries no rope parameters and liepos does not know the family: it may "

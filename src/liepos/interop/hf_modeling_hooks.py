@@ -20,7 +20,7 @@ import weakref
 from typing import Any
 
 from liepos.interop.hf_attention import ACTIVE, interface, is_twin
-from liepos.interop.hf_verify import one_tensor, rotate_one
+from liepos.interop.hf_verify import one_tensor, rotate_one, sin_first
 
 __all__ = ["install", "release", "patched_models"]
 
@@ -34,7 +34,9 @@ def _rope_dispatcher(upstream: Any) -> Any:
         module = ACTIVE.get()
         if module is None:
             return upstream(q, k, *args, **kwargs)
-        return rotate_one(module._liepos, q, args, kwargs) if one_tensor(upstream) else module._liepos.rotate(q, k)
+        if one_tensor(upstream):
+            return rotate_one(module._liepos, q, args, kwargs, seq_first=sin_first(upstream) or None)
+        return module._liepos.rotate(q, k)
 
     vars(rope)["_liepos_upstream"] = upstream
     return rope

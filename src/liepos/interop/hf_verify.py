@@ -41,7 +41,7 @@ from liepos.diagnosis.probes import Probe
 from liepos.interop.families import FAMILIES, Family
 
 __all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove", "axis_of", "one_tensor",
-           "rotate_one"]
+           "rotate_one", "slices_query", "sin_first", "reach"]
 
 _APPLY = "apply_rotary_pos_emb"
 # an entry of a probe matrix below this is a zero (float32 cos/sin are exact to ~6e-8)
@@ -87,7 +87,9 @@ class Upstream:
         return one_tensor(self.apply)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any]:
-        """Upstream's apply on q and k ``(B, H, S, dims)``."""
+        """Upstream's apply on q and k ``(B, H, S, dims)`` with the rotary module's two outputs in its order."""
+        if sin_first(self.apply):  # (B, H, S, D) -> (B, S, H, D), as GPT-J's attention passes them, and back
+            return tuple(self.apply(x.transpose(1, 2), cos, sin).transpose(1, 2) for x in (q, k))
         if self.per_tensor:
             return self.apply(q, cos, sin), self.apply(k, cos, sin)
         return self.apply(q, k, cos, sin)[:2]
@@ -97,32 +99,46 @@ class Upstream:
 
         A layer type of the rope parameters that no layer of the config has is still built: the
         rotary module is made from a copy of the config whose ``layer_types`` include it."""
-        config = self.config
-        types = getattr(config, "layer_types", None)
-        if layer_type is not None and isinstance(types, list | tuple) and layer_type not in types:
-            config = copy.deepcopy(config)
-            config.layer_types = [*types, layer_type]
-        module = self.rotary(config)
+        module = self.rotary_for_module(layer_type)
         takes = inspect.signature(module.forward).parameters
         if layer_type is not None and "layer_type" in takes:
             return lambda x, ids: module(x, ids, layer_type=layer_type)
         return lambda x, ids: module(x, ids)
 
+    def rotary_for_module(self, layer_type: str | None) -> Any:
+        """A fresh rotary module for ``layer_type`` (see :meth:`rotary_for`)."""
+        config = self.config
+        types = getattr(config, "layer_types", None)
+        if layer_type is not None and isinstance(types, list | tuple) and layer_type not in types:
+            config = copy.deepcopy(config)
+            config.layer_types = [*types, layer_type]
+        return self.rotary(config)
+
 
 def one_tensor(apply: Callable[..., Any]) -> bool:
-    """Whether a rope function rotates one tensor, ``apply(x, cos, sin, unsqueeze_dim=1)`` (Gemma 3n/4)."""
+    """Whether a rope function rotates one tensor, ``apply(x, cos, sin, unsqueeze_dim=1)`` (Gemma 3n/4) or
+    ``apply(x, sin, cos)`` (GPT-J, CodeGen)."""
     names = getattr(getattr(apply, "__code__", None), "co_varnames", ())
-    return names[1:2] == ("cos",)
+    return names[1:2] in (("cos",), ("sin",))
 
 
-def rotate_one(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor:
+def sin_first(apply: Callable[..., Any]) -> bool:
+    """Whether a rope function is GPT-J's ``apply(x, sin, cos)``: one tensor, sequence-first ``(B, S, H, D)``,
+    its sin and cos of half the rotated dims (each repeated for a pair); its rotary module answers (sin, cos)."""
+    names = getattr(getattr(apply, "__code__", None), "co_varnames", ())
+    return names[1:3] == ("sin", "cos")
+
+
+def rotate_one(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+               seq_first: bool | None = None) -> torch.Tensor:
     """A patched layer's rope on the one tensor of ``apply(x, cos, sin, unsqueeze_dim=1)``: q and k take the
-    same call, which a rotation allows (its query and key sides agree); ``unsqueeze_dim=2``: x is
-    ``(batch, seq, heads, dim)``."""
+    same call, which a rotation allows (its query and key sides agree); ``unsqueeze_dim=2`` (or
+    ``seq_first``, GPT-J's apply): x is ``(batch, seq, heads, dim)``."""
     if layer.encoded and layer.sided:
         raise NotImplementedError(f"{layer.family.model_type}: the rope is applied per tensor, which does not say "
                                   f"query from key, and {layer.encoding!r} encodes them differently")
-    seq_first = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1) == 2
+    if seq_first is None:
+        seq_first = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1) == 2
     x = x.transpose(1, 2) if seq_first else x  # (B, S, H, D) -> (B, H, S, D)
     out, _ = layer.rotate(x, x)
     return out.transpose(1, 2) if seq_first else out
@@ -234,10 +250,10 @@ def _encoder(up: Upstream, layer_type: str | None, dims: int) -> Callable[[torch
 def _matrices(up: Upstream, layer_type: str | None, head_dim: int) -> tuple[torch.Tensor, bool, int]:
     """``F(t)`` ``(T, d, d)`` (``F[t, j, i]``) at :data:`_TIMES`, whether the apply takes only the rotary
     module's dims (the attention cuts the head), and those dims (the last dim of cos and sin)."""
-    times = torch.tensor(_TIMES)
+    times = _times(up, layer_type)
     x = torch.zeros(1, 1, 1, head_dim)
     cos, _ = up.rotary_for(layer_type)(x, times[None, :1])
-    rdim = int(cos.shape[-1])
+    rdim = int(cos.shape[-1]) * (2 if sin_first(up.apply) else 1)  # GPT-J's sin and cos: one entry per pair
     if rdim > head_dim:
         raise ValueError(f"the rotary module gives cos and sin of {rdim} dims but the head has {head_dim}")
     eye = torch.eye(head_dim, dtype=torch.float64)
@@ -251,6 +267,21 @@ def _matrices(up: Upstream, layer_type: str | None, head_dim: int) -> tuple[torc
             continue
         return rows.permute(1, 2, 0), splits, rdim  # (d, T, d) -> (T, d_out, d_in)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def reach(up: Upstream, layer_type: str | None) -> int | None:
+    """The positions a rotary module that looks its sin and cos up in a table (GPT-J's ``embed_positions``)
+    answers: the table's rows; None for one that computes them at any position."""
+    table = getattr(up.rotary_for_module(layer_type), "embed_positions", None)
+    return int(table.shape[0]) if isinstance(table, torch.Tensor) else None
+
+
+def _times(up: Upstream, layer_type: str | None) -> torch.Tensor:
+    """:data:`_TIMES` the rotary module answers (within a table's rows, the last row added)."""
+    rows = reach(up, layer_type)
+    if rows is None:
+        return torch.tensor(_TIMES)
+    return torch.tensor(sorted({t for t in _TIMES if t < rows} | {rows - 1}))
 
 
 def _pairs(F: torch.Tensor) -> dict[int, int]:
@@ -292,6 +323,8 @@ def structure(up: Upstream, layer_type: str | None, head_dim: int) -> Structure:
     partner = _pairs(F)
     if not partner:
         raise ValueError("the apply rotates no dim")
+    if not splits and r < max(partner) + 1 <= 2 * r <= head_dim:
+        r = 2 * r  # cos and sin of one entry per plane (the OpenAI privacy filter's pairs): the planes cover 2r dims
     layout = _layout(partner, r)
     lows = sorted(i for i, j in partner.items() if i < j)
     F1 = F[0]
@@ -407,6 +440,49 @@ def axis_of(up: Upstream, layer_type: str | None, s: Structure, axes: int) -> tu
     return tuple(owners)
 
 
+def _sub_rope(up: Upstream) -> str | None:
+    """Why a wrapper whose own config carries no rope (a CTC head over an encoder, an audio tower) is
+    refused: the sub-configs that carry one, whose model is the one to patch; None otherwise."""
+    if getattr(up.config, "rope_parameters", None) is not None:
+        return None
+    subs = sorted(f"{name} ({sub.model_type})" for name, sub in vars(up.config).items()
+                  if hasattr(sub, "model_type") and getattr(sub, "rope_parameters", None) is not None)
+    where = (f"; its sub-config {', '.join(subs)} does: patch the model built from it" if subs else "")
+    return (f"its config {type(up.config).__name__} carries no rope parameters, so the rotary module "
+            f"{up.rotary.__name__} cannot be built from it{where}")
+
+
+def _patch_positions(up: Upstream, layer_type: str | None) -> str | None:
+    """Why a vision tower's rope is refused, when its rotary module reads one (h, w) pair per patch
+    (``position_ids`` ``(patches, 2)``) and not a sequence of positions; None otherwise."""
+    try:
+        x = torch.zeros(1, 1, 1, _head_dim(up.config, layer_type))
+        cos = up.rotary_for(layer_type)(x, torch.zeros(5, 2, dtype=torch.long))[0]
+    except Exception:  # noqa: BLE001 - not a patch rope: the probe's own error is the reason
+        return None
+    if cos.dim() != 2 or cos.shape[0] != 5:  # (5, 2, d): a 1-D rope broadcast over the pair, not a patch rope
+        return None
+    vision = sorted(n for n in vars(up.modeling) if n.startswith(_APPLY) and n != _APPLY)
+    calls = f", and its attention calls {', '.join(vision)}" if vision else ""
+    return (f"its rotary module {up.rotary.__name__} reads one (h, w) position pair per patch (position_ids of shape "
+            f"(patches, 2), cos of shape {tuple(cos.shape)}){calls}: a 2-D rope over image patches, whose positions "
+            "the vision model computes from its grid, which patch_model does not reproduce (it patches a "
+            "rope over token positions)")
+
+
+def slices_query(up: Upstream, layer_type: str | None, s: Structure) -> bool:
+    """Whether upstream's apply, given one query and three keys with the keys' cos and sin, returns one
+    query rotated at the last position (q and k of different lengths) rather than refusing or broadcasting."""
+    dims = s.rotated if s.splits else s.head_dim
+    q, k = torch.randn(1, 1, 1, dims), torch.randn(1, 1, 3, dims)
+    cos, sin = up.rotary_for(layer_type)(k, torch.arange(3)[None])
+    try:
+        out, _ = up.rotate(q, k, cos, sin)
+    except (RuntimeError, ValueError, IndexError):
+        return False  # lengths must agree: the usual apply
+    return tuple(out.shape[-2:]) == (1, dims)
+
+
 def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_axes: bool = False) -> Family:
     """The facts of an unknown family, probed from its modeling code (a :class:`Family` row marked verified).
 
@@ -419,7 +495,12 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
     try:
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
-        raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
+        why = _patch_positions(up, lt) or _sub_rope(up) or f"probing {up.modeling.__name__}.{_APPLY}: {err}"
+        raise ValueError(_refusal(model_type, why, False)) from None
+    if not up.per_tensor and slices_query(up, lt, s):
+        raise ValueError(_refusal(model_type, f"{up.modeling.__name__}.{_APPLY} rotates a query shorter than its keys "
+                                              "at the keys' last positions (a drafter whose keys carry a context "
+                                              "the queries lack), which liepos' layers do not follow", False))
     axes = 1 if ignore_axes else _axes_read(up, lt)
     owners: tuple[int, ...] = ()
     if axes > 1:
@@ -433,8 +514,10 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         raise ValueError(_refusal(model_type, f"its layer types {lt!r} and {others[0]!r} differ in how many "
                                               "position axes their rotary module reads (M-RoPE)", False))
     if s.splits and model is None:
+        what = ("its rope is GPT-J's (apply(x, sin, cos) on the first rotary_dim dims, in pairs (2k, 2k + 1)): "
+                if sin_first(up.apply) else "")
         raise ValueError(_refusal(
-            model_type, f"its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
+            model_type, f"{what}its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
             "ones is the attention's code, not the rope's; patch_model(model) verifies it with the model at hand", False))
     module = up.modeling.__name__.split(".")[-2]
     return Family(model_type, module, (), layout=s.layout, default_partial=s.rotated < s.head_dim,
@@ -460,6 +543,46 @@ def _calls(cls: type, name: str) -> bool:
     return code is not None and name in code.co_names
 
 
+def _number_layers(callers: list[Any], config: Any) -> None:
+    """Give the attention modules of an encoder that numbers none (GTE, NomicBERT, ESM C: no cache, no layer types)
+    their index in the model's order, as ``layer_idx`` (what liepos' layers key their state by); a
+    model with layer types, or a cache-using model, numbers its own and is left as it is."""
+    bare = [m for m in callers if getattr(m, "layer_idx", None) is None]  # none, or None (ESM C)
+    if bare and len(bare) == len(callers) and not getattr(config, "layer_types", None) \
+            and not getattr(config, "is_decoder", False) and all(getattr(m, "is_causal", True) is False for m in bare):
+        for i, m in enumerate(bare):
+            m.layer_idx = i
+
+
+def _own_classes(up: Upstream, callers: list[Any], model_type: str) -> list[str]:
+    """The attention classes of ``callers`` that belong to ``model_type``'s config: a tower of a composite
+    with a config of its own (an audio encoder beside the text decoder, in the same modeling file)
+    keeps upstream's rope, its frequencies are its own config's. A class that serves both is kept
+    where the other config's rotary module gives the same cos and sin at every probe position (one
+    rope, proven once), else refused."""
+    def owner(m: Any) -> Any:
+        return getattr(getattr(m, "config", None), "model_type", model_type)
+
+    mine = {type(m).__name__ for m in callers if owner(m) == model_type}
+    for m in callers:
+        if type(m).__name__ in mine and owner(m) != model_type and not _same_rope(up, m.config):
+            raise ValueError(_refusal(model_type, f"its attention class {type(m).__name__} serves both the "
+                                                  f"{model_type!r} layers and the {owner(m)!r} layers, whose rotary "
+                                                  "module gives other cos and sin", False))
+    return sorted(mine)
+
+
+def _same_rope(up: Upstream, other: Any) -> bool:
+    """Whether ``up``'s rotary class built from the config ``other`` answers as from ``up.config``."""
+    x = torch.zeros(1, 1, 1, _head_dim(up.config, None))
+    ids = torch.tensor([sorted({0, 1, 5, 31, 127, 4093})])
+    try:
+        got, want = up.rotary(other)(x, ids), up.rotary(up.config)(x, ids)
+    except Exception:  # noqa: BLE001 - a config the rotary class cannot read is not the same rope
+        return False
+    return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def patch_family(model: Any, config: Any) -> Family:
     """:func:`verified_family` plus the attention classes of ``model`` that call the module's apply."""
     model_type = getattr(config, "model_type", None)
@@ -474,9 +597,12 @@ def patch_family(model: Any, config: Any) -> Family:
         raise ValueError(_refusal(model_type, f"its text rotary modules are {', '.join(others)}, not the "
                                               f"{up.rotary.__name__} the probe proved", False))
     modeling = importlib.import_module(family.modeling)
-    classes = sorted({type(m).__name__ for m in model.modules()
-                      if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
-                      and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)})
+    callers = [m for m in model.modules()
+               if type(m).__module__ == modeling.__name__ and _calls(type(m), _APPLY)
+               and getattr(_forward(type(m)), "__globals__", None) is vars(modeling)]
+    _number_layers(callers, config)
+    callers = [m for m in callers if getattr(m, "layer_idx", None) is not None]  # a helper module (a compressor)
+    classes = _own_classes(up, callers, model_type)
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
@@ -552,7 +678,9 @@ def _prove_one(up: Upstream, lt: str | None, read: Any, s: Structure, L0: int) -
     tau2 = max(s.tau2) if s.tau2 else 1.0
     dims = s.rotated if s.splits else s.head_dim
     axes = read.encoding.generator.num_axes
+    rows = reach(up, lt)
     for pos in _positions(L0):
+        pos = [t for t in pos if rows is None or t < rows]  # a table's rows: upstream answers no other position
         p = torch.tensor(pos)
         if axes is not None:  # M-RoPE: every axis at its own positions (a shuffle of them), the first in order
             p = _per_axis(p, axes, gen)
