@@ -55,3 +55,25 @@ def test_encoder_without_layer_numbers_patched_equals_unpatched(model_type):
         assert float((unrotated - want).abs().max() / want.abs().max()) > 1e-3
     finally:
         unpatch_model(model)
+
+
+def _attention_layers(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+
+
+def test_unpatch_and_a_refusal_take_the_layer_numbers_back():
+    """The numbers patch_model gives an encoder's attention are part of the patch: unpatch_model takes them
+    back, and so does a patch refused after the family check numbered the layers."""
+    cfg = AutoConfig.for_model("gte", **TINY)
+    cfg._attn_implementation = "eager"
+    model = AutoModel.from_config(cfg).eval()
+    patch_model(model)
+    assert all(isinstance(m.layer_idx, int) for m in _attention_layers(model))
+    unpatch_model(model)
+    assert not any(hasattr(m, "layer_idx") for m in _attention_layers(model))
+    import liepos as lp
+
+    with pytest.raises(ValueError, match="layer type"):
+        patch_model(model, {"sliding_attention": lp.rope(16)})  # no layer of the model has that type
+    assert not any(hasattr(m, "layer_idx") for m in _attention_layers(model))
+    assert not any("_liepos" in vars(m) for m in model.modules())

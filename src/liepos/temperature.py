@@ -124,13 +124,13 @@ class SwanLengthScaling(Temperature):
     liepos implements exactly the formula above, the paper's "dynamic, logarithmic scaling of attention
     logits" in the common log-n form (there is no reference package, and the paper's own equation was not
     available to check its constants against): with ``α = 1 / ln L_train`` it is ``log(t + 1) / log L_train``
-    clipped at 1, the log-n query scaling of Qwen's ``logn_attn``. ``t + 1`` is the length of the context the query at time ``t`` closes (the number of
-    keys it sees on a causal global layer), ``log`` is the natural logarithm, and the factor is 1 — the
-    trained model unchanged — up to ``t + 1 = L_train`` and grows as ``α log`` of the extrapolation ratio
-    after it (continuous at ``L_train``). ``α ≥ 0``; ``α = 0`` is no scaling; a logarithm to another base
-    is the same factor with ``α / ln(base)``. Computed in float64 from the
-    query's absolute time, never from a cache origin, so it is exact through a :class:`~liepos.KVCache` and
-    through re-centring.
+    clipped at 1, the log-n query scaling of Qwen's ``logn_attn``. ``t + 1`` is the length of the context the
+    query at time ``t`` closes (the number of keys it sees on a causal global layer), ``log`` is the natural
+    logarithm, and the factor is 1 — the trained model unchanged — up to ``t + 1 = L_train`` and grows as
+    ``α log`` of the extrapolation ratio after it (continuous at ``L_train``). ``α ≥ 0``; ``α = 0`` is no scaling;
+    a logarithm to another base is the same factor with ``α / ln(base)``. Computed in float64 from the query's
+    absolute time, never from a cache origin, so it is exact through a :class:`~liepos.KVCache` and through
+    re-centring.
 
     >>> import torch, math
     >>> T = SwanLengthScaling(alpha=0.5, train_length=4)

@@ -53,7 +53,7 @@ from liepos.interop.hf_modeling_hooks import install, release
 from liepos.interop.hf_packed import documents
 from liepos.interop.hf_raw import raw_attention
 from liepos.interop.hf_state import Layer, Length, Positions
-from liepos.interop.hf_verify import patch_family
+from liepos.interop.hf_verify import patch_family, unnumber_layers
 from liepos.interop.rope_types import times_logit
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -397,6 +397,15 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
             f"encoding must be a liepos.Encoding, a dict of them by layer type, or None, got {type(encoding).__name__}"
         )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    try:  # a refusal leaves the model as it was, the layer numbers the family check gave included
+        return _patch(model, config, encoding, precision)
+    except BaseException:
+        if not any("_liepos" in m.__dict__ for m in model.modules()):  # refused before any layer was patched
+            unnumber_layers(model)
+        raise
+
+
+def _patch(model: Any, config: Any, encoding: Any, precision: str) -> Any:
     family = _family(model, config)
     read = read_hf(config, precision=precision, family=family) if encoding is None else encoding
     modules = [m for m in model.modules() if type(m).__name__ in family.attention and getattr(m, "use_rope", True)]
@@ -454,6 +463,7 @@ def unpatch_model(model: Any) -> Any:
                 m.__dict__.pop("forward", None)
                 m.__dict__.pop(attr)
     model.__dict__.pop("_liepos_positions", None)
+    unnumber_layers(model)
     restore(model)  # the attention implementation each config named before
     release(model)  # the modeling files' own functions back once no patched model needs them
     return model

@@ -40,8 +40,8 @@ import torch
 from liepos.diagnosis.probes import Probe
 from liepos.interop.families import FAMILIES, Family
 
-__all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove", "axis_of", "one_tensor",
-           "rotate_one", "slices_query", "sin_first", "reach"]
+__all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "unnumber_layers", "prove",
+           "axis_of", "one_tensor", "rotate_one", "slices_query", "sin_first", "reach"]
 
 _APPLY = "apply_rotary_pos_emb"
 # an entry of a probe matrix below this is a zero (float32 cos/sin are exact to ~6e-8)
@@ -551,7 +551,23 @@ def _number_layers(callers: list[Any], config: Any) -> None:
     if bare and len(bare) == len(callers) and not getattr(config, "layer_types", None) \
             and not getattr(config, "is_decoder", False) and all(getattr(m, "is_causal", True) is False for m in bare):
         for i, m in enumerate(bare):
-            m.layer_idx = i
+            m.__dict__[_NUMBERED] = ("layer_idx" in m.__dict__, m.__dict__.get("layer_idx"))  # what it had
+            m.layer_idx = i  # unnumber_layers takes it back (a refusal, unpatch_model)
+
+
+_NUMBERED = "_liepos_numbered"
+
+
+def unnumber_layers(model: Any) -> None:
+    """Take back the ``layer_idx`` that :func:`patch_family` gave an encoder's attention modules: a refused
+    patch and :func:`~liepos.interop.patch_model`'s undo leave the model as it was."""
+    for m in model.modules():
+        if _NUMBERED in m.__dict__:
+            had, old = m.__dict__.pop(_NUMBERED)
+            if had:
+                m.layer_idx = old
+            else:
+                del m.layer_idx
 
 
 def _own_classes(up: Upstream, callers: list[Any], model_type: str) -> list[str]:
