@@ -1,4 +1,4 @@
-"""One-pass elementwise kernels — compiled by Inductor, or native C — with the plain torch ops as their fallback.
+"""One-pass elementwise kernels — compiled by Inductor, or native C++ ops — with the plain torch ops as their fallback.
 
 The half layout rotates planes (k, k + P)::
 
@@ -21,15 +21,19 @@ wider output) the compiled kernel runs in slabs of the leading axes of about :da
 Native kernels (CPU): :func:`apply_terms`, the whole transform of a Jordan-coupled encoding as a sum of
 column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
 :func:`liepos._fast._terms`), and the half-layout rotation (in place and out of place; the Inductor loop
-runs it where the native kernels do not: CUDA, no C compiler). Each variant is a small C file
-generated with its constants (dtype, width, offsets, masks), compiled by the system C compiler at its
-first use (about 0.15 s; never at import), cached on disk (:data:`CACHE_ENV`: a directory of this user
-that nobody else can write, created 0700; every library verified against its SHA-256 sidecar before it
-is loaded, a truncated or foreign file rebuilt with one warning) and called through ``ctypes``; x of
-float32, float64, bfloat16 or float16 is read and written directly (half precision
-computed in float32 in registers and rounded as torch rounds).
+runs it where the native kernels do not: CUDA, no C++ compiler). Both are ``torch.library`` CPU ops
+(``torch.ops.liepos_native.terms``/``halves`` and their in-place forms ``terms_``/``halves_``, the written
+tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, the constants of a variant passed at
+run time) whose rows run in parallel on torch's own intra-op thread pool (``at::parallel_for``; the library
+links no OpenMP runtime of its own). They are built by ``torch.utils.cpp_extension`` — which needs a C++
+compiler (``$CXX``, else ``c++``) and ``ninja`` — once per source, torch, compiler (path and version) and
+CPU, at the first use (never at import; the first use builds once, tens of seconds, under cpp_extension's
+file lock), into a build directory of this user that nobody else can write (:data:`CACHE_ENV`; created
+0700, the library verified against its SHA-256 sidecar before it is loaded, a truncated or foreign file
+rebuilt with one warning); x of float32, float64, bfloat16 or float16 is read and written directly (half
+precision computed in float32 in registers and rounded as torch rounds).
 
-Compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a
+The Inductor loop is compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a
 new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
 variant gets its own code object, hence its own dynamo cache and recompile limit.
 
@@ -37,9 +41,9 @@ The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
 
 * ``LIEPOS_KERNELS=0`` (also ``false``/``off``/``no``) is set — logged once at INFO;
 * the device is neither CPU nor CUDA, or ``torch._dynamo``/``torch._inductor`` cannot be imported;
-* compiling a variant fails (no C/C++ compiler, no Triton, an unwritable cache, …) — warned once with
-  the reason, and that variant is never tried again; a kernel cache others could write into (a symlink,
-  another owner, group- or world-writable) is refused with one warning, never used;
+* compiling a variant fails (no Triton, …), or the native ops cannot be built (no C++ compiler, no ninja,
+  an unwritable cache) — warned once naming the reason, and never tried again; a kernel cache others could
+  write into (a symlink, another owner, group- or world-writable) is refused with one warning, never used;
 * the input is small (under :data:`MIN_ELEMS` elements: a compiled call costs ~30 µs of guards and
   wrappers, more than the torch ops on a decode step; the terms kernel, whose fallback is one
   ``addcmul_`` per coupling pair, runs at any size, :data:`MIN_ELEMS_TERMS`) or not in a layout the
@@ -61,6 +65,7 @@ import shutil
 import stat
 import subprocess
 import threading
+import time
 import types
 import warnings
 from collections.abc import Callable
@@ -70,12 +75,12 @@ from typing import Any
 import torch
 
 __all__ = [
-    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "apply_terms", "enabled", "off", "rotate_halves",
-    "status",
+    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "apply_terms", "enabled", "library", "off",
+    "rotate_halves", "status",
 ]
 
 ENV = "LIEPOS_KERNELS"
-# where the native (C) kernels are cached on disk (default: $XDG_CACHE_HOME/liepos/kernels or ~/.cache/…)
+# where the native ops are built (default: $XDG_CACHE_HOME/liepos/kernels or ~/.cache/…), one directory per build key
 CACHE_ENV = "LIEPOS_KERNEL_CACHE"
 # below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers
 # (measured: 31 µs compiled vs 16 µs eager for one (1, 1, 1, 128) row on the 2-core CPU)
@@ -286,6 +291,7 @@ _NAME = "liepos_native"
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686")
 _FLAGS = ((("-O3", "-march=native", "-mprefer-vector-width=256") if _X86 else ("-O3", "-mcpu=native")) + ("-fopenmp",),
           ("-O3",))
+STALE_LOCK_S = 1800  # a build lock older than this was left by a killed build
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _MAX_WIDTH = 4096  # the kernels keep a row on the stack
 # the terms kernel runs in tiles of TILE positions (all heads of a tile in turn) when x is larger than this
@@ -426,6 +432,7 @@ def _build() -> Path:
         for entry in os.scandir(d):
             if entry.is_symlink() and entry.path != str(lib):
                 os.unlink(entry.path)  # the directory is private: a link is never followed
+        _clear_stale_lock(d)
         if _verified(lib) is False:
             _say_once(f"rebuilt:{lib}", f"liepos: the built kernel library {str(lib)!r} is not the library liepos built "
                       f"(a truncated, foreign or unverifiable file): rebuilt", True)
@@ -447,6 +454,18 @@ def _build() -> Path:
         os.replace(side, lib.with_suffix(".sha256"))
         return lib
     raise RuntimeError("building the native kernels failed: " + " | ".join(errors))
+
+
+def _clear_stale_lock(d: Path) -> None:
+    """cpp_extension's lock file left by a build that was killed (a live build holds it for well under
+    :data:`STALE_LOCK_S`) makes every later process wait for it forever: removed, with one warning."""
+    lock = d / "lock"
+    with contextlib.suppress(FileNotFoundError):
+        age = time.time() - os.lstat(lock).st_mtime
+        if age > STALE_LOCK_S:
+            _say_once(f"lock:{d}", f"liepos: removed the build lock {str(lock)!r}, {age:.0f} s old (a build was killed)",
+                      True)
+            os.unlink(lock)
 
 
 def _ops() -> Any:
