@@ -20,7 +20,7 @@
 
 namespace {
 
-constexpr int64_t kMaxWidth = 4096;  // a row is kept on the stack
+constexpr int64_t kMaxWidth = 4096;  // the widest row taken
 constexpr int64_t kGrainElems = 32768;  // at least this many elements of x per task
 
 // loads and stores: half precision as float, rounded to nearest even (NaN -> quiet NaN), as torch does
@@ -54,26 +54,39 @@ inline void st(float& out, float f) { out = f; }
 inline double ld(double v) { return v; }
 inline void st(double& out, double f) { out = f; }
 
-template <typename X> struct Work { using type = float; };
-template <> struct Work<double> { using type = double; };
+template <typename X> struct Work { using type = float; using mask = int32_t; };
+template <> struct Work<double> { using type = double; using mask = int64_t; };
 
 int64_t stride_or_zero(const at::Tensor& t, int64_t i) { return t.size(i) > 1 ? t.stride(i) : 0; }
 
 // rows in tiles of `tile` positions, every head of a tile before the next: a table row shared by the heads is
-// read from memory once and from L1/L2 by the others (tile = S: head after head). body(b, h, s) per row.
+// read from memory once and from L1/L2 by the others (tile = S: head after head). The items (b, tile, h) are
+// split over torch's intra-op threads; each task runs its items [lo, hi) in one call of a kernel's chunk function.
+struct Rows {
+  int64_t H, S, tiles, tile;
+  int64_t xb, xh, xs, yb, yh, ys, tb, th, ts;  // strides (0 on a broadcast axis) of x, out and the tables
+};
+
+// the rows of items [lo, hi): (x offset, out offset, table offset) of each, in order
+#define FOR_ROWS(g, lo, hi, xo, yo, to)                                                                        \
+  for (int64_t i_ = (lo); i_ < (hi); i_++)                                                                       \
+    for (int64_t h_ = i_ % (g).H, s0_ = (i_ / (g).H) % (g).tiles * (g).tile, b_ = i_ / ((g).H * (g).tiles),       \
+                 s_ = s0_, s1_ = std::min((g).S, s0_ + (g).tile);                                                \
+         s_ < s1_; s_++)                                                                                         \
+      if (const int64_t xo = b_ * (g).xb + h_ * (g).xh + s_ * (g).xs, yo = b_ * (g).yb + h_ * (g).yh + s_ * (g).ys, \
+          to = b_ * (g).tb + h_ * (g).th + s_ * (g).ts;                                                          \
+          true)
+
 template <typename F>
-void tiled_rows(int64_t B, int64_t H, int64_t S, int64_t D, int64_t tile, const F& body) {
+void tiled_rows(const at::Tensor& x, const at::Tensor& out, const at::Tensor& table, int64_t tile, const F& chunk) {
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
   tile = std::max<int64_t>(1, std::min(tile, std::max<int64_t>(S, 1)));
-  const int64_t tiles = (S + tile - 1) / tile;
-  const int64_t items = B * tiles * H;
+  const Rows g{H, S, (S + tile - 1) / tile, tile,
+               stride_or_zero(x, 0), stride_or_zero(x, 1), stride_or_zero(x, 2),
+               stride_or_zero(out, 0), stride_or_zero(out, 1), stride_or_zero(out, 2),
+               stride_or_zero(table, 0), stride_or_zero(table, 1), stride_or_zero(table, 2)};
   const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, tile * D));
-  at::parallel_for(0, items, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; i++) {
-      const int64_t h = i % H, s0 = (i / H) % tiles * tile, b = i / (H * tiles);
-      const int64_t s1 = std::min(S, s0 + tile);
-      for (int64_t s = s0; s < s1; s++) body(b, h, s);
-    }
-  });
+  at::parallel_for(0, B * g.tiles * H, grain, [&](int64_t lo, int64_t hi) { chunk(g, lo, hi); });
 }
 
 void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t width) {
@@ -87,17 +100,16 @@ void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t width) {
 }
 
 // ------------------------------------------------------------------------------------------------ terms
-// x is copied into a zero-padded row first, so out may be x (in place) and no read leaves the row; each column
-// is accumulated in the work type by fused multiply-adds (one rounding per term; a masked lane keeps the sum)
-// one row, a function of its own so that its pointers are restrict-qualified parameters (GCC honours restrict on
-// parameters) and every constant a value in a register: the column loop vectorises as with compile-time constants
-template <typename X, typename W, int64_t J>
-__attribute__((noinline)) void terms_row(const X* __restrict__ xr, X* __restrict__ yr, const W* __restrict__ tr,
-                                         int64_t tj, const int64_t* __restrict__ off, const uint8_t* __restrict__ mask,
-                                         int64_t nj, int64_t D, int64_t pl, int64_t pr) {
-  const int64_t n = J > 0 ? J : nj;
-  W row[3 * kMaxWidth];
-  W* __restrict__ xpad = row + pl;
+// One row, a function of its own so that its pointers are restrict-qualified parameters (GCC honours restrict on
+// parameters) and every constant a value in a register; the common widths (DC) and term counts (J) with constant
+// trip counts. The row of x is copied into the zero-padded scratch row of the task first, so out may be x (in
+// place) and no read leaves the row. Each column is accumulated in the work type by fused multiply-adds (one
+// rounding per term; a masked lane keeps the sum).
+template <typename X, typename W, typename M, int64_t J, int64_t DC>
+__attribute__((noinline)) void terms_row(const X* xr, X* yr, const W* __restrict__ tr, int64_t tj,
+                                         const int64_t* __restrict__ off, const M* __restrict__ mask, int64_t nj,
+                                         int64_t dn, int64_t pl, int64_t pr, W* __restrict__ xpad) {
+  const int64_t n = J > 0 ? J : nj, D = DC > 0 ? DC : dn;
   int64_t o[J > 0 ? J : 1];
   if (J > 0)
     for (int64_t j = 0; j < n; j++) o[j] = off[j];
@@ -115,37 +127,57 @@ __attribute__((noinline)) void terms_row(const X* __restrict__ xr, X* __restrict
   }
 }
 
-template <typename X, int64_t J>
+template <typename X, typename W, typename M, int64_t J, int64_t DC>
+void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off, const M* mask, int64_t nj,
+                 int64_t D, int64_t pl, int64_t pr, const Rows& g, int64_t lo, int64_t hi) {
+  std::vector<W> buf(pl + D + pr + 1 + 64 / sizeof(W));
+  const auto at = reinterpret_cast<uintptr_t>(buf.data());
+  W* row = reinterpret_cast<W*>((at + 63) / 64 * 64);  // 64-byte aligned
+  FOR_ROWS(g, lo, hi, xo, yo, to) {
+    terms_row<X, W, M, J, DC>(xp + xo, yp + yo, tp + to, tj, off, mask, nj, D, pl, pr, row + pl);
+  }
+}
+
+template <typename X, int64_t J, int64_t DC>
 void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
                 int64_t tile, at::Tensor& out) {
   using W = typename Work<X>::type;
-  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+  using M = typename Work<X>::mask;  // the masks as integers of the work type's width: a select needs no widening
+  const int64_t D = x.size(3);
+  const std::vector<M> wide(mask, mask + nj * D);
   int64_t pl = 0, pr = 0;
   for (int64_t j = 0; j < nj; j++) {
     pl = std::max(pl, -off[j]);
     pr = std::max(pr, off[j]);
   }
-  TORCH_CHECK(pl + D + pr + 1 <= 3 * kMaxWidth, "liepos_native: offsets reach too far");
+  TORCH_CHECK(pl <= kMaxWidth && pr <= kMaxWidth, "liepos_native::terms: offsets beyond ", kMaxWidth);
   const X* xp = x.const_data_ptr<X>();
   X* yp = out.mutable_data_ptr<X>();
   const W* tp = t.const_data_ptr<W>();
-  const int64_t xb = stride_or_zero(x, 0), xh = stride_or_zero(x, 1), xs = stride_or_zero(x, 2);
-  const int64_t yb = stride_or_zero(out, 0), yh = stride_or_zero(out, 1), ys = stride_or_zero(out, 2);
-  const int64_t tb = stride_or_zero(t, 0), th = stride_or_zero(t, 1), ts = stride_or_zero(t, 2), tj = t.stride(3);
-  tiled_rows(B, H, S, D, tile, [&](int64_t b, int64_t h, int64_t s) {
-    terms_row<X, W, J>(xp + b * xb + h * xh + s * xs, yp + b * yb + h * yh + s * ys, tp + b * tb + h * th + s * ts,
-                       tj, off, mask, nj, D, pl, pr);
+  const int64_t tj = t.stride(3);
+  tiled_rows(x, out, t, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
+    terms_chunk<X, W, M, J, DC>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
   });
+}
+
+template <typename X, int64_t J>
+void terms_width(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
+                 int64_t tile, at::Tensor& out) {
+  switch (x.size(3)) {  // the common head widths with a constant trip count
+    case 64: return terms_rows<X, J, 64>(x, t, off, mask, nj, tile, out);
+    case 128: return terms_rows<X, J, 128>(x, t, off, mask, nj, tile, out);
+    default: return terms_rows<X, J, 0>(x, t, off, mask, nj, tile, out);
+  }
 }
 
 template <typename X>
 void terms_typed(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
                  int64_t tile, at::Tensor& out) {
   switch (nj) {  // the common term counts with a constant trip count
-    case 2: return terms_rows<X, 2>(x, t, off, mask, nj, tile, out);
-    case 3: return terms_rows<X, 3>(x, t, off, mask, nj, tile, out);
-    case 4: return terms_rows<X, 4>(x, t, off, mask, nj, tile, out);
-    default: return terms_rows<X, 0>(x, t, off, mask, nj, tile, out);
+    case 2: return terms_width<X, 2>(x, t, off, mask, nj, tile, out);
+    case 3: return terms_width<X, 3>(x, t, off, mask, nj, tile, out);
+    case 4: return terms_width<X, 4>(x, t, off, mask, nj, tile, out);
+    default: return terms_rows<X, 0, 0>(x, t, off, mask, nj, tile, out);
   }
 }
 
@@ -185,31 +217,33 @@ void terms_inplace(at::Tensor x, const at::Tensor& t, at::IntArrayRef offsets, c
 // ------------------------------------------------------------------------------------------------ halves
 // iteration k reads and writes only k and k + P, so the loop has no carried dependence even when out is x
 template <typename X, typename W, int64_t PC>
-__attribute__((noinline)) void halves_row(const X* xr, X* yr, const W* __restrict__ cr, const W* __restrict__ sr,
-                                          int64_t pn) {
+__attribute__((noinline)) void halves_chunk(const X* xp, X* yp, const W* __restrict__ cp, const W* __restrict__ sp,
+                                            int64_t pn, const Rows g, int64_t lo, int64_t hi) {
   const int64_t P = PC > 0 ? PC : pn;
+  FOR_ROWS(g, lo, hi, xo, yo, to) {
+    const X* xr = xp + xo;
+    X* yr = yp + yo;
+    const W* __restrict__ cr = cp + to;
+    const W* __restrict__ sr = sp + to;
 #pragma GCC ivdep
-  for (int64_t k = 0; k < P; k++) {
-    W x0 = ld(xr[k]), x1 = ld(xr[k + P]);
-    st(yr[k], cr[k] * x0 - sr[k] * x1);
-    st(yr[k + P], sr[k] * x0 + cr[k] * x1);
+    for (int64_t k = 0; k < P; k++) {
+      W x0 = ld(xr[k]), x1 = ld(xr[k + P]);
+      st(yr[k], cr[k] * x0 - sr[k] * x1);
+      st(yr[k + P], sr[k] * x0 + cr[k] * x1);
+    }
   }
 }
 
 template <typename X, int64_t PC>
 void halves_rows(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn, int64_t tile, at::Tensor& out) {
   using W = typename Work<X>::type;
-  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), P = x.size(3) / 2;
+  const int64_t P = x.size(3) / 2;
   const X* xp = x.const_data_ptr<X>();
   X* yp = out.mutable_data_ptr<X>();
   const W* cp = c.const_data_ptr<W>();
   const W* sp = sn.const_data_ptr<W>();
-  const int64_t xb = stride_or_zero(x, 0), xh = stride_or_zero(x, 1), xs = stride_or_zero(x, 2);
-  const int64_t yb = stride_or_zero(out, 0), yh = stride_or_zero(out, 1), ys = stride_or_zero(out, 2);
-  const int64_t tb = stride_or_zero(c, 0), th = stride_or_zero(c, 1), ts = stride_or_zero(c, 2);
-  tiled_rows(B, H, S, 2 * P, tile, [&](int64_t b, int64_t h, int64_t s) {
-    const int64_t to = b * tb + h * th + s * ts;
-    halves_row<X, W, PC>(xp + b * xb + h * xh + s * xs, yp + b * yb + h * yh + s * ys, cp + to, sp + to, P);
+  tiled_rows(x, out, c, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
+    halves_chunk<X, W, PC>(xp, yp, cp, sp, P, g, lo, hi);
   });
 }
 
