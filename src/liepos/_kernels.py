@@ -474,14 +474,14 @@ def _ops() -> Any:
     if "library" in _native:
         return torch.ops.liepos_native
     with _lock:
-        if "library" in _native or "native" in _failed:
+        if "library" in _native or ("native",) in _failed:
             return torch.ops.liepos_native if "library" in _native else None
         try:
             lib = _build()
             _register_fakes()
             _native["library"] = lib
         except Exception as err:  # no compiler or ninja, a compiler error, an unsafe or unwritable cache
-            _failed["native"] = repr(err)[:500]
+            _failed[("native",)] = repr(err)[:500]
             if isinstance(err, UnsafeCacheError):
                 _say_once("cache", f"liepos: no native kernels, using the torch ops: {err}", True)
             else:
