@@ -62,10 +62,12 @@ SMALL: dict[str, Any] = dict(
 )
 # sizes of the fields a config already has (vision towers), never passed as new attributes
 FIELDS: dict[str, Any] = dict(depth=2, embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
-                              encoder_layers=2, decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128)
+                              encoder_layers=2, decoder_layers=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                              upsample_groups=64)  # a depthwise convolution over hidden_size channels (Mimi)
 # per-family facts a tiny model needs beyond SMALL
 _MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
             v_head_dim=16)
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 EXTRA: dict[str, dict[str, Any]] = {
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
     **{t: _MLA for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "glm4_moe_lite", "glm_moe_dsa",
@@ -76,6 +78,17 @@ EXTRA: dict[str, dict[str, Any]] = {
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
                  ffn_config={"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2}),
     "qwen3_next": dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"]),
+    # hybrids whose layer list has no default for a shrunk depth: one recurrent layer, one attending
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"]),
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], use_mem_rope=True),
+    "bamba": dict(attn_layer_indices=[1]),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+    # per-layer-type rope parameters for the layer types of the shrunk depth
+    "cohere_compass_text": dict(rope_parameters={"full_attention": _ROPE}),
+    "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0),
+    # the sparse-attention indexer's sizes (no defaults)
+    "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
+                           indexer_compress_ratio=4),
 }
 # per-layer lists of the full-size config, dropped before shrinking (rebuilt for the new depth)
 _PER_LAYER = ("layer_types", "no_rope_layers", "mlp_only_layers", "sliding_window_pattern", "block_types",
@@ -172,13 +185,15 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
     """``config`` with ``small`` (and ``extra``) over every sub-config that has those fields."""
     for name, sub in list(vars(config).items()):  # vars: per-layer attributes raise on getattr
         if _is_config(sub):  # text_config, vision_config, encoder, decoder, ...
-            setattr(config, name, _shrunk(sub, small, {}))
+            setattr(config, name, _shrunk(sub, small, EXTRA.get(sub.model_type, {})))  # its own row's facts too
     d = config.to_dict()
     for key in _PER_LAYER:
         d.pop(key, None)
     d.update({k: v for k, v in {**FIELDS, **small}.items() if k in d and k != "rope_parameters"})
     rope, want = d.get("rope_parameters"), small.get("rope_parameters")
-    if isinstance(rope, dict) and "mrope_section" in rope and want:  # M-RoPE sections that fit the tiny head
+    mrope = "mrope_section" in rope if isinstance(rope, dict) else False
+    mrope = mrope or "mrope_section" in (getattr(config, "ignore_keys_at_rope_validation", None) or ())
+    if isinstance(rope, dict) and mrope and want:  # M-RoPE sections that fit the tiny head (default ones too)
         d["rope_parameters"] = dict(rope, mrope_section=want["mrope_section"])
     d.update(extra)
     d.pop("model_type", None)
@@ -482,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--update needs --only MODEL_TYPE ...")
         full = json.loads(out.with_suffix(".json").read_text())
         kept, t0 = full["rows"], t0 - full["seconds"]  # the time of the full run, plus this one's
-    meta = dict(command="OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_coverage.py" + (" --quick" if args.quick else ""),
+    flags = (" --quick" if args.quick else "") + (f" --timeout {args.timeout:g}" if args.timeout != 60.0 else "")
+    meta = dict(command="OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/hf_coverage.py" + flags,
                 transformers=transformers.__version__, torch=torch.__version__,
                 date=time.strftime("%Y-%m-%d", time.gmtime()), machine=f"{platform.machine()}, {os.cpu_count()} cores")
     try:

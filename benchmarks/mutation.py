@@ -26,6 +26,13 @@ Writes ``benchmarks/results/mutation/<module>.json`` and ``.md``. Run (one core,
     OMP_NUM_THREADS=1 python benchmarks/mutation.py _angles --sample 40 --seed 2026
     python benchmarks/mutation.py _angles --list              # every mutant with its id, nothing runs
     python benchmarks/mutation.py _angles --only 12 31        # re-run two mutants (after a new test)
+    python benchmarks/mutation.py faded_keys --from recentre --report   # results that moved with their code
+    python benchmarks/mutation.py --summary                   # the score over every module's last results
+
+Results follow the code: a re-run (``--only``, ``--report``) keeps the earlier results whose signature is
+still a mutant of the module, and counts the others as *moved* (their signature is now a mutant of another
+module of :data:`TARGETS`, where ``--from`` picks them up) or *gone* (the code they changed is no more);
+neither is counted in the score.
 """
 
 from __future__ import annotations
@@ -65,10 +72,14 @@ TARGETS: dict[str, list[str]] = {
     # lp.attention's module (its results before the module's rename are under attention)
     "attend": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_oracle.py",
                "tests/test_sinks.py"],
-    # tests/test_attention_fused.py (about 3 minutes on 2 loaded cores) is too slow to run per mutant
-    "attention_pieces": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_sinks.py"],
+    # tests/test_attention_fused.py (about 3 minutes on 2 loaded cores) is too slow to run per mutant; the
+    # clearing of entries no score can see is tested with the subnormal counts
+    "attention_pieces": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_sinks.py",
+                         "tests/test_subnormal.py"],
     "attention_call": ["tests/test_attention_edges.py", "tests/test_attention.py", "tests/test_sinks.py"],
-    "attention_sdpa": ["tests/test_attention.py"],
+    # the one call into SDPA: its sinks, its edges and its select-masked form for non-finite keys
+    "attention_sdpa": ["tests/test_attention.py", "tests/test_sinks.py", "tests/test_attention_edges.py",
+                       "tests/test_attention_inputs.py"],
     "attention_graph": ["tests/test_compile_attention.py"],
     "attention_flex": ["tests/test_attention_flex.py"],
 }
@@ -264,6 +275,21 @@ def _copy_src(tmp: Path, module: str) -> Path:
     return src
 
 
+def _moved(signatures: list[str], module: str) -> dict[str, int]:
+    """How many of these signatures are now mutants of each other module of TARGETS (code that moved)."""
+    # a module-level signature ("<module>: 2.0 -> (3.0)") names no function: it does not move with its code
+    left, out = {s for s in signatures if not s.startswith("<module>:")}, {}
+    for other in sorted(TARGETS):
+        path = PACKAGE / f"{other}.py"
+        if other == module or not left or not path.exists():
+            continue
+        found = left & {m.signature for m in find_mutants(path.read_bytes())}
+        if found:
+            out[other] = len(found)
+            left -= found
+    return out
+
+
 def _load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -292,7 +318,13 @@ def _report(module: str, info: dict, mutants: list[Mutant], equivalent: dict) ->
              f"{100 * info['score_without_equivalent']:.1f} %). Before the tests written for the survivors: "
              f"{info['killed_before_new_tests']} / {len(ran)} killed"
              + (f" (that first run with {', '.join(f'`{t}`' for t in info['first_run_tests'])} only; the new test "
-                f"files were written for the survivors)" if info.get("first_run_tests") else "") + ".", "",
+                f"files were written for the survivors)" if info.get("first_run_tests") else "") + "."
+             + (f" These mutants were sampled from `liepos.{info['moved_from']}` before their code moved here."
+                if info.get("moved_from") else "")
+             + (f" Of the first sample, not counted here: {', '.join(f'{n} moved to `{k}`' for k, n in info['moved'].items())}"
+                f"{', ' if info.get('moved') and info.get('gone') else ''}"
+                f"{str(info['gone']) + ' gone (the code they changed is no more)' if info.get('gone') else ''}."
+                if info.get("moved") or info.get("gone") else ""), "",
              "| id | line | function | mutation | result | first run | seconds | equivalent because |",
              "|---|---|---|---|---|---|---|---|"]
     for m in ran:
@@ -305,14 +337,22 @@ def _report(module: str, info: dict, mutants: list[Mutant], equivalent: dict) ->
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("module", choices=sorted(TARGETS))
+    ap.add_argument("module", nargs="?", choices=sorted(TARGETS))
     ap.add_argument("--sample", type=int, default=40, help="mutants to run (a seeded random sample); 0: all")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--tests", nargs="+", help="test files (default: the module's targeted files)")
     ap.add_argument("--only", type=int, nargs="+", help="re-run these mutant ids, keeping the other results")
     ap.add_argument("--list", action="store_true", help="print every mutant and exit")
     ap.add_argument("--report", action="store_true", help="rewrite the report from the last results (equivalents)")
+    ap.add_argument("--from", dest="origin", choices=sorted(TARGETS) + ["attention"],
+                    help="with --only/--report: take the earlier results from this module's file (code that moved)")
+    ap.add_argument("--summary", action="store_true",
+                    help="the table of every module's last results and the overall score (summary.md); nothing runs")
     args = ap.parse_args(argv)
+    if args.summary:
+        return _summary()
+    if args.module is None:
+        ap.error("a module is needed (or --summary)")
     path = PACKAGE / f"{args.module}.py"
     source = path.read_bytes()
     mutants = find_mutants(source)
@@ -321,11 +361,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.id:4d} {m.line:4d} {m.kind:20s} {m.signature}")
         return 0
     tests = args.tests or TARGETS[args.module]
-    old = _load(RESULTS / f"{args.module}.json")
+    if args.origin and not (args.only or args.report):
+        ap.error("--from goes with --only or --report")
+    old = _load(RESULTS / f"{args.origin or args.module}.json")
     equivalent = _load(RESULTS / "equivalent.json").get(args.module, {})
     if args.only or args.report:
         chosen = sorted(args.only or [])
         done = {r["signature"]: r for r in old.get("mutants", [])}
+        here = {m.signature for m in mutants}
+        left = [s for s in done if s not in here]
+        run = old.setdefault("run", {})
+        if args.origin:  # the others of that sample are counted in its own module's report
+            run.update(moved_from=args.origin, moved={}, gone=0)
+        else:  # added to what earlier re-runs counted
+            moved = _moved(left, args.module)
+            run["moved"] = {k: run.get("moved", {}).get(k, 0) + moved.get(k, 0)
+                            for k in sorted({*run.get("moved", {}), *moved})}
+            run["gone"] = run.get("gone", 0) + len(left) - sum(moved.values())
+        run["sample"] = sum(s in here for s in done)
         for m in mutants:
             r = done.get(m.signature)
             if r is not None and m.id not in chosen:
@@ -354,6 +407,28 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         target.write_bytes(source)
     return _finish(args, old, mutants, tests, chosen, timeout, equivalent)
+
+
+def _summary() -> int:
+    """Killed / sampled per module and over all of them (equivalent survivors count as survived)."""
+    rows, total = [], dict(ran=0, killed=0, survived=0, equivalent=0, killed_before_new_tests=0)
+    for module in sorted(TARGETS):
+        run = _load(RESULTS / f"{module}.json").get("run")
+        if not run or not run.get("ran"):
+            continue
+        for key in total:
+            total[key] += run[key]
+        rows.append(f"| `{module}` | {run['ran']} of {run['total']} | {run['killed']} ({100 * run['score']:.0f} %) | "
+                    f"{run['survived']} | {run['equivalent']} | {run['killed_before_new_tests']} | {run['date']} |")
+    score = total["killed"] / max(total["ran"], 1)
+    lines = ["| module | sampled | killed | survived | of them equivalent | killed before the new tests | run |",
+             "|---|---|---|---|---|---|---|", *rows,
+             f"| **all** | {total['ran']} | **{total['killed']} ({100 * score:.1f} %)** | {total['survived']} | "
+             f"{total['equivalent']} | {total['killed_before_new_tests']} | |"]
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "summary.md").write_text(text)
+    print(text, end="")
+    return 0
 
 
 def _finish(args, old: dict, mutants: list[Mutant], tests: list[str], chosen: list[int], timeout: float,

@@ -2,10 +2,14 @@
 
 Each attack calls liepos on an input meant to break a fast path's assumptions (dtypes, far times,
 tiny and huge norms, batch-varying times, grouped-query keys in odd layouts, strided caches, values
-carried by a generator, in place on views, masks, sinks) and compares with the float64 reference. A
-verdict per attack: RIGHT (within the tolerance), NAMED (a ValueError / TypeError / OverflowError
-naming the input), WRONG (a wrong answer without a word) or CRASH (any other exception). The last
-line gives the counts; ``-v`` prints every verdict, else only WRONG and CRASH.
+carried by a generator, in place on views, masks, sinks) or a layer above them (per-layer schedules
+and their windows, logit temperatures, one encoding per batch row, coordinate maps, a cache's state and
+version changes, composed scaling maps, Hugging Face round trips, classify and diagnose, argument types
+and devices) and compares with the float64 reference. A verdict per attack: RIGHT (within the
+tolerance), NAMED (a ValueError / TypeError / OverflowError naming the input), WRONG (a wrong answer
+without a word, or a call that should be refused accepted) or CRASH (any other exception, or a refusal
+that does not name what :func:`refuses` expects). The last line gives the counts; ``-v`` prints every
+verdict, else only WRONG and CRASH; ``--only=PREFIX`` (repeatable) runs the attacks whose name starts so.
 """
 
 from __future__ import annotations
@@ -24,12 +28,37 @@ R: list[tuple[str, str, str]] = []
 ATTACKS: list[tuple[str, object]] = []
 
 
+WHERE: dict[str, str] = {}  # attack name -> the file that registered it
+
+
 def attack(name):
-    """Register an attack: a function returning ``(got, want, tolerance)`` (run by :func:`main`)."""
+    """Register an attack: a function returning ``(got, want, tolerance)`` (run by :func:`main`). A file imported
+    twice (pytest's doctest collection imports it under a second module name) registers its attacks once; one
+    name in two places is an error."""
     def deco(fn):
-        ATTACKS.append((name, fn))
+        where = fn.__code__.co_filename
+        if WHERE.setdefault(name, where) != where:
+            raise ValueError(f"attack {name!r} is registered by {WHERE[name]} and by {where}")
+        if not any(n == name for n, _ in ATTACKS):
+            ATTACKS.append((name, fn))
         return fn
     return deco
+
+
+class Accepted(Exception):
+    """A call that should have been refused returned a value."""
+
+
+def refuses(call, *words):
+    """Run ``call``; a refusal naming every word of ``words`` (case-insensitive) is re-raised (NAMED), a
+    refusal that names none is a crash (unhelpful), a value is a silent acceptance (WRONG)."""
+    try:
+        out = call()
+    except (ValueError, TypeError, OverflowError, NotImplementedError) as e:
+        if all(w.lower() in str(e).lower() for w in words):
+            raise
+        raise RuntimeError(f"refused without naming {words}: {type(e).__name__}: {e}") from e
+    raise Accepted(f"accepted, returned {type(out).__name__}")
 
 
 def verdict(fn) -> tuple[str, str]:
@@ -41,6 +70,8 @@ def verdict(fn) -> tuple[str, str]:
         bad = ~(torch.isclose(got, want, rtol=0, atol=tol) | (torch.isnan(got) & torch.isnan(want)))
         err = float((got - want).abs().nan_to_num(math.inf).max()) if got.numel() else 0.0
         return ("WRONG" if bool(bad.any()) else "RIGHT"), f"{err:.2e}"
+    except Accepted as e:
+        return "WRONG", str(e)
     except (ValueError, TypeError, OverflowError, NotImplementedError) as e:
         return "NAMED", f"{type(e).__name__}: {str(e)[:110]}"
     except Exception as e:  # anything else is a crash without a useful message
@@ -243,15 +274,23 @@ for name, mk in ENCS.items():
 
 
 def main(argv: list[str]) -> dict[str, int]:
+    import attacks_inputs  # noqa: F401 (their attacks join the table on import)
+    import attacks_layers  # noqa: F401
+
     counts: dict[str, int] = {}
+    only = [a[len("--only="):] for a in argv if a.startswith("--only=")]
     for name, fn in ATTACKS:
+        if only and not any(name.startswith(o) for o in only):
+            continue
         v, detail = verdict(fn)
         counts[v] = counts.get(v, 0) + 1
         if v in ("WRONG", "CRASH") or "-v" in argv:
             print(f"{v:6} {name}: {detail}")
-    print(len(ATTACKS), "attempts", counts)
+    print(sum(counts.values()), "attempts", counts)
     return counts
 
 
 if __name__ == "__main__":
-    sys.exit(1 if {"WRONG", "CRASH"} & set(main(sys.argv)) else 0)
+    import attacks as table  # the module the other attack files register into, not this script's copy
+
+    sys.exit(1 if {"WRONG", "CRASH"} & set(table.main(sys.argv)) else 0)

@@ -233,3 +233,33 @@ def test_eager_reduction_below_the_cody_waite_limit_is_cody_waite():
     w = torch.exp(torch.empty(500, dtype=F64).uniform_(-14, 7, generator=g))
     t = torch.rand(500, dtype=F64, generator=g) * (_angles._CODY_WAITE_LIMIT / w.max())  # max|ω|·max|t| < limit
     assert torch.equal(reduced_angle(w, t), _angles._cody_waite(*_angles._two_prod(w, t)))
+
+
+def _reduction_taken(w: float, t: float, monkeypatch) -> str:
+    """The name of the reduction ``reduced_angle`` runs for one product (eager mode)."""
+    taken = []
+    for name in ("_cody_waite", "_per_frequency", "_payne_hanek"):
+        fn = getattr(_angles, name)
+        monkeypatch.setattr(_angles, name, lambda *a, _fn=fn, _name=name: taken.append(_name) or _fn(*a))
+    reduced_angle(torch.tensor([w], dtype=F64), torch.tensor([t], dtype=F64))
+    monkeypatch.undo()
+    assert len(taken) == 1, taken
+    return taken[0].lstrip("_")
+
+
+@pytest.mark.parametrize("w, t, want", [
+    (1.0, 2.0**27 * 2 * math.pi * 0.99, "cody_waite"),  # below the Cody–Waite limit
+    (1.0, 2.0**27 * 2 * math.pi * 1.5, "per_frequency"),  # past it: k·_C1 would need more than 53 bits
+    (1.0, 2.0**78, "per_frequency"),  # |ω t / 2π| ≈ 2^75.3, below 2^80 turns
+    (0.5, 2.0**81 * 2 * math.pi * 0.99, "per_frequency"),  # just below 2^80 turns
+    (1.0, 2.0**80 * 2 * math.pi * 1.01, "payne_hanek"),  # past 2^80 turns
+    (2.0**-800, 2.0**840, "per_frequency"),  # the smallest frequency whose split stays normal
+    (2.0**-800 * (1 - 2.0**-52), 2.0**840, "payne_hanek"),  # one ulp below it: a subnormal third part
+    (2.0**-900, 2.0**940, "payne_hanek"),  # a tiny frequency at a product the per-frequency path could hold
+])
+def test_each_product_takes_the_cheapest_exact_reduction(w, t, want, monkeypatch):
+    """The path is part of the contract (its cost, and which error bound applies): Cody–Waite below 2^27·2π,
+    the per-frequency split up to 2^80 turns for frequencies of at least 2^-800, Payne–Hanek past either;
+    and the angle is exact on each."""
+    assert _reduction_taken(w, t, monkeypatch) == want
+    assert_exact([w], [t])

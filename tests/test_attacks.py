@@ -12,4 +12,6 @@ def test_no_attack_is_silently_wrong_or_crashes(capsys):
     counts = attacks.main([])
     printed = capsys.readouterr().out
     assert not counts.get("WRONG") and not counts.get("CRASH"), printed
-    assert counts.get("RIGHT", 0) > 150  # the attacks ran
+    assert counts.get("RIGHT", 0) > 350  # the attacks ran
+    names = [name for name, _ in attacks.ATTACKS]
+    assert len(set(names)) == len(names) == sum(counts.values())  # each attack registered and run once

@@ -77,3 +77,33 @@ def test_bfloat16_with_a_jordan_block_attends_as_its_float32_values():
     got = lp.attention(q, k, v, enc, p, p)
     assert got.dtype == bf
     assert torch.equal(got, lp.attention(q.float(), k.float(), v.float(), enc, p, p).to(bf))
+
+
+@pytest.mark.parametrize("Sq, Sk, B", [(3, 0, 1), (0, 4, 1), (3, 4, 0)])
+def test_nothing_to_attend_returns_zeros_without_entering_a_kernel(Sq, Sk, B, monkeypatch):
+    """No keys (and no cache), no queries, or an empty batch: zeros of the output's shape at once; neither the
+    plain nor the re-centred path runs (an empty softmax would give the same zeros, at the cost of a call)."""
+    from liepos import attend
+
+    for name in ("_plain", "recentred"):
+        monkeypatch.setattr(attend, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran with nothing to attend"))
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, 2, Sq, 8, dtype=F64, generator=g)
+    k, v = (torch.randn(B, 2, Sk, 8, dtype=F64, generator=g) for _ in range(2))
+    for enc in (lp.rope(8), lp.decay([0.1] * 8)):  # the plain path and the re-centred one
+        out = lp.attention(q, k, v, enc, torch.arange(float(Sq)), torch.arange(float(Sk)))
+        assert out.shape == (B, 2, Sq, 8) and torch.equal(out, torch.zeros_like(out))
+
+
+def test_a_call_with_no_keys_leaves_an_empty_cache_unbound():
+    """No keys into an empty cache: nothing joins it, so it holds no dtype and no batch size yet; the next call
+    may bring either (float32, a batch of two) and is the plain forward."""
+    q, k, v = _qkv(2)
+    enc = lp.rope(8)
+    for nxt in (lambda x: x.float(), lambda x: torch.cat((x, x))):
+        cache = lp.KVCache()
+        out = lp.attention(q[:, :, :3], k[:, :, :0], v[:, :, :0], enc, torch.arange(3.0), torch.arange(0.0), cache=cache)
+        assert len(cache) == 0 and torch.equal(out, torch.zeros_like(out))
+        got = lp.attention(nxt(q), nxt(k), nxt(v), enc, cache=cache)
+        assert len(cache) == 4
+        assert torch.allclose(got, lp.attention(nxt(q), nxt(k), nxt(v), enc), atol=1e-6)

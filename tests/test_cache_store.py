@@ -160,13 +160,18 @@ ALLOWED = {
     ("liepos._graph", "_dynamo_marked_constant"),
     # the patch of a Hugging Face model keeps what it replaced on HF's modules, under liepos' own prefix,
     # so that unpatching restores it
-    ("liepos.interop.hf_model", "_liepos_upstream"),
     ("liepos.interop.hf_model", "_liepos_positions"),
     ("liepos.interop.hf_model", "_liepos_block"),
     ("liepos.interop.hf_model", "_liepos"),
-    # beside HF's cache object (not a liepos class): the per-forward times and each layer's encoded-key
-    # store, under the ``_liepos`` names the two modules define
+    # a config's attention implementation, written per config as transformers' set_attn_implementation
+    # writes it (without recursing into sub-configs), and written back by unpatch_model
+    ("liepos.interop.hf_attention", "_attn_implementation_internal"),
+    # beside HF's objects (not a liepos class): the per-forward times and each layer's encoded-key
+    # store beside the cache, the implementation names found before patching on the model, under the
+    # ``_liepos`` names the modules define
     ("liepos.interop.hf_model", "__dict__"),
+    ("liepos.interop.hf_raw", "__dict__"),
+    ("liepos.interop.hf_attention", "__dict__"),
     ("liepos.interop.hf_decode", "__dict__"),
 }
 

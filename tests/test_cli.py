@@ -82,6 +82,7 @@ def test_diagnose_lp_json(capsys):
     assert sorted((round(r, 6), round(abs(w), 6)) for r, w, _ in data["blocks"]) == want
 
 
+@pytest.mark.slow
 def test_a_reader_that_leaves_ends_the_command_quietly():
     """`liepos catalogue | head -0`: no BrokenPipeError traceback, the shell's SIGPIPE status."""
     p = subprocess.Popen([sys.executable, "-m", "liepos.cli", "catalogue"], stdout=subprocess.PIPE,

@@ -82,6 +82,7 @@ def test_compiled_backward():
 # ---------------------------------------------------------------------- the fast path as one opaque op
 from liepos import _graph  # noqa: E402
 from liepos.generator import Generator, direct_sum  # noqa: E402
+from helpers import fast_lane  # noqa: E402
 
 # ops that build tables (angles, scales, polynomial coefficients): none may appear in a compiled graph
 TABLE_OPS = ("sin", "cos", "exp", "lgamma", "pow", "remainder", "fmod", "floor", "round", "atan2", "polar")
@@ -166,6 +167,7 @@ def test_one_graph_no_tables_in_it_across_lengths(name, given):
     assert not built, built
 
 
+@pytest.mark.slow
 def test_graph_tables_with_inductor_origin_scale_gqa_batched_positions():
     enc = lp.xpos(16, layout="half").replace(query_scale=torch.linspace(0.5, 2.0, 16))
     torch._dynamo.reset()
@@ -205,7 +207,7 @@ def test_graph_bfloat16_equals_eager(name):
         assert ((y.double() - ref.double()).abs() <= 2**-7 * ref.double().abs() + 1e-6).all()
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", fast_lane("aot_eager", "inductor"))
 @pytest.mark.parametrize("name", ["rope_half", "mixed", "alibi"])
 def test_backward_through_the_graph_equals_eager(backend, name):
     enc = GRAPH_ENCODINGS[name]()

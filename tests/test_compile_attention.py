@@ -23,6 +23,7 @@ from liepos import _graph, _graph_key, scaling
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
+from helpers import fast_lane  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -47,7 +48,7 @@ def _attend(enc):
 
 
 @pytest.mark.parametrize("name", list(lp.CATALOGUE))
-@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dynamic", fast_lane(True, False))
 def test_every_catalogue_encoding_compiles_fullgraph_one_frame(name, dynamic):
     """Static: one length called twice, one frame; dynamic: three lengths, one frame. Bit-equal to eager."""
     enc = _build(name)
@@ -226,3 +227,87 @@ def test_an_encoding_compiles_in_a_fresh_process_whatever_was_imported(imports, 
     code = FRESH_COMPILE.format(imports=imports, build=build)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr[-2000:]
+
+
+def _small(S, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, 2, S, 8, dtype=torch.float64, generator=g) for _ in range(3))
+
+
+def test_a_kv_cache_under_torch_compile_runs_the_eager_call_and_fills_the_cache():
+    """A KVCache is state the op cannot hold: traced, the call stays the eager code, so the cache grows by each
+    step's keys and prefill + decode equal the full forward."""
+    enc = lp.rope(8)
+    q, k, v = _small(6)
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v, cache: lp.attention(q, k, v, enc, cache=cache), backend="eager")
+    cache = lp.KVCache()
+    first = f(q[:, :, :4], k[:, :, :4], v[:, :, :4], cache)
+    assert len(cache) == 4
+    step = f(q[:, :, 4:], k[:, :, 4:], v[:, :, 4:], cache)
+    assert len(cache) == 6
+    assert torch.allclose(torch.cat((first, step), 2), lp.attention(q, k, v, enc), atol=1e-12)
+
+
+def test_positions_as_lists_under_torch_compile_equal_eager():
+    """Positions given as a list are not a tensor the op can take: the traced eager code runs, bit for bit."""
+    enc = lp.rope(8)
+    q, k, v = _small(4)
+    t = [3.0, 5.0, 8.0, 13.0]
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: lp.attention(q, k, v, enc, t, t), backend="eager")
+    assert torch.equal(f(q, k, v), lp.attention(q, k, v, enc, t, t))
+
+
+@pytest.mark.parametrize("flags", [dict(causal=1), dict(allow_bidirectional="no"), dict(block_size=2.0)],
+                         ids=["causal", "allow_bidirectional", "block_size"])
+def test_flags_of_the_wrong_type_under_torch_compile_get_the_eager_message(flags):
+    """A flag of the wrong type is not routed to the op (whose schema would refuse it with its own words): the
+    compiled call raises the eager call's error, naming the argument."""
+    enc = lp.rope(8)
+    q, k, v = _small(4)
+    with pytest.raises((TypeError, ValueError)) as eager:
+        lp.attention(q, k, v, enc, **flags)
+    assert f"`{next(iter(flags))}`" in str(eager.value)
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: lp.attention(q, k, v, enc, **flags), backend="eager")
+    with pytest.raises(type(eager.value)) as compiled:
+        f(q, k, v)
+    assert str(eager.value) in str(compiled.value)
+
+
+def test_parameters_that_start_requiring_grad_after_compiling_are_refused_by_the_compiled_graph():
+    """The op cannot carry a generator's gradient; a graph compiled for a frozen encoding whose rates later
+    require grad says so (and how to recompile) instead of returning attention without that gradient."""
+    enc = lp.decay(torch.linspace(0.05, 0.3, 8, dtype=torch.float64))
+    q, k, v = _small(5)
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: lp.attention(q, k, v, enc), fullgraph=True, backend="eager")
+    assert torch.equal(f(q, k, v), lp.attention(q, k, v, enc))
+    enc.generator.rates.requires_grad_(True)
+    try:
+        with pytest.raises(RuntimeError, match="require grad since this graph was compiled"):
+            f(q, k, v)
+    finally:
+        enc.generator.rates.requires_grad_(False)
+
+
+@pytest.mark.parametrize("Sq, Sk", [(3, 0), (0, 4)])
+def test_the_compiled_backward_of_a_call_with_nothing_to_attend_is_zero(Sq, Sk):
+    """No keys or no queries: the output is zeros that depend on no input, so its share of every gradient is 0,
+    compiled as eagerly (where autograd reports the unused inputs as None)."""
+    enc = lp.rope(8)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, Sq, 8, dtype=torch.float64, generator=g).requires_grad_()
+    k, v = (torch.randn(1, 2, Sk, 8, dtype=torch.float64, generator=g).requires_grad_() for _ in range(2))
+
+    def loss(q, k, v):
+        out = lp.attention(q, k, v, enc, torch.arange(float(Sq)), torch.arange(float(Sk)))
+        return out.sum() + q.square().sum() + k.sum() + v.sum()
+
+    want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    torch._dynamo.reset()
+    f = torch.compile(loss, fullgraph=True, backend=CompileCounterWithBackend("aot_eager"))
+    got = torch.autograd.grad(f(q, k, v), (q, k, v))
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -369,6 +369,7 @@ def test_branch_handling_recovers_frequencies_beyond_pi():
     assert sorted(abs(b[1]) for b in d.generator.blocks) == pytest.approx(sorted(fast.tolist()), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_import_liepos_loads_none_of_the_heavy_dependencies_of_diagnose():
     code = ("import sys, liepos, liepos.diagnosis, liepos.cli; liepos.cli.build_parser(); "
             "print(sorted(m for m in ('transformers', 'scipy', 'sympy') if m in sys.modules))")

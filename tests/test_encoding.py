@@ -77,3 +77,26 @@ def test_per_batch_positions_equal_each_batch_element_alone(name):
         got = fn(q, pos)
         alone = torch.cat([fn(q[i : i + 1], pos[i]) for i in range(3)])
         assert torch.allclose(got, alone, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("start", [0, 1000])
+def test_a_window_of_tables_is_cached_exactly_when_four_such_windows_fit_the_cache(start, monkeypatch):
+    """Integer positions ``p0 … p0 + S − 1`` read rows of a cached window ``[base, end)`` when the window's
+    size bound ``rows · (2·dim + couplings) · bytes`` is at most a quarter of the cache, and are built for
+    exactly the positions asked otherwise (no cache entry, no miss counted): the cache stays within its bound."""
+    from liepos import _fast
+
+    enc = lp.rope(16)
+    q = torch.randn(1, 1, 16, 16)
+    pos = torch.arange(start, start + 16, dtype=F64)
+    base, end = _fast.table_window(start, 16)
+    bound = (end - base) * (2 * enc.dim + int(enc.plan.dst.numel())) * 4  # float32 tables
+    want = enc.query_reference(q.to(F64), pos)
+    for max_bytes, cached in [(4 * bound, True), (4 * bound - 1, False)]:
+        monkeypatch.setattr(_fast.CACHE, "max_bytes", max_bytes)
+        _fast.CACHE.clear()
+        outs = [enc.query(q, pos) for _ in range(2)]
+        assert (_fast.CACHE.hits, _fast.CACHE.misses) == ((1, 1) if cached else (0, 0)), (max_bytes, cached)
+        for out in outs:
+            assert torch.allclose(out.double(), want, atol=1e-5)
+    _fast.CACHE.clear()

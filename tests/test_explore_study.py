@@ -210,6 +210,7 @@ def test_run_files_record_the_command_commit_torch_cpu_and_threads(capsys, tmp_p
     assert not list((tmp_path / "runs").glob("*.ckpt.pt"))  # the checkpoint goes once the run is written
 
 
+@pytest.mark.slow
 def test_every_scaling_map_runs_on_a_quick_run(capsys, tmp_path):
     maps = ",".join(lp.scaling.SCALINGS)
     code, err, _ = _main([*ARGV, "--encodings", "rope,alibi", "--seed", "0", "--eval-scaling", maps,

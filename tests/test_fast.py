@@ -11,6 +11,7 @@ import liepos as lp
 from liepos import _fast, _kernels
 from liepos.apply import apply_tables
 from liepos.generator import Generator, direct_sum
+from helpers import fast_lane
 
 
 def _mixed(dim: int = 20, layout: str = "interleaved") -> lp.Encoding:
@@ -51,8 +52,8 @@ def _eager(enc: lp.Encoding, x: torch.Tensor, pos, side: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bshd", [False, True])
+@pytest.mark.parametrize("dtype", fast_lane(torch.float64, torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("bshd", fast_lane(False, True))
 def test_fast_equals_eager_equals_dense(name, dtype, bshd):
     enc = ENCODINGS[name]()
     torch.manual_seed(0)
@@ -299,3 +300,45 @@ def test_half_precision_in_per_head_chunks_equals_one_chunk(name, monkeypatch):
     assert torch.equal(enc.query(x, pos), whole)
     want = _eager(enc, x.to(torch.float64), pos, "query")
     assert torch.allclose(whole.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_an_encoding_that_neither_scales_rotates_nor_couples_runs_no_kernel(monkeypatch):
+    """NoPE's tables are the identity: the fast tables say so, and the apply returns ``x`` itself in place (a
+    copy otherwise) without entering the kernel dispatch."""
+    enc = lp.nope(16)
+    ft = _fast.fast_tables(enc.tables(torch.arange(4.0, dtype=torch.float64), "query"), 16, torch.float32)
+    assert ft.identity and ft.runs[0].kind == "copy"
+    monkeypatch.setattr(_fast, "transform", lambda *a, **k: pytest.fail("the identity ran a kernel"))
+    x = torch.randn(1, 2, 4, 16)
+    assert _fast.apply_fast(x, ft, inplace=True) is x
+    y = _fast.apply_fast(x, ft)
+    assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
+
+
+def test_contiguous_coupled_columns_are_read_by_a_slice_not_a_gather():
+    """``y[dst] += c · z[src]``: source columns that form one range are read as a slice (no index kernel),
+    others by a gather; both give ``y[d] += c_p · x[s]`` with ``z`` read before any write."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, dtype=torch.float64, generator=g)
+    coef = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64)
+    for src, gathered in [([2, 3, 4], False), ([1, 3, 6], True), ([5, 4, 3], False)]:
+        dst = [3, 4, 7]
+        out = x.clone()
+        with Ops() as mode:
+            _fast._couple(out, (dst, src, coef), False, lambda t: t)
+        want = x.clone()
+        for p, (d, s) in enumerate(zip(dst, src)):
+            want[:, d] += coef[p] * x[:, s]
+        assert torch.allclose(out, want, rtol=0, atol=1e-15), src
+        assert ("aten.index" in mode.ops) == gathered, (src, mode.ops)

@@ -15,6 +15,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from liepos.tour import figures as F  # noqa: E402
 from liepos.tour import sections as S  # noqa: E402
+from helpers import fast_lane  # noqa: E402
 
 DPI = 40  # enough pixels for any visible series to change some of them
 
@@ -41,7 +42,7 @@ def _series(fig) -> list:
     return out
 
 
-@pytest.mark.parametrize("kind", list(F.KINDS))
+@pytest.mark.parametrize("kind", fast_lane(*F.KINDS))
 def test_no_series_is_hidden(data, kind):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -60,7 +61,7 @@ def test_no_series_is_hidden(data, kind):
         assert (without != full).any(), f"{kind}: a series is fully hidden ({label} in '{artist.axes.get_title()}')"
 
 
-@pytest.mark.parametrize("kind", list(F.KINDS))
+@pytest.mark.parametrize("kind", fast_lane(*F.KINDS))
 def test_no_text_is_clipped(data, kind):
     """The tight bounding box of everything drawn (every panel, label, title, legend) lies inside the figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg

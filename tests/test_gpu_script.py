@@ -63,6 +63,7 @@ def test_the_quick_cpu_run_passes_every_check_and_writes_its_files(tmp_path):
     assert "All checks passed and every row ran: yes" in md and "All checks passed" in r.stdout
 
 
+@pytest.mark.slow
 def test_a_planted_error_is_caught_and_fails_the_run(tmp_path):
     r = run("--device", "cpu", "--quick", "--checks-only", "--plant-error", "xpos", "--out", str(tmp_path))
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
@@ -74,6 +75,7 @@ def test_a_planted_error_is_caught_and_fails_the_run(tmp_path):
     assert "NOT OK" in (tmp_path / "gpu.md").read_text() and "every row ran: NO" in r.stdout
 
 
+@pytest.mark.slow
 def test_cuda_asked_where_there_is_none_is_one_line_not_a_traceback(tmp_path):
     r = run("--out", str(tmp_path), env={"CUDA_VISIBLE_DEVICES": ""})  # the default --device cuda; no GPU visible
     assert r.returncode == 2 and "Traceback" not in r.stderr

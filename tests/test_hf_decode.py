@@ -83,7 +83,7 @@ def decode(model, x, prefill, pos0=0):
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
-@pytest.mark.parametrize("pos0, prefill", [(0, 40), (10**6, 40), (0, 300)])
+@pytest.mark.parametrize("pos0, prefill", [(0, 40), *(pytest.param(*c, marks=pytest.mark.slow) for c in [(10**6, 40), (0, 300)])])
 def test_decode_steps_equal_the_full_forward_past_the_budget(name, pos0, prefill, monkeypatch):
     """Prefill 40 (within every budget) or 300 (wider than all but RetNet's: one origin per block of
     queries), then one token per step past the budget."""

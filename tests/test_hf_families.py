@@ -70,8 +70,8 @@ SCALED = {
     "gpt_oss": dict(YARN, truncate=False, beta_fast=32.0, beta_slow=1.0),
     "gemma3_text": {"full_attention": dict(YARN), "sliding_attention": {"rope_type": "default"}},
 }
-# the causal LMs (mistral_large4_text, a multimodal model's text half, is tested below; mistral4's config carries
-# llama_4_scaling_beta, which read_hf refuses)
+# the causal LMs (mistral_large4_text, a multimodal model's text half, is tested below; mistral4, whose config carries
+# llama_4_scaling_beta, in tests/test_hf_query_temperature.py)
 ROWS = [f.model_type for f in FAMILIES.values() if f.attention and f.axes == 1 and f.positions == "rope"
         and f.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
 

@@ -419,29 +419,32 @@ def test_prefill_and_decode_with_two_layers_for_length_dependent_types():
     assert 1e-3 < gap(100) < 1e-1  # past it: the earlier layers' hidden states, as documented
 
 
-def test_unpatch_model_restores_the_modeling_file_once_no_patched_model_is_left():
-    """patch_model wraps the family's modeling file (its apply function, its attention table); unpatching
-    the last patched model puts transformers' own objects back, and two patched models share the wraps."""
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_unpatch_model_restores_the_modeling_file_once_no_patched_model_is_left(attn):
+    """patch_model puts dispatchers in the family's modeling file for its rope function (and, under eager,
+    wraps its attention table; under sdpa the table stays transformers' own); unpatching the last patched
+    model puts transformers' own objects back, and two patched models share the wraps."""
     import gc
 
     import transformers.models.llama.modeling_llama as ml
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from liepos.interop import hf_model
+    from liepos.interop.hf_modeling_hooks import patched_models
 
     gc.collect()  # models of earlier tests that nobody holds are gone; the ones still held are unpatched
-    for m in list(hf_model._PATCHED.get(ml.__name__, ())):
+    for m in patched_models(ml.__name__):
         unpatch_model(m)
-    # transformers' own objects (earlier tests may have left the file wrapped by models never unpatched)
-    apply0 = getattr(ml.apply_rotary_pos_emb, "_liepos_upstream", ml.apply_rotary_pos_emb)
-    table0 = getattr(ml.ALL_ATTENTION_FUNCTIONS, "_liepos_upstream", ml.ALL_ATTENTION_FUNCTIONS)
-    a, b = tiny(), tiny(seed=1)
+    apply0 = ml.apply_rotary_pos_emb
+    assert not hasattr(apply0, "_liepos_upstream") and ml.ALL_ATTENTION_FUNCTIONS is ALL_ATTENTION_FUNCTIONS
+    a, b = tiny(attn=attn), tiny(seed=1, attn=attn)
     patch_model(a)
     patch_model(b)
-    assert ml.apply_rotary_pos_emb is not apply0 and ml.ALL_ATTENTION_FUNCTIONS is not table0
+    assert ml.apply_rotary_pos_emb is not apply0
+    assert (ml.ALL_ATTENTION_FUNCTIONS is ALL_ATTENTION_FUNCTIONS) == (attn == "sdpa")
     unpatch_model(a)
     assert ml.apply_rotary_pos_emb is not apply0  # b still runs on liepos
     ids = torch.randint(0, 128, (1, 12))
     patched = logits(b, ids)
     unpatch_model(b)
-    assert ml.apply_rotary_pos_emb is apply0 and ml.ALL_ATTENTION_FUNCTIONS is table0
+    assert ml.apply_rotary_pos_emb is apply0 and ml.ALL_ATTENTION_FUNCTIONS is ALL_ATTENTION_FUNCTIONS
     torch.testing.assert_close(logits(b, ids), patched, rtol=1e-4, atol=1e-5)

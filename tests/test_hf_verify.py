@@ -67,13 +67,24 @@ def test_families_read_wrongly_before_are_exact_now(model_type):
     assert worst(cfg, enc) < 1e-5  # float32 rounding of upstream's angles at positions up to 4 L0
 
 
-def test_ernie_vl_text_rope_is_exact_and_its_m_rope_refused():
-    """Ernie 4.5 VL's text rope (M-RoPE sections over h, w, t): its sections are its model's wiring,
-    refused by name; its 1-D text positions (every axis the same) are verified and exact."""
+def test_ernie_vl_text_rope_is_exact_with_its_m_rope_axes():
+    """Ernie 4.5 VL's text rope: M-RoPE sections over h, w, t (neither Qwen2-VL's order nor Qwen3-VL's
+    interleave), probed axis by axis; exact on grid positions, and its 1-D text positions knowingly."""
     rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [3, 3, 2]}
     cfg = AutoConfig.for_model("ernie4_5_vl_moe", text_config=dict(SMALL, rope_parameters=rope))
-    with pytest.raises(ValueError, match="one position per axis.*M-RoPE.*ignore_keys"):
-        from_hf(cfg)
+    enc = from_hf(cfg)
+    assert enc.generator.num_axes == 3 and enc.name == "hf:mrope[probed]"
+    text = cfg.get_text_config()
+    up = upstream_of(text, text.model_type)
+    t = torch.tensor(POS)
+    pos = torch.stack([t, t // 3 + 1, (t * 5) % 7], dim=-1)  # (S, 3): the axes differ
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, len(POS), 16, generator=gen), torch.randn(1, 2, len(POS), 16, generator=gen)
+    cos, sin = up.rotary(text)(q, pos.T[:, None, :])  # (S, 3) -> (3, 1, S) position_ids
+    qe, ke = up.rotate(q, k, cos, sin)
+    want = qe.double() @ ke.double().transpose(-1, -2)
+    got = enc.query(q.double(), pos) @ enc.key(k.double(), pos).transpose(-1, -2)
+    assert float((got - want).abs().max() / want.abs().max()) < 1e-5
     assert worst(cfg, from_hf(cfg, ignore_keys={"mrope_section"})) < 1e-5
 
 
@@ -111,6 +122,13 @@ def test_an_attention_that_cuts_the_head_is_refused_without_the_model():
 def test_unknown_model_type_is_refused_with_what_to_pass():
     with pytest.raises(ValueError, match="no such model type.*'llama'.*'cohere'"):
         from_hf({"model_type": "not_a_family", "hidden_size": 64, "num_attention_heads": 4, "rope_theta": 1e4})
+
+
+@pytest.mark.parametrize("model_type, vision", [("nemotron_h", None), ("glm5_next_text", "Glm5NextVisionRotaryEmbedding")])
+def test_a_text_model_without_rope_is_refused_by_name(model_type, vision):
+    with pytest.raises(ValueError, match="no text \\*RotaryEmbedding class: its text attention takes no rotary") as err:
+        from_hf(dict(SMALL, model_type=model_type, rope_theta=1e4, num_key_value_heads=4))
+    assert (vision is None) or f"only its vision tower rotates: {vision}" in str(err.value)
 
 
 def test_gptj_says_once_what_it_is():
@@ -186,8 +204,8 @@ def test_patch_model_more_verified_families(model_type):
     assert patched_worst(model_type) < 1e-4
 
 
-def test_the_coverage_script_rows():
-    """benchmarks/hf_coverage.py on one verified family, one table family and one refusal."""
+def coverage_script():
+    """benchmarks/hf_coverage.py as a module."""
     import importlib.util
     from pathlib import Path
 
@@ -195,6 +213,12 @@ def test_the_coverage_script_rows():
     spec = importlib.util.spec_from_file_location("hf_coverage", path)
     cov = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cov)
+    return cov
+
+
+def test_the_coverage_script_rows():
+    """benchmarks/hf_coverage.py on one verified family, one table family and one refusal."""
+    cov = coverage_script()
     assert {"helium", "cohere2", "llama", "bloom"} <= set(cov.model_types())
     for model_type in ("helium", "llama"):
         row = cov.run_one(model_type)
@@ -203,15 +227,10 @@ def test_the_coverage_script_rows():
     assert row["status"] == "refused" and "GPT-J rotates" in row["reason"]
 
 
+@pytest.mark.slow
 def test_the_coverage_script_repairs_validators_and_names_components():
     """The tiny config agrees with what a validator names; a sub-config type is a component of its parent."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "hf_coverage.py"
-    spec = importlib.util.spec_from_file_location("hf_coverage", path)
-    cov = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cov)
+    cov = coverage_script()
     d = {"num_attention_heads": 4, "num_key_value_heads": 2}
     assert cov._repair("ValueError: num_attention_heads (4) must be the same as num_key_value_heads (2).", d)
     assert d["num_key_value_heads"] == 4
@@ -223,6 +242,20 @@ def test_the_coverage_script_repairs_validators_and_names_components():
     assert (row["status"], row["parent"]) == ("component", "blt")
     row = cov.run_one("lfm3")  # a hybrid shrunk to two layers keeps one attending layer
     assert (row["status"], row["greedy"]) == ("exact", True) and row["rel"] <= cov.TOL
-    # layers of two head sizes: refused at patch time, never accepted and then failing in the forward
+    # layers of two head sizes, one per layer type: each layer type proven at its own head size
     row = cov.run_one("embedding_gemma2_text")
-    assert row["status"] == "refused" and "head sizes [16, 512]" in row["reason"], row
+    assert row["status"] == "exact" and row["rel"] <= cov.TOL, row
+
+
+@pytest.mark.parametrize("model_type, status", [
+    ("lfm2_moe", "exact"),  # a hybrid whose layer list has no default for the shrunk depth
+    ("cohere_compass_text", "exact"),  # per-layer-type rope parameters, M-RoPE
+    ("csm", "exact"),  # its Mimi codec's depthwise upsampling over the shrunk width
+    ("mimi", "not measured"),  # the codec alone builds; it takes audio, not token ids
+])
+def test_the_coverage_script_builds_tiny_configs_with_their_own_layer_lists(model_type, status):
+    cov = coverage_script()
+    row = cov.run_one(model_type)
+    assert row["status"] == status, row
+    if status == "exact":
+        assert row["rel"] <= cov.TOL and row["greedy"] is not False

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import liepos as lp
 from liepos import _kernels
 from liepos.generator import Generator, direct_sum
+from helpers import fast_lane
 
 from torch._dynamo.utils import counters
 
@@ -66,7 +67,7 @@ def _inputs(enc, dtype, bshd, S=11):
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("bshd", [False, True])
+@pytest.mark.parametrize("bshd", fast_lane(False, True))
 def test_kernel_equals_fallback_equals_dense(name, dtype, bshd, kernels_on_small_inputs):
     enc = ENCODINGS[name]()
     q, k, pos = _inputs(enc, dtype, bshd)
@@ -153,6 +154,7 @@ def test_kernel_backward_is_the_transpose(name, kernels_on_small_inputs):
     assert torch.allclose(gi, go, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_compiled_once_per_variant_with_dynamic_shapes(kernels_on_small_inputs, monkeypatch):
     """The Inductor loop (the half layout where the native kernel does not run: CUDA, no C compiler)."""
     monkeypatch.setattr(_kernels, "_rotate_halves_native", lambda *a: None)
@@ -255,8 +257,8 @@ def _terms_ran() -> bool:
 
 
 @pytest.mark.parametrize("name", list(JORDAN))
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("bshd", [False, True])
+@pytest.mark.parametrize("dtype", fast_lane(torch.float64, torch.float32, torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("bshd", fast_lane(False, True))
 def test_terms_kernel_equals_torch_ops_equals_dense(name, dtype, bshd, kernels_on_small_inputs):
     """Jordan-coupled encodings in one native pass: the values of the torch ops (up to one rounding) and
     of the float64 dense reference, both sides, BSHD strides, grouped-query keys, half precision."""

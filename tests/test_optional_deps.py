@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 OPTIONAL = ("tqdm", "rich", "transformers", "matplotlib", "sympy", "scipy")
 HEAVY_PARTS = ("liepos.interop", "liepos.diagnosis", "liepos.explore", "liepos.tour", "liepos.cli")
 
@@ -32,12 +34,14 @@ def test_import_liepos_loads_no_optional_package():
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_import_liepos_leaves_the_heavy_parts_for_first_use():
     loaded = _loaded_by_liepos()
     bad = sorted(m for m in loaded if m.startswith(HEAVY_PARTS))
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_first_use_loads_them():
     probe = "import sys, liepos as lp; lp.from_hf; print('liepos.interop' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -102,3 +102,97 @@ def test_bfloat16_sinks_with_alibi_at_far_times_match_the_reference():
     as32 = lp.attention(q.to(bf), k.to(bf), v.to(bf), enc, p, p, sinks=sinks.float())
     assert torch.equal(got, as32)
     assert float((got.double() - want).abs().max()) < 0.05
+
+
+@pytest.mark.parametrize("rate", [2.0, 4.0])
+def test_faded_keys_stay_finite_with_tiny_queries_and_huge_keys(rate):
+    """The diagonal tiles of the faded path take their origin in the middle of each block, so the factors
+    ``e^{±λ (t − o)}`` stay within the diagonal budget; keys of norm 1e10 against queries of 1e-9 (scores of
+    order one) in float32 then encode without overflow, and attention equals the float64 one."""
+    enc = lp.decay(torch.full((16,), rate))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 256, 16, dtype=F64, generator=g) for _ in range(3))
+    q, k = q * 1e-9, k * 1e10
+    plans = []
+    spy = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
+    with mock.patch.object(faded_keys, "_fade_plan", spy):
+        got = lp.attention(q.float(), k.float(), v.float(), enc)
+    assert plans and plans[0] is not None  # the faded path ran
+    want = lp.attention_reference(q, k, v, enc)
+    assert torch.isfinite(got).all()
+    assert float((got.double() - want).abs().max()) <= 1e-5
+
+
+def test_the_origin_budget_is_the_documented_one():
+    """``e^{|λ| span} ≤ e^30`` (or a cube root of the dtype's range) and a polynomial span of
+    ``min(512, (2^-14 / eps)^(1/n))`` for a largest Jordan block of degree n (slots: degree one), computed in
+    float32 for half-precision inputs; no polynomial limit without coupling or slots."""
+    import math
+    from types import SimpleNamespace
+
+    from liepos import origin_budget
+
+    decay, jordan, alibi = lp.decay([1.0, 0.5, 0.25, 0.1]), lp.jordan(3, -0.1), lp.alibi(8, num_heads=2)
+    cube_root = math.log(torch.finfo(torch.float32).max) / 3  # 29.57: below 30 in float32
+    assert origin_budget.origin_span(decay, torch.float64) == 30.0
+    assert origin_budget.origin_span(decay, torch.float32) == origin_budget.origin_span(decay, torch.bfloat16) == cube_root
+    assert origin_budget.poly_span(lp.rope(8), torch.float32) == math.inf
+    assert origin_budget.poly_span(alibi, torch.float32) == 512.0  # degree one: (2^-14 / 2^-23) = 2^9
+    assert origin_budget.poly_span(jordan, torch.float32) == 2.0**4.5  # degree two: (2^9)^(1/2)
+    assert origin_budget.poly_span(jordan, torch.float64) == 512.0  # (2^38)^(1/2), capped
+    for dtype, span in [(torch.float64, 512.0), (torch.float32, 2.0**4.5), (torch.bfloat16, 2.0**4.5)]:
+        call = SimpleNamespace(enc=jordan, venc=None, q=torch.zeros(1, dtype=dtype))
+        rate, limit, poly = origin_budget.budget(call)
+        assert (rate, poly) == (0.1, span), dtype
+        assert limit == (30.0 if dtype == torch.float64 else cube_root)
+
+
+def test_within_the_budget_is_every_distance_to_the_row_origin_up_to_the_limits_inclusive():
+    from liepos import origin_budget
+
+    b = (2.0, 30.0, 100.0)  # rate, exponent budget, polynomial span
+    o = torch.tensor([1000.0], dtype=F64)
+    at = lambda *ts: torch.tensor([ts], dtype=F64)  # noqa: E731  (1, n): one row
+    assert origin_budget.within(at(), o, b)  # no times: nothing to exceed
+    assert origin_budget.within(at(1000.0, 1015.0, 985.0), o, b)  # 2 · 15 = 30: at the limit
+    assert not origin_budget.within(at(1000.0, 1015.5), o, b)  # 31 > 30
+    assert origin_budget.within(at(900.0), o, (0.0, 30.0, 100.0))  # a span of 100: at the limit
+    assert not origin_budget.within(at(899.0), o, (0.0, 30.0, 100.0))
+
+
+def test_diagonal_tiles_are_sized_as_documented():
+    """``tile_size``: every time within ``allowed`` of the middle origin (``2⌊allowed⌋ + 1`` rows); below 32
+    rows that, a whole sequence when it fits, else the multiple of the flash kernel's 32 rows giving the fewest
+    flash calls, the larger on a tie; and the diagonal budget is ``min(22, log(max) / 2)``."""
+    import math
+
+    from liepos import causal_tiling as ct
+
+    assert ct.tile_size(math.inf, 300) == 300
+    assert ct.tile_size(10.7, 1000) == 21 and ct.tile_size(15.0, 1000) == 31  # below 32 rows: 2⌊a⌋ + 1
+    assert ct.tile_size(50.0, 101) == 101  # 2·50 + 1 = T: the whole sequence, one causal block
+    assert ct.tile_size(20.0, 1000) == 32  # 41 rows allowed: the one multiple of 32 below
+    assert ct.tile_size(48.0, 100) == 96  # 97 allowed: 64 and 96 rows both take 3 flash calls, the larger wins
+    for a, T in [(40.0, 1000), (100.0, 2048), (300.0, 4096)]:
+        top, w = 2 * math.floor(a) + 1, ct.tile_size(a, T)
+        calls = {u: sum(map(len, ct.tile_plan(T, u))) for u in range(32, top + 1, 32)}
+        assert w % 32 == 0 and calls[w] == min(calls.values()) and w == max(u for u, n in calls.items() if n == calls[w])
+    b = (1.0, 29.0, 512.0)
+    assert ct.diagonal_budget(b, torch.float32) == ct.diagonal_budget(b, torch.bfloat16) == (1.0, 22.0, 512.0)
+    assert ct.diagonal_budget(b, torch.float16) == (1.0, math.log(torch.finfo(torch.float16).max) / 2, 512.0)
+
+
+def test_equal_times_starting_anywhere_take_the_tiled_triangle(monkeypatch):
+    """Times ``t₀ + 0 … T − 1`` with ``t₀ ≠ 0`` are a unit range too: the causal triangle is tiled (not the
+    general block-by-block path), and attention equals the reference."""
+    from liepos import causal_tiling
+
+    plans, real = [], causal_tiling.tile_plan
+    monkeypatch.setattr(causal_tiling, "tile_plan", lambda T, size: plans.append((T, size)) or real(T, size))
+    enc = lp.decay(torch.full((8,), 0.01))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 96, 8, dtype=F64, generator=g) for _ in range(3))
+    p = torch.arange(96, dtype=F64) + 1000.0
+    got = lp.attention(q, k, v, enc, p, p)
+    assert plans and plans[0][0] == 96
+    assert torch.allclose(got, lp.attention_reference(q, k, v, enc, p, p), rtol=1e-10, atol=1e-12)

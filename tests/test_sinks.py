@@ -128,3 +128,51 @@ def test_bad_sinks_are_refused():
         lp.attention(q, k, v, enc, sinks=torch.full((H,), math.nan))
     with pytest.raises(TypeError, match="`sinks` must be real numbers"):
         lp.attention(q, k, v, enc, sinks="big")
+
+
+def _dense_with_sinks(q, k, v, visible, c, sinks):
+    """softmax(c q kᵀ masked by selection [, s_h]) v with the sink column dropped, in float64; a row that
+    weighs a non-finite value is NaN."""
+    G = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    z = (c * q @ k.transpose(-1, -2)).masked_fill(~visible, -math.inf)
+    if sinks is not None:
+        z = torch.cat((z, sinks.view(1, -1, 1, 1).expand(*z.shape[:-1], 1)), -1)
+    w = torch.softmax(z, -1)[..., : k.shape[2]]
+    bad = ~torch.isfinite(v)
+    out = w @ v.masked_fill(bad, 0.0)
+    return out.masked_fill(((w != 0).double() @ bad.double()) > 0, math.nan)
+
+
+@pytest.mark.parametrize("causal, masked", [(True, False), (False, False), (False, True)])  # callers pass one of them
+@pytest.mark.parametrize("finite", [True, False])
+@pytest.mark.parametrize("Sk, kv_heads", [(6, H), (9, 2)])
+@pytest.mark.parametrize("with_sinks", [True, False])
+def test_the_one_sdpa_call_equals_a_dense_softmax_with_the_sink_column(causal, masked, finite, Sk, kv_heads, with_sinks):
+    """``attention_sdpa.sdpa`` on its own, every branch: causal (top-left, as SDPA aligns it), a boolean mask,
+    or neither, grouped keys, a sink column or none, and the select-masked form for a NaN value (which
+    reaches exactly the rows that weigh it) — against the dense softmax written out."""
+    from liepos.attention_sdpa import sdpa
+
+    q, k, v, s = qkv(B=2, Sq=6, Sk=Sk, kv_heads=kv_heads, seed=3)
+    sinks = s if with_sinks else None
+    g = torch.Generator().manual_seed(4)
+    mask = torch.rand(2, 1, 6, Sk, generator=g) < 0.7 if masked else None
+    if mask is not None:
+        mask[..., 0] = True  # every row sees a key
+    if not finite:
+        v = v.clone()
+        v[:, :, 3, 1] = math.nan  # seen by the rows at or past key 3 (causal) or whose mask keeps it
+    c = D**-0.5
+    visible = torch.ones(6, Sk, dtype=torch.bool)
+    if causal:
+        visible = visible.tril()
+    if mask is not None:
+        visible = visible & mask
+    got = sdpa(q, k, v, mask, c, is_causal=causal, sinks=sinks, finite=finite)
+    want = _dense_with_sinks(q, k, v, visible, c, sinks)
+    assert got.shape == want.shape == (2, H, 6, 5)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    if not finite:
+        assert bool(torch.isnan(want).any()) and not bool(torch.isnan(want).all())
+    assert torch.allclose(got.nan_to_num(), want.nan_to_num(), rtol=1e-12, atol=1e-12)

@@ -126,3 +126,22 @@ def test_clearing_moves_no_logit_past_its_bound(dtype):
     assert bool(((qc == q) | (qc == 0)).all()) and bool(((kc == k) | (kc == 0)).all())  # nothing else changed
     if dtype != torch.float64:
         assert _subnormal(qc) == _subnormal(kc) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_clearing_takes_every_entry_below_its_threshold_and_none_above(dtype):
+    """The thresholds are those of the bound: ``τ_q = δ / (2 D c ‖k‖_∞)`` and ``τ_k = δ / (2 D c ‖q‖_∞)``, so an
+    entry at 0.9 τ becomes 0 and one at 1.1 τ stays (a smaller threshold would let near-subnormal products
+    through; a larger one would move logits past δ)."""
+    c, delta = DIM**-0.5, attention_pieces.CLEAR_LOGIT[dtype]
+    q = torch.full((1, 1, 4, DIM), 0.5, dtype=F64)
+    k = torch.full((1, 1, 5, DIM), 0.25, dtype=F64)
+    q[..., 0, 0], k[..., 0, 0] = 2.0, 4.0  # ‖q‖_∞ = 2, ‖k‖_∞ = 4
+    tq, tk = delta / (2 * DIM * c * 4.0), delta / (2 * DIM * c * 2.0)
+    q[..., 1, 1:3] = torch.tensor([0.9 * tq, 1.1 * tq], dtype=F64)
+    k[..., 1, 1:3] = torch.tensor([0.9 * tk, 1.1 * tk], dtype=F64)
+    q, k = q.to(dtype), k.to(dtype)
+    qc, kc = attention_pieces._cleared(q, k, c)
+    assert float(qc[..., 1, 1]) == 0.0 and float(qc[..., 1, 2]) == float(q[..., 1, 2]) != 0.0
+    assert float(kc[..., 1, 1]) == 0.0 and float(kc[..., 1, 2]) == float(k[..., 1, 2]) != 0.0
+    assert torch.equal((qc != q).sum(), torch.tensor(1)) and torch.equal((kc != k).sum(), torch.tensor(1))

@@ -173,6 +173,7 @@ def test_the_fast_path_calls_the_kernels_forward_and_backward(name, monkeypatch)
     assert torch.allclose(y, y0, rtol=1e-12, atol=1e-12) and torch.allclose(g, g0, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_import_liepos_does_not_import_triton():
     """Triton is imported on the first kernel call only: ``import liepos`` works where it is not installed."""
     import os

@@ -4,8 +4,10 @@ window equals attention with every key kept."""
 
 from __future__ import annotations
 
+import math
 from unittest import mock
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,3 +48,55 @@ def test_the_key_window_changes_no_output(heads, gaps, norms, anti, dtype, seed)
             whole = lp.attention(q, k, v, enc, p, p)
     eps = torch.finfo(dtype).eps
     assert float((windowed.double() - whole.double()).abs().max()) <= 16 * eps * float(v.double().abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("own_norm", [1e2, 1e4])
+def test_the_window_keeps_the_earlier_keys_a_far_block_weighs_most(dtype, own_norm):
+    """The worst case for the window's bound on the row maximum: a block 3000 steps after the keys before
+    it, whose own keys are large and anti-aligned (each own score far below the bias of the earlier keys),
+    so the row's largest weight sits on the nearest earlier key at a lag of 3000 — the bound
+    ``min(C_own, C_near + m·lag)`` must count that lag and the block's own keys, or the window cuts the keys
+    that carry the answer. Attention equals the one with every key kept, and the float64 reference."""
+    H, S = 2, 16
+    enc = lp.alibi(8, num_heads=H, slopes=[0.5, 0.25])
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, H, S, 8, dtype=F64, generator=g) for _ in range(3))
+    q = q / q.norm(dim=-1, keepdim=True) * 4.0
+    k = k / k.norm(dim=-1, keepdim=True) * 0.1  # the keys before the far block: small content scores
+    k[:, :, 8:] = -q[:, :, 8:] / 4.0 * own_norm  # the far block's own keys, anti-aligned with its queries
+    p = torch.cat((torch.arange(8.0, dtype=F64), 3000.0 + torch.arange(8.0, dtype=F64)))  # two blocks
+    qd, kd, vd = q.to(dtype), k.to(dtype), v.to(dtype)
+    with torch.no_grad():
+        windowed = lp.attention(qd, kd, vd, enc, p, p, block_size=8)
+        with mock.patch.object(recentre, "window_starts", _all_keys):
+            whole = lp.attention(qd, kd, vd, enc, p, p, block_size=8)
+    want = lp.attention_reference(q, k, v, enc, p, p)
+    eps = torch.finfo(dtype).eps
+    assert float((windowed.double() - whole.double()).abs().max()) <= 16 * eps * float(v.abs().max())
+    assert float((windowed.double() - want).abs().max()) <= 1e3 * eps * float(v.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_with_no_content_the_window_starts_exactly_at_the_drop_lag(dtype):
+    """Queries of zero content score only the bias ``−m (t − s)``, so the row's largest is the own key's and
+    a key weighs ``e^{−m lag}``: the window keeps exactly the keys with ``m · lag ≤ −log(tiny) − log(eps) +
+    log(keys)`` from the block's first query (the dtype's smallest normal times its rounding, shared by every
+    key) and leaves out every earlier one — the cut the bound promises, no key more, no key less."""
+    S, m = 1100, 1.0  # two blocks (an ALiBi block spans at most 1024 steps): the second starts at 1025
+    enc = lp.alibi(8, num_heads=1, slopes=[m])
+    g = torch.Generator().manual_seed(1)
+    q = torch.zeros(1, 1, S, 8, dtype=dtype)
+    k, v = (torch.randn(1, 1, S, 8, dtype=F64, generator=g).to(dtype) for _ in range(2))
+    p = torch.arange(float(S), dtype=F64)
+    seen, real = [], recentre.window_starts
+    spy = lambda call, qe, lo, slopes, knorm: seen.append((lo, real(call, qe, lo, slopes, knorm))) or seen[-1][1]  # noqa: E731
+    with torch.no_grad(), mock.patch.object(recentre, "window_starts", spy):
+        windowed = lp.attention(q, k, v, enc, p, p)
+    info = torch.finfo(dtype)
+    drop = -math.log(info.tiny) - math.log(info.eps) + math.log(S)
+    (lo, starts), = seen
+    assert lo == 1025 and starts == [math.ceil(lo - drop / m)], (lo, starts, drop)
+    with torch.no_grad(), mock.patch.object(recentre, "window_starts", _all_keys):
+        whole = lp.attention(q, k, v, enc, p, p)
+    assert float((windowed.double() - whole.double()).abs().max()) <= 16 * info.eps * float(v.double().abs().max())

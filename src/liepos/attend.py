@@ -110,8 +110,8 @@ def attention(
     """
     masks, flags = (attn_mask, key_padding_mask, document_ids, key_document_ids), (causal, allow_bidirectional, block_size)
     # one opaque op under torch.compile / export and on meta tensors; a temperature stays on the eager path
-    if temperature is None and attention_graph.routable(q, k, v, enc, positions, key_positions, masks, cache, scale,
-                                                         sinks, value_encoding, flags):
+    if _graph_may_run(q, enc, temperature) and attention_graph.routable(q, k, v, enc, positions, key_positions, masks,
+                                                                        cache, scale, sinks, value_encoding, flags):
         return attention_graph.run(q, k, v, enc, positions, key_positions, masks, scale, flags, sinks, value_encoding)
     x = prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                 key_document_ids, cache, scale, allow_bidirectional, block_size, sinks, value_encoding)
@@ -122,6 +122,12 @@ def attention(
     needs = call.enc.needs_recentring or (call.venc is not None and call.venc.needs_recentring)
     out = recentred(call) if needs else _plain(call)
     return out.to(v.dtype)
+
+
+def _graph_may_run(q: torch.Tensor, enc: Encoding, temperature: Any) -> bool:
+    """Whether the opaque op may serve the call: no temperature, or meta tensors (a temperature, once checked,
+    changes no shape)."""
+    return temperature is None or (q.device.type == "meta" and check_temperature(temperature, enc, q.shape[1]) is not None)
 
 
 def _nothing_to_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: Any, cache: KVCache | None):
@@ -141,7 +147,7 @@ def _encoded(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     if cache is None or call.k.shape[1] != cache.held()[0].shape[1]:
         return call.enc.key(call.k, call.kpos), call.v if venc is None else venc.key(call.v, call.kpos)
     store = cache.encoded
-    version = ("abs", call.enc.version, None if venc is None else venc.version)
+    version = ("abs", call.enc.version, None if venc is None else venc.version, call.q.dtype)  # the work dtype too
     if store.version != version:
         store.reencode(version)  # an empty store of this version: every key is new below
     n_old = len(store)

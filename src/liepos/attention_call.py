@@ -10,7 +10,7 @@ scale, grouped heads, whether every key is finite, whether the fused causal kern
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -20,10 +20,34 @@ from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.masks import strictly_increasing
 
-__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "expand_batch", "key_times"]
+__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "expand_batch", "key_times", "half_holds", "in_float32"]
 
 # the half-precision dtypes of an attention call, whose working dtype is float32
 LOW = (torch.float16, torch.bfloat16)
+# the largest factor an origin's budget lets a float16 encoding apply, e^{log(max)/3} (origin_budget's limit)
+HALF_GROWTH = math.exp(math.log(torch.finfo(torch.float16).max) / 3)
+
+
+def half_holds(enc: Encoding, venc: Encoding | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               tau: float = 1.0) -> bool:
+    """Whether float16 holds every encoded value of a call: ``|q|·τ·max(query_scale)``, ``|k|`` (and ``|v|``
+    under a value encoding) times the largest factor the encodings apply (e^budget around an origin, √2
+    within a rotation plane) stay below float16's largest value. Read only where a factor exceeds 2."""
+    grows = enc.needs_recentring or (venc is not None and venc.needs_recentring)
+    qs = 1.0 if enc.query_scale is None else max(1.0, float(enc.query_scale.detach().abs().max()))
+    factor = (HALF_GROWTH if grows else 1.0) * math.sqrt(2.0)
+    if factor * qs * tau <= 2.0 or q.is_meta:
+        return True
+    with torch.no_grad():
+        big = max(float(q.detach().abs().amax()) * qs * tau if q.numel() else 0.0,
+                  float(k.detach().abs().amax()) if k.numel() else 0.0,
+                  float(v.detach().abs().amax()) if venc is not None and v.numel() else 0.0)
+    return big * factor < torch.finfo(torch.float16).max
+
+
+def in_float32(call: Call) -> Call:
+    """The call computed in float32 (its output is cast back once by :func:`liepos.attention`)."""
+    return replace(call, q=call.q.float(), k=call.k.float(), v=call.v.float())
 
 
 @dataclass
@@ -158,8 +182,11 @@ def expand_batch(p: torch.Tensor, B: int, axes: int | None = None) -> torch.Tens
     return p.expand(B, *p.shape[1:])  # (1|B, S[, A]) -> (B, S[, A])
 
 
-def _positions(p: Any, n: int, B: int, axes: int | None, name: str) -> torch.Tensor:
-    return expand_batch(as_positions(p, n, B, name, axes), B, axes)
+def _positions(p: Any, n: int, B: int, axes: int | None, name: str, dev: torch.device) -> torch.Tensor:
+    t = expand_batch(as_positions(p, n, B, name, axes), B, axes)
+    if t.is_meta and dev.type != "meta":
+        raise ValueError(f"{name} are on the meta device (no values) but the tensors are on {dev}")
+    return t.to(dev)
 
 
 def key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:
@@ -170,9 +197,9 @@ def key_times(k, positions, key_positions, B, Sq, axes, cache) -> torch.Tensor:
     own cache of the same times."""
     n, dev = k.shape[2], k.device
     if key_positions is not None:
-        return _positions(key_positions, n, B, axes, "key_positions").to(dev)
+        return _positions(key_positions, n, B, axes, "key_positions", dev)
     if positions is not None and n == Sq:
-        return _positions(positions, n, B, axes, "positions").to(dev)
+        return _positions(positions, n, B, axes, "positions", dev)
     kpos = torch.arange(n, dtype=torch.float64)
     if cache is not None and len(cache):
         # continue each row after its own last cached time (several axes: after the largest
@@ -246,7 +273,7 @@ def prepare(q, k, v, enc, positions, key_positions, causal, attn_mask, key_paddi
     Sk = (len(cache) if cache is not None else 0) + Sk_new
     if positions is None and Sq > Sk:
         raise ValueError(f"{Sq} queries but only {Sk} keys: pass positions explicitly")
-    qpos = None if positions is None else _positions(positions, Sq, B, axes, "positions").to(dev)
+    qpos = None if positions is None else _positions(positions, Sq, B, axes, "positions", dev)
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
             raise TypeError("`attn_mask` must be a boolean tensor (True = attend)")
@@ -280,9 +307,10 @@ def bind(x: Inputs) -> Call:
     c = (1.0 / math.sqrt(enc.content_dim) if x.scale is None else x.scale) * enc.logit_scale
     q = x.q
     wide = enc.plan.has_coupling or (x.venc is not None and x.venc.plan.has_coupling)
-    if q.dtype in LOW and wide:
+    if q.dtype in LOW and (wide or q.dtype == torch.float16 and not half_holds(enc, x.venc, q, k, v)):
         # polynomial (Jordan) parts cancel between F(t - o) and G(s - o): bfloat16 cannot hold the
-        # encoded values, so encode and attend in float32 (the output is cast back once)
+        # encoded values; float16 overflows on large inputs times an origin's factors. Encode and attend
+        # in float32 (the output is cast back once)
         q, k, v = q.float(), k.float(), v.float()
     if enc.num_slots:
         # slots carry an additive bias (ALiBi's -m(t - s)), which is not a temperature: scale the

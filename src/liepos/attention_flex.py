@@ -82,5 +82,7 @@ def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, enc: Encod
     ke = enc.key(k, torch.arange(Sk, dtype=torch.float64))[..., :content]
     c = enc.logit_scale * (1.0 / math.sqrt(content) if scale is None else scale)
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if enc.num_heads is None:  # slots shared by every head: one (β, μ), read by each of q's heads
+        beta, mu = beta.expand(q.shape[1]), mu.expand(q.shape[1])  # (1,) -> (H,)
     mod = alibi_score_mod(beta.to(q.device, dt), mu.to(q.device, dt), Sk - Sq, causal)
     return flex(qe, ke, v, score_mod=mod, scale=c, enable_gqa=q.shape[1] != k.shape[1])

@@ -86,8 +86,8 @@ def _backward_impl(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         s = leaves[3] if sinks is not None else None
         out = _call(leaves[0], leaves[1], leaves[2], positions, key_positions, causal, attn_mask, key_padding_mask, document_ids,
                     key_document_ids, scale, allow_bidirectional, block_size, s, enc, venc)
-        if not out.requires_grad:
-            raise RuntimeError("liepos: the recomputed attention recorded no graph; this is a bug")
+        if not out.requires_grad:  # nothing to attend (no keys, no queries): zeros that depend on no input
+            return [torch.zeros_like(t) for t in leaves]
         grads = torch.autograd.grad(out, leaves, g, allow_unused=True)
     return [torch.zeros_like(t) if d is None else d.contiguous() for t, d in zip(leaves, grads)]
 

@@ -44,7 +44,8 @@ def ring(period: int, radius: float = 1.0) -> Callable[[torch.Tensor], torch.Ten
     radius = check_real("radius", radius, positive=True)
 
     def phi(p: torch.Tensor) -> torch.Tensor:
-        a = p.to(torch.float64) * (2 * math.pi / period)
+        # the residue first (fmod is exact), so the angle is 2π·(p mod N)/N at any p: never 2π/N times a large p
+        a = torch.fmod(p.to(torch.float64), period) * (2 * math.pi / period)
         return radius * torch.stack((torch.cos(a), torch.sin(a)), dim=-1)  # (…, seq) -> (…, seq, 2)
 
     phi.__qualname__ = f"ring({period}, {radius:g})"

@@ -79,7 +79,7 @@ def as_positions(
     if batched and batch is not None and positions.shape[0] not in (1, batch):
         raise ValueError(f"{name} has batch size {positions.shape[0]} but the tensor has batch size {batch}")
     out = positions.to(torch.float64) if not positions.requires_grad else positions.double()
-    if torch.compiler.is_compiling():  # no data-dependent checks inside a graph (fullgraph=True)
+    if torch.compiler.is_compiling() or out.is_meta:  # no data-dependent checks in a graph or without data
         return out
     if not positions.dtype.is_floating_point:
         _check_exact_integers(positions, out, name)

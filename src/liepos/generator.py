@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from liepos._angles import reduced_angle
 from liepos._checks import check_bool, check_int, check_ints, check_real, check_real_tensor, describe
 from liepos.structure import Structure, conjugate, dense_exp, dense_generator
 
@@ -349,7 +350,8 @@ class Generator:
 
         With axes, ``u`` has shape ``(..., axes)`` and the result ``exp(Σ_a u_a X_a)`` has shape
         ``(*u.shape[:-1], *heads, d, d)``. Closed form per block; differentiable in u and in the
-        parameters. For inspection and tests: the fast path never builds it.
+        parameters; each angle ``ω u`` is reduced mod 2π from the exact product (float64), so ``A(u)`` is
+        exact at any lag, as the fast path's tables are. For inspection and tests: the fast path never builds it.
         """
         u = check_real_tensor("u", u, dtype=None if isinstance(u, torch.Tensor) else F64)
         u = u if u.is_floating_point() else u.to(F64)
@@ -362,7 +364,8 @@ class Generator:
         nh = len(self.head_shape)
         uu = u.to(dtype).reshape(*u.shape[:-1], *(1,) * nh, u.shape[-1], 1)  # (*U, 1…, A, 1) against (*heads, A, blocks)
         E = (rates.to(dtype) * uu).sum(-2)  # (*U, *heads, blocks)
-        th = (freqs.to(dtype) * uu).sum(-2)
+        # the angles ω·u mod 2π from the exact product (as the fast path's tables): exact at any lag
+        th = (reduced_angle(freqs, uu).to(dtype) if dtype == F64 else freqs.to(dtype) * uu).sum(-2)
         tau = (nus.to(dtype) * uu).sum(-2)  # (*U, 1…, blocks)
         return conjugate(self.basis, dense_exp(self.structure, E, th, tau))
 

@@ -109,8 +109,9 @@ class PerRequest:
             if "attn_mask" in kwargs:
                 sub["attn_mask"] = self._rows(kwargs["attn_mask"], idx, 4)
             rest = {n: val for n, val in kwargs.items() if n not in sub}
+            pdim = 2 if enc.num_axes is None else 3  # batched positions: (B, S) or (B, S, axes)
             y = attention(q.index_select(0, idx.to(dev)), k.index_select(0, idx.to(dev)), v.index_select(0, idx.to(dev)),
-                          enc, self._rows(positions, idx, 2), self._rows(key_positions, idx, 2),
+                          enc, self._rows(positions, idx, pdim), self._rows(key_positions, idx, pdim),
                           cache=None if cache is None else cache.caches[g], **sub, **rest)
             if out is None:
                 out = y.new_empty(self.batch, *y.shape[1:])  # (B, H, Sq, Dv)

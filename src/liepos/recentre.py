@@ -212,7 +212,7 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
 
 
 def _version(call: Call) -> tuple:
-    return ("origin", call.enc.version, None if call.venc is None else call.venc.version)
+    return ("origin", call.enc.version, None if call.venc is None else call.venc.version, call.q.dtype)
 
 
 def _reset_cache_origin(call: Call, b) -> None:

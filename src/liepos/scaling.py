@@ -185,7 +185,8 @@ def _index_power(P: int, d: int, kappa: float) -> torch.Tensor:
 def linear(enc: Encoding, *, factor: float) -> Encoding:
     """Position interpolation (Chen et al., 2023; kaiokendev): ``ω ↦ ω / s``.
 
-    Equivalent to dividing every position by ``s = factor``. Logit scale unchanged.
+    Equivalent to dividing every position by ``s = factor`` for rotations (a damped block keeps its rate,
+    as every map here does). Logit scale unchanged.
     Hugging Face ``rope_type="linear"``.
 
     >>> import torch, liepos as lp

@@ -74,6 +74,10 @@ class LayerSpec:
         for name in ("window", "chunk"):
             if getattr(self, name) is not None:
                 check_int(name, getattr(self, name), min=1)
+                if self.encoding.num_axes is not None:
+                    raise ValueError(f"`{name}`={getattr(self, name)} follows one time per token, but {self.encoding!r} "
+                                     f"has {self.encoding.num_axes} position axes; give such a layer its visibility "
+                                     f"as an attn_mask")
         if self.temperature is not None and not isinstance(self.temperature, Temperature):
             raise TypeError(f"`temperature` must be a liepos.temperature.Temperature, got {describe(self.temperature)}")
 

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from liepos._checks import check_int, check_real, check_real_tensor, describe
+from liepos.attention_call import half_holds, in_float32
 from liepos.masks import visible
 
 __all__ = ["Temperature", "ScalableSoftmax", "Llama4Temperature", "SwanLengthScaling", "TEMPERATURES",
@@ -183,7 +184,8 @@ def visible_counts(call: Any) -> torch.Tensor:
     parts = []
     for i in range(0, Sq, call.block_size):
         rows = slice(i, min(i + call.block_size, Sq))
-        parts.append(visible(*call.mask_args(rows)).sum(-1).to(torch.float64))  # (B, 1|H, rows)
+        n = visible(*call.mask_args(rows)).sum(-1).to(torch.float64)  # (B, 1|H, rows|1): 1 when no mask has rows
+        parts.append(n.expand(*n.shape[:2], rows.stop - rows.start))  # (B, 1|H, rows)
     return torch.cat(parts, dim=-1)
 
 
@@ -197,6 +199,9 @@ def scaled_queries(call: Any, temperature: Temperature | None) -> Any:
     tau = temperature.factor(call.qpos.to(torch.float64), n)  # (B, H|1, Sq)
     if not bool(torch.isfinite(tau).all()):
         raise ValueError(f"{temperature!r} gave a non-finite factor (e.g. log of a row that sees no key)")
+    if call.q.dtype == torch.float16 and not half_holds(call.enc, call.venc, call.q, call.k, call.v,
+                                                        float(tau.abs().max()) if tau.numel() else 1.0):
+        call = in_float32(call)  # τ q would overflow float16
     q = call.q
     work = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
     q = (q.to(work) * tau.unsqueeze(-1).to(device=q.device, dtype=work)).to(q.dtype)  # (B, H, Sq, D)

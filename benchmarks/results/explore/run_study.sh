@@ -13,11 +13,11 @@ PY=${PY:-python}
 ROWS="nope decay rope xpos alibi jordan3 growth learn learn:rope"
 NEW_ROWS="schedule:rnope_swa schedule:ssmax cope_clipped rope_clipped learn:per_head"
 FREE="learn:rope learn:nope learn:random"  # learned generators with their own learning rate (--gen-lr)
-if [ -n "${REDUCED:-}" ]; then  # what fitted in an hour of a shared 2-core machine (run with SEEDS=0,1,2)
-  ROWS_PASSKEY="nope decay rope alibi jordan3"
-  ROWS_LM="nope rope alibi"
-  ROWS_KJV=""
-  NEW_ROWS=""
+if [ -n "${REDUCED:-}" ]; then  # the subset that fits an afternoon of a 2-core machine; each list can be set
+  ROWS_PASSKEY=${ROWS_PASSKEY-"nope decay rope alibi jordan3"}
+  ROWS_LM=${ROWS_LM-"nope rope alibi"}
+  ROWS_KJV=${ROWS_KJV-""}
+  [ -n "${WITH_NEW:-}" ] || NEW_ROWS=""  # WITH_NEW=1 adds the design-space rows to every phase
 else
   ROWS_PASSKEY="$ROWS"; ROWS_LM="$ROWS"; ROWS_KJV="$ROWS"
 fi

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from liepos._checks import check_choice, check_int, check_real
+from liepos._checks import check_choice, check_int, check_real, describe
 from liepos.diagnosis.assumptions import Diagnoser
 from liepos.diagnosis.probes import TINY, Encoder, Probe
 from liepos.diagnosis.report import AXES_DO_NOT_COMMUTE, Diagnosis, Finding
@@ -75,6 +75,11 @@ def diagnose(
     except ImportError as err:  # pragma: no cover
         raise ImportError("liepos.diagnose needs scipy (matrix logarithms): pip install 'liepos[algebra]'") from err
     encode_key = encode_query if encode_key is None else encode_key
+    for name, fn in (("encode_query", encode_query), ("encode_key", encode_key)):
+        if not callable(fn):
+            hint = "; for an encoding pass its .query and .key" if hasattr(fn, "query") and hasattr(fn, "key") else ""
+            raise TypeError(f"`{name}` must be callable ((batch, heads, seq, dim), positions) -> tensor, "
+                            f"got {describe(fn)}{hint}")
     if dim is None:
         dim = getattr(encode_query, "dim", None) or getattr(getattr(encode_query, "__self__", None), "dim", None)
     if dim is None:

@@ -26,6 +26,8 @@ written here once:
 * ``direction``: +1, or -1 for a rotation that runs the other way (``ω < 0`` in liepos' sense);
 * ``rotary_dims``: the dims the attention passes to the rope, when known (a verified row: the probed
   head, or with ``splits_rotary`` the rotated dims; table rows read them from the attention module);
+* ``axis_of``: a verified M-RoPE row (``axes`` > 1): the position axis each rotation plane turns with,
+  in the order of the rotary module's frequencies (probed one axis at a time, then proven);
 * ``upstream_inside``: sub-modules of the attention that rotate with upstream's rope, the dispatchers
   inactive in their forward (a sparse-attention indexer calling the attention's own rope function);
 * ``verified``: the row was probed from the modeling code and proven (:mod:`liepos.interop.hf_verify`),
@@ -61,6 +63,7 @@ class Family:
     axes: int = 1
     direction: int = 1
     rotary_dims: int = 0
+    axis_of: tuple[int, ...] = ()
     upstream_inside: tuple[str, ...] = ()
     verified: bool = False
 

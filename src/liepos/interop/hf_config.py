@@ -25,7 +25,8 @@ This module reads one layer type and the whole config; the reading of a config o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +35,14 @@ import torch
 from liepos import scaling
 from liepos._checks import check_real
 from liepos.encoding import Encoding
+from liepos.generator import Generator
 from liepos.interop.config_alibi import config_alibi, position_kind
 from liepos.interop.config_source import ConfigSource, merge_top, rope_dicts, source_labels
 from liepos.interop.families import Family, family_of
 from liepos.interop.rope_types import (COMMON_KEYS, ROPE_TYPES, RopeContext, RopeType, half_rope, nope_encoding,
                                        times_logit)
 
-__all__ = ["from_hf", "read_hf", "HFRope", "ROPE_TYPES", "RopeType", "PRECISIONS", "times_logit"]
+__all__ = ["from_hf", "read_hf", "HFRope", "ROPE_TYPES", "RopeType", "PRECISIONS", "times_logit", "spread_axes"]
 
 PRECISIONS = ("precise", "compat")
 _DEFAULT_THETA = 10000.0
@@ -49,6 +51,9 @@ _DEFAULT_THETA = 10000.0
 # ---------------------------------------------------------------------- one layer type
 def _rope_type(params: Mapping[str, Any], where: str) -> str:
     a, b = params.get("rope_type"), params.get("type")
+    # the legacy type "mrope" (Qwen2-VL's config.json) is rope_type "default", as transformers' Qwen2-VL configs
+    # rewrite it (keeping type="mrope" beside it): the M-RoPE itself is the mrope_section
+    a, b = ("default" if x == "mrope" else x for x in (a, b))
     if a is not None and b is not None and a != b:
         raise ValueError(f"contradictory rope type{where}: type={b!r} but rope_type={a!r}")
     kind = a if a is not None else (b if b is not None else "default")
@@ -90,6 +95,20 @@ def _rotary_fraction(params: Mapping[str, Any], kind: str, family: Family | None
     return p if family.default_partial else 1.0
 
 
+def _mla_fraction(src: ConfigSource, layer_type: str | None, head_dim: int, p: Any) -> Any:
+    """An MLA config's partial rotary factor: Mistral 4 spells its decoupled slice as ``head_dim ·
+    partial_rotary_factor == qk_rope_head_dim`` (its rotary module reads ``head_dim``), so the slice rotates whole."""
+    view = src.layer_view(layer_type)
+    rope = src.get("qk_rope_head_dim", obj=view)
+    if p == 1 or not rope or head_dim != rope:
+        return p
+    full = src.get("head_dim", obj=view)
+    if full and int(full * p) == rope:
+        return 1.0
+    raise ValueError(f"partial_rotary_factor={p} with qk_rope_head_dim={rope} and head_dim={full}: the rope's "
+                     "rotated dims are neither the decoupled slice nor a part of it liepos knows")
+
+
 def _one(params: dict[str, Any], *, src: ConfigSource, layer_type: str | None, nested: bool, head_dim: int,
          precision: str, ignore_keys: frozenset[str], family: Family | None) -> tuple[Encoding, int]:
     """The encoding of one layer type (rope temperature in ``logit_scale``) and its rotated dims."""
@@ -107,7 +126,7 @@ def _one(params: dict[str, Any], *, src: ConfigSource, layer_type: str | None, n
     check_real("rope_theta", base, positive=True)
     if base == 1:
         raise ValueError("rope_theta must differ from 1")
-    p = _rotary_fraction(params, kind, family, src.get("model_type"))
+    p = _mla_fraction(src, layer_type, head_dim, _rotary_fraction(params, kind, family, src.get("model_type")))
     # the rotary dim: the generic partial rotary, except proportional, which covers the full head
     dim = head_dim if kind == "proportional" else int(head_dim * p)
     if dim < 2:
@@ -179,7 +198,11 @@ class HFRope:
     * ``softmax_multiplier``: a model-level factor on the softmax scale (DeepSeek's
       ``m(s, mscale_all_dim)²``), 1 for other families; never part of the rope's factor;
     * ``rope_type``: the config's rope type (``"dynamic"`` and ``"longrope"`` tell a patched
-      model how transformers picks the length of each forward), None for ALiBi and NoPE.
+      model how transformers picks the length of each forward), None for ALiBi and NoPE;
+    * ``query_temperature``: ``("llama_4_scaling_beta", β, L0)``: the attention multiplies the rotated
+      query by ``1 + β·log(1 + ⌊t / L0⌋)`` (Mistral 3/4's ``get_llama_4_attn_scale``), a factor of the
+      query's time an :class:`~liepos.Encoding` does not carry: a patched model keeps upstream's, and
+      :func:`from_hf` refuses it unless it is named in ``ignore_keys``.
     """
 
     encoding: Encoding
@@ -188,6 +211,7 @@ class HFRope:
     softmax_multiplier: float
     family: Family | None
     rope_type: str | None = None
+    query_temperature: tuple[str, float, int] | None = None
 
     @property
     def exact_encoding(self) -> bool:
@@ -231,6 +255,60 @@ def _mrope(params: Mapping[str, Any], src: ConfigSource, head_dim: int, where: s
     base = params.get("rope_theta", src.get("rope_theta", _DEFAULT_THETA))
     enc = mrope(head_dim, [int(s) for s in params["mrope_section"]], float(base))
     return enc.replace(name="hf:mrope")
+
+
+# Mistral 3/4's position-dependent query temperature in the rope parameters (applied by the attention)
+_L4_BETA = "llama_4_scaling_beta"
+
+
+def _l4_length(params: Mapping[str, Any], src: ConfigSource) -> int:
+    length = params.get("original_max_position_embeddings") or src.get("max_position_embeddings")
+    if not length:
+        raise ValueError(f"{_L4_BETA} needs original_max_position_embeddings, the length its temperature steps at")
+    return int(length)
+
+
+def _not_rope_keys(src: ConfigSource) -> frozenset[str]:
+    """The rope-parameter keys the config's class says transformers' rope validation does not read."""
+    return frozenset(getattr(src.obj, "ignore_keys_at_rope_validation", None) or ())
+
+
+# the M-RoPE keys of a rope dict: read by a verified family's probed axes, not by its 1-D rope
+_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+
+def spread_axes(enc: Encoding, owners: Sequence[int], axes: int, sections: Any = None) -> Encoding:
+    """``enc``'s rotation planes on ``axes`` position axes: plane k turns with axis ``owners[k]`` (M-RoPE).
+
+    Named after the pattern ``owners`` follow for the config's ``sections``: ``hf:mrope`` (consecutive
+    sections, section i on axis i mod 3: :func:`liepos.catalogue.mrope`), ``hf:mrope_interleaved``
+    (:func:`liepos.catalogue.mrope_interleaved`), else ``hf:mrope[probed]``.
+    """
+    g = enc.generator
+    if enc.length_rule is not None or g.num_axes is not None or g.freqs.dim() != 1 or max(g.sizes) > 1 \
+            or bool((g.rates != 0).any()):
+        raise ValueError(f"M-RoPE axes spread over fixed rotation planes only, got {enc!r}")
+    complex_ = [bool(c) for c in g.complex]
+    if sum(complex_) != len(owners):
+        raise ValueError(f"the rotary module's {len(owners)} planes are not the {sum(complex_)} rotation planes of {enc!r}")
+    freqs = torch.zeros(axes, len(complex_), dtype=g.freqs.dtype)
+    plane = iter(owners)
+    for b, c in enumerate(complex_):
+        if c:
+            freqs[next(plane), b] = g.freqs[b]
+    spread = Generator(torch.zeros_like(freqs), freqs, g.sizes, complex=complex_, axes=axes)
+    return enc.replace(generator=spread, name=f"hf:{_axes_pattern(list(owners), sections)}")
+
+
+def _axes_pattern(owners: list[int], sections: Any) -> str:
+    if not isinstance(sections, list | tuple) or len(sections) != 3 or sum(sections) != len(owners):
+        return "mrope[probed]"
+    consecutive = [i % 3 for i, n in enumerate(sections) for _ in range(int(n))]
+    interleaved = [0] * len(owners)
+    for axis in (1, 2):
+        for k in range(axis, min(3 * int(sections[axis]), len(owners)), 3):
+            interleaved[k] = axis
+    return "mrope" if owners == consecutive else "mrope_interleaved" if owners == interleaved else "mrope[probed]"
 
 
 def _checked_family(src: ConfigSource, family: Family | None, ignore: frozenset[str]) -> tuple[str, Family | None]:
@@ -298,11 +376,22 @@ def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head
                  ignore: frozenset[str], family: Family | None) -> HFRope | dict[str, HFRope]:
     dicts, nested = rope_dicts(src)
 
-    def read(lt: str | None, params: dict[str, Any] | None) -> HFRope:
+    def read(lt: str | None, params: dict[str, Any] | None, axes: bool = True) -> HFRope:
         hd = _head_dim(src, lt, head_dim)
         if params is None:
             return HFRope(nope_encoding(hd, "hf:nope" + ("" if lt is None else f"[{lt}]")), 0, 1.0, 1.0, family)
         where = "" if lt is None else f" for layer type {lt!r}"
+        if _L4_BETA in params and _L4_BETA not in ignore:  # the attention's query temperature, not the rope's
+            beta = params[_L4_BETA]
+            rest = {k: v for k, v in params.items() if k != _L4_BETA}
+            return dataclasses.replace(read(lt, rest, axes), query_temperature=(_L4_BETA, beta, _l4_length(rest, src)))
+        if "max_position_embeddings" in params and "max_position_embeddings" in _not_rope_keys(src):
+            # a copy transformers' rope does not read (it reads the config's own max_position_embeddings)
+            params = {k: v for k, v in params.items() if k != "max_position_embeddings"}
+        if axes and family is not None and family.verified and family.axis_of:  # M-RoPE, its axes probed
+            one = read(lt, {k: v for k, v in params.items() if k not in _MROPE_KEYS}, axes=False)
+            spread = spread_axes(one.encoding, family.axis_of, family.axes, params.get("mrope_section"))
+            return dataclasses.replace(one, encoding=spread)
         if "mrope_section" in params and "mrope_section" not in ignore:
             if family is not None and family.verified:
                 raise ValueError(
@@ -410,6 +499,15 @@ def from_hf(
     True
     """
     read = read_hf(config, layer_type=layer_type, precision=precision, head_dim=head_dim, ignore_keys=ignore_keys)
+    for r in [read] if isinstance(read, HFRope) else list(read.values()):
+        if r.query_temperature is not None:
+            key, beta, length = r.query_temperature
+            raise ValueError(
+                f"the config's {key}={beta!r} is a query temperature 1 + {beta!r}·log(1 + ⌊t / {length}⌋) that the "
+                "attention multiplies the rotated query by (get_llama_4_attn_scale), a factor of the query's time "
+                f"that an Encoding does not carry; pass ignore_keys={{{key!r}}} for the rope alone (patch_model "
+                "keeps the attention's own factor)"
+            )
     if isinstance(read, HFRope):
         return _as_encoding(read, softmax_mscale)
     return {lt: _as_encoding(r, softmax_mscale) for lt, r in read.items()}

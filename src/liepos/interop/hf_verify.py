@@ -40,7 +40,8 @@ import torch
 from liepos.diagnosis.probes import Probe
 from liepos.interop.families import FAMILIES, Family
 
-__all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove"]
+__all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "prove", "axis_of", "one_tensor",
+           "rotate_one"]
 
 _APPLY = "apply_rotary_pos_emb"
 # an entry of a probe matrix below this is a zero (float32 cos/sin are exact to ~6e-8)
@@ -83,8 +84,7 @@ class Upstream:
     @property
     def per_tensor(self) -> bool:
         """The apply rotates one tensor, ``apply(x, cos, sin)`` (Gemma 4), not ``apply(q, k, cos, sin)``."""
-        names = list(inspect.signature(self.apply).parameters)
-        return len(names) > 1 and names[1] == "cos"
+        return one_tensor(self.apply)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[Any, Any]:
         """Upstream's apply on q and k ``(B, H, S, dims)``."""
@@ -109,6 +109,25 @@ class Upstream:
         return lambda x, ids: module(x, ids)
 
 
+def one_tensor(apply: Callable[..., Any]) -> bool:
+    """Whether a rope function rotates one tensor, ``apply(x, cos, sin, unsqueeze_dim=1)`` (Gemma 3n/4)."""
+    names = getattr(getattr(apply, "__code__", None), "co_varnames", ())
+    return names[1:2] == ("cos",)
+
+
+def rotate_one(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor:
+    """A patched layer's rope on the one tensor of ``apply(x, cos, sin, unsqueeze_dim=1)``: q and k take the
+    same call, which a rotation allows (its query and key sides agree); ``unsqueeze_dim=2``: x is
+    ``(batch, seq, heads, dim)``."""
+    if layer.encoded and layer.sided:
+        raise NotImplementedError(f"{layer.family.model_type}: the rope is applied per tensor, which does not say "
+                                  f"query from key, and {layer.encoding!r} encodes them differently")
+    seq_first = kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1) == 2
+    x = x.transpose(1, 2) if seq_first else x  # (B, S, H, D) -> (B, H, S, D)
+    out, _ = layer.rotate(x, x)
+    return out.transpose(1, 2) if seq_first else out
+
+
 def _config_object(config: Any, model_type: str) -> Any:
     """The transformers config of ``config`` (a dict is built into its config class)."""
     from transformers import CONFIG_MAPPING
@@ -126,14 +145,29 @@ def _config_object(config: Any, model_type: str) -> Any:
         raise ValueError(_refusal(model_type, f"{cls.__name__} refuses the config: {err}")) from None
 
 
+def _text_rotaries(modeling: Any) -> list[str]:
+    """The names of the modeling module's own ``*RotaryEmbedding`` classes outside a vision tower."""
+    return [n for n, c in vars(modeling).items() if n.endswith("RotaryEmbedding") and inspect.isclass(c)
+            and c.__module__ == modeling.__name__ and "Vision" not in n]
+
+
 def _rotary_class(modeling: Any, config: Any) -> type | None:
-    """The text rotary class of a modeling module: ``<Config>RotaryEmbedding``, else the only one."""
+    """The text rotary class of a modeling module: ``<Config>RotaryEmbedding``, else the one the module's
+    models of this config class build (``self.rotary_emb = …RotaryEmbedding(config)``), else the only one."""
     name = type(config).__name__.removesuffix("Config") + "RotaryEmbedding"
     if inspect.isclass(getattr(modeling, name, None)):
         return getattr(modeling, name)
-    found = [c for n, c in vars(modeling).items() if n.endswith("RotaryEmbedding") and inspect.isclass(c)
-             and c.__module__ == modeling.__name__ and "Vision" not in n]
-    return found[0] if len(found) == 1 else None
+    built: set[str] = set()
+    for cls in vars(modeling).values():
+        if inspect.isclass(cls) and cls.__module__ == modeling.__name__ and getattr(cls, "config_class", None) is type(config):
+            try:
+                built |= set(re.findall(r"(\w+RotaryEmbedding)\(", inspect.getsource(cls.__init__)))
+            except (OSError, TypeError):  # no source: judged by the names alone
+                continue
+    texts = _text_rotaries(modeling)
+    built &= set(texts)
+    found = sorted(built) if built else texts
+    return getattr(modeling, found[0]) if len(found) == 1 else None
 
 
 def upstream_of(config: Any, model_type: str) -> Upstream:
@@ -154,7 +188,14 @@ def upstream_of(config: Any, model_type: str) -> Upstream:
     apply = getattr(apply, "_liepos_upstream", apply)  # a patched model's dispatcher: upstream's own function
     rotary = _rotary_class(modeling, cfg)
     if apply is None or rotary is None:
-        what = f"no module-level {_APPLY}" if apply is None else "no (single) text *RotaryEmbedding class"
+        texts = _text_rotaries(modeling)
+        if not texts:  # nothing rotates the text: position-free attention (or a vision tower's own rope)
+            vision = sorted(n for n in vars(modeling) if n.endswith("RotaryEmbedding") and "Vision" in n)
+            raise ValueError(_refusal(model_type, f"{name} has no text *RotaryEmbedding class: its text attention "
+                                                  "takes no rotary embedding" + (f" (only its vision tower rotates: "
+                                                  f"{', '.join(vision)})" if vision else ""), False))
+        what = (f"no module-level {_APPLY}" if apply is None else
+                f"several text *RotaryEmbedding classes ({', '.join(texts)}) and none named after {type(cfg).__name__}")
         raise ValueError(_refusal(model_type, f"{name} has {what}"))
     return Upstream(model_type, cfg, modeling, rotary, apply)
 
@@ -285,17 +326,85 @@ def _layer_types(up: Upstream) -> list[str | None]:
     return [None]
 
 
-def _reads_axes(up: Upstream, layer_type: str | None) -> bool:
-    """Whether the rotary module turns (3, batch, seq) position_ids, one row per axis, into one rotation
-    that differs from the first axis's: M-RoPE (a 1-D rotary module fails on them or answers another shape)."""
+def _rope_params(up: Upstream, layer_type: str | None) -> Mapping[str, Any]:
+    rp = getattr(up.config, "rope_parameters", None) or {}
+    inner = rp.get(layer_type) if layer_type is not None else None
+    return inner if isinstance(inner, Mapping) else rp
+
+
+def _num_axes(up: Upstream, layer_type: str | None) -> int:
+    """The position axes an M-RoPE rotary module reads: one per ``mrope_section`` entry (3 without one)."""
+    sections = _rope_params(up, layer_type).get("mrope_section")
+    return len(sections) if isinstance(sections, list | tuple) and len(sections) > 1 else 3
+
+
+def _axes_ids(positions: torch.Tensor, axes: int, axis: int | None = None) -> torch.Tensor:
+    """``(S,)`` or ``(S, axes)`` positions as a rotary module's ``(axes, 1, S)`` position_ids; ``axis``:
+    only that axis at the positions, the others at 0."""
+    if positions.dim() == 2:
+        return positions.T[:, None, :].to(torch.long)  # (S, axes) -> (axes, 1, S)
+    ids = positions.reshape(1, 1, -1).to(torch.long).expand(axes, 1, -1)  # (S,) -> (axes, 1, S)
+    if axis is not None:
+        ids = torch.where(torch.arange(axes)[:, None, None] == axis, ids, torch.zeros_like(ids))
+    return ids
+
+
+def _axes_read(up: Upstream, layer_type: str | None) -> int:
+    """How many position axes the rotary module reads from ``(axes, batch, seq)`` position_ids, turning them
+    into one rotation that differs from the first axis's (M-RoPE); 1 for a 1-D rotary module (it fails on
+    them or answers another shape). Tried: one axis per ``mrope_section`` entry, then 3, 2 and 4."""
     t = torch.arange(5)
     x = torch.zeros(1, 1, 5, 2)
     try:
         one = up.rotary_for(layer_type)(x, t[None, :])[0]
-        axes = up.rotary_for(layer_type)(x, torch.stack((t, 2 * t + 1, 3 * t + 2))[:, None, :])[0]
-    except Exception:  # noqa: BLE001 - a 1-D rotary module on 3-axis positions
-        return False
-    return tuple(axes.shape) == tuple(one.shape) and not torch.equal(axes, one)
+    except Exception:  # noqa: BLE001 - judged by the probe of the structure
+        return 1
+    for axes in dict.fromkeys((_num_axes(up, layer_type), 3, 2, 4)):
+        try:
+            many = up.rotary_for(layer_type)(x, torch.stack([(a + 1) * t + a for a in range(axes)])[:, None, :])[0]
+        except Exception:  # noqa: BLE001 - not this many axes
+            continue
+        if tuple(many.shape) == tuple(one.shape) and not torch.equal(many, one):
+            return axes
+    return 1
+
+
+def _planes(s: Structure) -> list[tuple[int, int]]:
+    """The dims ``(i, j)`` of each rotation plane, in the order of the rotary module's frequencies."""
+    r = s.rotated
+    return [(k, k + r // 2) for k in range(r // 2)] if s.layout == "half" else [(2 * k, 2 * k + 1) for k in range(r // 2)]
+
+
+def axis_of(up: Upstream, layer_type: str | None, s: Structure, axes: int) -> tuple[int, ...]:
+    """The position axis each rotation plane turns with: upstream's apply probed with position_ids
+    ``(axes, 1, seq)`` that move one axis at a time. A plane that turns with no axis (frequency 0) is
+    given axis 0; one that turns with several, or with none while it turns on text positions, is refused."""
+    dims = s.rotated if s.splits else s.head_dim
+    rotary = up.rotary_for(layer_type)
+    times = torch.tensor(_TIMES[:1] + _TIMES[-2:])
+    eye = torch.eye(s.head_dim, dtype=torch.float64)
+    planes = _planes(s)
+    moved = torch.zeros(axes, len(planes), dtype=torch.bool)
+    for a in range(axes):
+        def encode(x: torch.Tensor, positions: torch.Tensor, a: int = a) -> torch.Tensor:
+            cos, sin = rotary(x, _axes_ids(positions, axes, a))
+            head, rest = x[..., :dims], x[..., dims:]
+            q, _ = up.rotate(head, head, cos, sin)
+            return torch.cat((q.to(x.dtype), rest), dim=-1)  # (…, dims) + (…, d − dims)
+
+        F = Probe(encode, s.head_dim, "query", dtype=torch.float32)(eye, times, "structure").permute(1, 2, 0)
+        for n, (i, j) in enumerate(planes):  # F: (T, d_out, d_in)
+            block = F[:, [i, j]][:, :, [i, j]] - torch.eye(2, dtype=F.dtype)  # (T, 2, 2): the plane's motion
+            moved[a, n] = bool((block.abs() > _ZERO).any())
+    owners = []
+    for n, omega in enumerate(s.omega):
+        turns = moved[:, n].nonzero().flatten().tolist()
+        if len(turns) > 1:
+            raise ValueError(f"rotation plane {n} turns with position axes {turns}: not one axis per plane")
+        if not turns and omega > _ZERO:
+            raise ValueError(f"rotation plane {n} turns on text positions (ω = {omega:.4g}) but with no single axis")
+        owners.append(turns[0] if turns else 0)
+    return tuple(owners)
 
 
 def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_axes: bool = False) -> Family:
@@ -311,10 +420,18 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
         s = structure(up, lt, _head_dim(up.config, lt))
     except Exception as err:  # noqa: BLE001 - any failure of upstream's code on a probe is a refusal
         raise ValueError(_refusal(model_type, f"probing {up.modeling.__name__}.{_APPLY}: {err}", False)) from None
-    if _reads_axes(up, lt) and not ignore_axes:
-        raise ValueError(_refusal(
-            model_type, "its rotary module reads one position per axis ((3, batch, seq) position_ids: M-RoPE), "
-            "whose sections are its model's wiring; pass ignore_keys={'mrope_section'} for its 1-D text positions", False))
+    axes = 1 if ignore_axes else _axes_read(up, lt)
+    owners: tuple[int, ...] = ()
+    if axes > 1:
+        try:
+            owners = axis_of(up, lt, s, axes)
+        except Exception as err:  # noqa: BLE001 - upstream's code failing on a probe is a refusal
+            raise ValueError(_refusal(model_type, f"its rotary module reads one position per axis ((axes, batch, seq) "
+                                                  f"position_ids: M-RoPE), and probing its axes: {err}", False)) from None
+    others = [t for t in _layer_types(up)[1:] if not ignore_axes and _axes_read(up, t) != axes]
+    if others:  # the probed axes are the first layer type's: every other must read positions the same way
+        raise ValueError(_refusal(model_type, f"its layer types {lt!r} and {others[0]!r} differ in how many "
+                                              "position axes their rotary module reads (M-RoPE)", False))
     if s.splits and model is None:
         raise ValueError(_refusal(
             model_type, f"its attention passes only {s.rotated} of {s.head_dim} dims to {_APPLY} and which "
@@ -322,7 +439,7 @@ def verified_family(config: Any, model_type: str, *, model: Any = None, ignore_a
     module = up.modeling.__name__.split(".")[-2]
     return Family(model_type, module, (), layout=s.layout, default_partial=s.rotated < s.head_dim,
                   splits_rotary=s.splits, direction=s.direction, rotary_dims=s.rotated if s.splits else s.head_dim,
-                  verified=True)
+                  axes=axes, axis_of=owners, verified=True)
 
 
 def _forward(cls: type) -> Any:
@@ -349,9 +466,13 @@ def patch_family(model: Any, config: Any) -> Family:
     if not isinstance(model_type, str):
         raise ValueError(f"the config has no model_type to find its family by, got {model_type!r}")
     family = verified_family(config, model_type, model=model)
-    if upstream_of(config, model_type).per_tensor:
-        raise ValueError(_refusal(model_type, f"its attention calls {_APPLY} once per tensor (x, cos, sin), and "
-                                              "patch_model's dispatcher replaces the (q, k, cos, sin) form only", False))
+    up = upstream_of(config, model_type)
+    others = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")
+                     and getattr(getattr(m, "config", None), "model_type", model_type) == model_type
+                     and not isinstance(m, up.rotary)})
+    if others:
+        raise ValueError(_refusal(model_type, f"its text rotary modules are {', '.join(others)}, not the "
+                                              f"{up.rotary.__name__} the probe proved", False))
     modeling = importlib.import_module(family.modeling)
     classes = sorted({type(m).__name__ for m in model.modules()
                       if type(m).__module__ == modeling.__name__ and hasattr(m, "layer_idx") and _calls(type(m), _APPLY)
@@ -359,12 +480,20 @@ def patch_family(model: Any, config: Any) -> Family:
     if not classes:
         raise ValueError(_refusal(model_type, f"no attention module of {type(model).__name__} calls "
                                               f"{modeling.__name__}.{_APPLY} from its forward", False))
-    sizes = sorted({int(m.head_dim) for m in model.modules()
-                    if type(m).__name__ in classes and isinstance(getattr(m, "head_dim", None), int)})
-    if len(sizes) > 1:
+    by_type: dict[Any, set[int]] = {}  # layer type -> head sizes: the proof probes each layer type at its own
+    types = list(getattr(config, "layer_types", None) or ())
+    for m in model.modules():
+        if type(m).__name__ in classes and isinstance(getattr(m, "head_dim", None), int):
+            lt = getattr(m, "layer_type", None) or (types[m.layer_idx] if m.layer_idx < len(types) else None)
+            by_type.setdefault(lt if len(_layer_types(up)) > 1 else None, set()).add(int(m.head_dim))
+    sizes = sorted(set().union(*by_type.values()))
+    if any(len(v) > 1 for v in by_type.values()) or (len(sizes) > 1 and family.splits_rotary):
         raise ValueError(_refusal(model_type, f"its attention layers have head sizes {sizes}, and the probe proves "
-                                              "one rotation for one head size", False))
-    seq_first = [c for c in classes if re.search(r"unsqueeze_dim\s*=\s*(?!1\b)", _source(getattr(modeling, c)))]
+                                              "one rotation for one head size per layer type", False))
+    if len(sizes) > 1:  # one head size per layer type: each layer rotates its own head (read per layer type)
+        family = replace(family, rotary_dims=0)
+    seq_first = [] if up.per_tensor else [  # a per-tensor apply's unsqueeze_dim is read by the dispatcher
+        c for c in classes if re.search(r"unsqueeze_dim\s*=\s*(?!1\b)", _source(getattr(modeling, c)))]
     if seq_first:
         raise ValueError(_refusal(model_type, f"{', '.join(seq_first)} passes unsqueeze_dim to {_APPLY} (q and k "
                                               "sequence-first, as Llama 4), which the dispatcher does not read", False))
@@ -389,6 +518,8 @@ def _tolerance(pos: torch.Tensor, omega_max: float) -> torch.Tensor:
     """Float32 rounding of upstream's scores of (t, s), relative to ``|q_t| |k_s| τ²``: the angles ω·t
     rounded twice (inv_freq, the product) and cos, sin and the products once, with a margin of 8."""
     t = pos.to(torch.float64).abs()
+    if t.dim() == 2:  # (S, axes): the largest angle of each token
+        t = t.amax(-1)
     return 8 * _EPS32 * (2 * omega_max * (t[:, None] + t[None, :]) + 8) + 1e-6  # (S, S)
 
 
@@ -407,7 +538,7 @@ def _scores(enc: Any, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, rotar
 def _upstream_scores(up: Upstream, lt: str | None, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor,
                      dims: int) -> torch.Tensor:
     rotary = up.rotary_for(lt)
-    cos, sin = rotary(q, pos[None, :])
+    cos, sin = rotary(q, pos[None, :] if pos.dim() == 1 else _axes_ids(pos, pos.shape[-1]))
     qh, kh = up.rotate(q[..., :dims], k[..., :dims], cos, sin)
     qe = torch.cat((qh.to(torch.float64), q[..., dims:].to(torch.float64)), dim=-1)
     ke = torch.cat((kh.to(torch.float64), k[..., dims:].to(torch.float64)), dim=-1)
@@ -420,8 +551,11 @@ def _prove_one(up: Upstream, lt: str | None, read: Any, s: Structure, L0: int) -
     omega_max = max(s.omega) if s.omega else 0.0
     tau2 = max(s.tau2) if s.tau2 else 1.0
     dims = s.rotated if s.splits else s.head_dim
+    axes = read.encoding.generator.num_axes
     for pos in _positions(L0):
         p = torch.tensor(pos)
+        if axes is not None:  # M-RoPE: every axis at its own positions (a shuffle of them), the first in order
+            p = _per_axis(p, axes, gen)
         q = torch.randn(1, _HEADS, len(pos), s.head_dim, generator=gen)
         k = torch.randn(1, _HEADS, len(pos), s.head_dim, generator=gen)
         want = _upstream_scores(up, lt, q, k, p, dims)
@@ -431,10 +565,17 @@ def _prove_one(up: Upstream, lt: str | None, read: Any, s: Structure, L0: int) -
         ratio = err / _tolerance(p, omega_max)
         if bool((ratio > 1).any()) or not bool(torch.isfinite(got).all()):
             h, i, j = (int(v) for v in divmod_index(ratio[0]))
-            return (f"scores differ by {float(err[0, h, i, j]):.3g} of |q||k| at (t, s) = ({pos[i]}, {pos[j]}) "
+            at = (pos[i], pos[j]) if p.dim() == 1 else (p[i].tolist(), p[j].tolist())
+            return (f"scores differ by {float(err[0, h, i, j]):.3g} of |q||k| at (t, s) = ({at[0]}, {at[1]}) "
                     f"(float32 rounding allows {float(_tolerance(p, omega_max)[i, j]):.3g}); upstream: "
                     f"{_described(s)}; liepos read {read.encoding!r}")
     return None
+
+
+def _per_axis(p: torch.Tensor, axes: int, gen: torch.Generator) -> torch.Tensor:
+    """``(S,)`` positions as ``(S, axes)``: axis 0 at ``p``, every other axis at its own shuffle of ``p``."""
+    cols = [p] + [p[torch.randperm(p.numel(), generator=gen)] for _ in range(axes - 1)]
+    return torch.stack(cols, dim=-1)  # (S,) * axes -> (S, axes)
 
 
 def divmod_index(x: torch.Tensor) -> tuple[int, ...]:
