@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import liepos as lp
-from liepos import _kernels
+from liepos import _fast, _kernels
 from liepos.generator import Generator, direct_sum
 from helpers import fast_lane
 
@@ -234,7 +234,26 @@ def _jordan_with_slots() -> lp.Encoding:
     return lp.Encoding(g, query_slots=a.query_slots, key_slots=a.key_slots, name="jordan_slots")
 
 
+def _rope_and_blocks(dim: int, size: int) -> lp.Encoding:
+    """RoPE planes on half the dims, then decaying Jordan blocks of ``size``, the rest NoPE."""
+    nb = (dim - dim // 2) // size
+    gens = [lp.rope(dim // 2).generator, Generator(-torch.linspace(0.01, 0.2, nb), torch.zeros(nb), [size] * nb)]
+    if dim - dim // 2 - size * nb:
+        gens.append(lp.nope(dim - dim // 2 - size * nb).generator)
+    return lp.Encoding(direct_sum(*gens), name=f"rope_jordan{size}_{dim}")
+
+
+# the term structures the native kernel compiles with their constants (offsets of the query's forward terms, the key's;
+# widths 64 and 128): each encoding here must keep producing them, or the compiled paths go untested
+COMPILED = {
+    "bank_64": (lambda: lp.build("jordan", 64), (0, -1, -2), (0, 1, 2)),
+    "bank2_128": (lambda: lp.build("jordan", 128, size=2), (0, -1), (0, 1)),
+    "rope_jordan3_64": (lambda: _rope_and_blocks(64, 3), (0, -1, 1, -2), (0, -1, 1, 2)),
+    "rope_jordan2_128": (lambda: _rope_and_blocks(128, 2), (0, -1, 1), (0, -1, 1)),
+}
+
 JORDAN = {
+    **{name: fn for name, (fn, _, _) in COMPILED.items()},
     "jordan3_bank": lambda: lp.build("jordan", 16),  # 5 decaying 3×3 blocks + one NoPE dim
     "jordan2": lambda: lp.jordan(2, -0.1),
     "jordan3_growth": lambda: lp.jordan(3, 0.0),
@@ -338,6 +357,56 @@ def test_terms_kernel_keeps_non_finite_values_in_their_block(col, kernels_on_sma
         assert torch.equal(got.isfinite(), ops.isfinite()) and got[..., 6:9].isfinite().all()
         fin = ops.isfinite()
         _close(got[fin], ops[fin])  # one rounding apart, as for finite inputs
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_the_compiled_term_structures_are_what_the_encodings_produce(name):
+    """The offsets the kernel compiles as constants are those of liepos's Jordan encodings at widths 64 and 128
+    (the forward terms of the query and of the key)."""
+    fn, *want = COMPILED[name]
+    enc = fn()
+    assert enc.content_dim in (64, 128)
+    for side, offsets in zip(("query", "key"), want):
+        ft = enc._build_fast(torch.arange(4.0, dtype=torch.float64), side, torch.float32, True)
+        assert ft.terms is not None and ft.terms[0] == offsets
+
+
+@pytest.mark.parametrize("name", list(JORDAN))
+@pytest.mark.parametrize("side", ["query", "key"])
+def test_term_tables_are_zero_where_no_term_exists(name, side):
+    """The terms op adds every term of a finite row without reading the masks: its contract is tables that are
+    zero where a mask is 0, for the terms and for the transposed terms of the backward."""
+    enc = JORDAN[name]()
+    ft = enc._build_fast(torch.arange(-3.0, 9.0, dtype=torch.float64), side, torch.float32, True)
+    assert ft.terms is not None
+    for _, masks, T in (ft.terms, _fast._transposed_terms(ft)):
+        absent = ~torch.tensor(masks, dtype=torch.bool)  # (J, D)
+        assert T.shape[-2:] == absent.shape and absent.any()
+        assert (T[..., absent] == 0).all() and (T.abs().amax(tuple(range(T.dim() - 2)))[~absent] > 0).any()
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_terms_kernel_keeps_non_finite_values_where_they_belong(name, dtype, kernels_on_small_inputs):
+    """A row holding an inf or a NaN takes the masks on the compiled structures too: where the torch ops stay
+    finite the kernel does, with their values; the other rows of the same call take every term."""
+    enc = JORDAN[name]()
+    torch.manual_seed(1)
+    D = enc.content_dim
+    x = torch.randn(2, 3, 9, D).to(dtype)
+    x[0, 1, 2, D // 2 + 1] = float("inf")  # a Jordan block's column
+    x[1, 0, 5, 0] = float("nan")  # a rotation plane's, or the first block's
+    x[1, 2, 7, D - 1] = float("-inf")  # the last column: what a row read in place reads of its neighbours
+    pos = torch.arange(1, 10)
+    for f in (enc.query, enc.key):
+        got = f(x, pos)
+        with _kernels.off():
+            ops = f(x, pos)
+        assert torch.equal(got.isfinite(), ops.isfinite()) and ops.isfinite().any(-1).all()
+        assert not ops[0, 1, 2].isfinite().all() and ops[0, 0].isfinite().all()
+        fin = ops.isfinite()
+        _close(got[fin], ops[fin])
+    assert _terms_ran()
 
 
 @given(

@@ -23,9 +23,10 @@ column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables fr
 :func:`liepos._fast._terms`), and the half-layout rotation (in place and out of place; the Inductor loop
 runs it where the native kernels do not: CUDA, no C++ compiler). Both are ``torch.library`` CPU ops
 (``torch.ops.liepos_native.terms``/``halves`` and their in-place forms ``terms_``/``halves_``, the written
-tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, the constants of a variant passed at
-run time) whose rows run in parallel on torch's own intra-op thread pool (``at::parallel_for``; the library
-links no OpenMP runtime of its own). They are built by ``torch.utils.cpp_extension`` — which needs a C++
+tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, with the term structures of liepos's
+Jordan encodings — the offsets of blocks of size 2 and 3, alone or beside rotation planes, the widths 64 and
+128 — compiled as constants, any other structure passed at run time) whose rows run in parallel on torch's
+own intra-op thread pool (``at::parallel_for``; the library links no OpenMP runtime of its own). They are built by ``torch.utils.cpp_extension`` — which needs a C++
 compiler (``$CXX``, else ``c++``) and ``ninja`` — once per source, torch, compiler (path and version) and
 CPU, at the first use (never at import; the first use builds once, tens of seconds, under cpp_extension's
 file lock), into a build directory of this user that nobody else can write (:data:`CACHE_ENV`; created
@@ -281,7 +282,7 @@ def rotate_halves(
 # reads its neighbours, which Inductor guards with a computed mask per vector, ~2× the loads of the row) and
 # the half-layout rotation *in place* (both halves loaded, both stored, in one iteration: Inductor needs a
 # full-size temporary for a store into the tensor it reads at another index). Both are CPU ops of the
-# ``liepos_native`` namespace (native_kernels.cpp, the constants of a variant passed at run time), built once
+# ``liepos_native`` namespace (native_kernels.cpp, the common term structures as constants), built once
 # per machine, torch and compiler by torch.utils.cpp_extension and parallel on torch's own thread pool.
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 _NAME = "liepos_native"
@@ -525,8 +526,9 @@ def apply_terms(
     """``y[…, d] = Σ_j [masks[j][d]] T[…, j, d] · x[…, d + offsets[j]]`` in one pass (the native terms op).
 
     ``x``: (B, H, S, D) with any strides but the last; ``T``: (B|1, H|1, S, J, D), the tables in the work
-    dtype; ``masks[j][d]``: whether term j exists at column d (a structural zero is skipped, so a
-    non-finite neighbour never leaks into a column); ``into``: x itself, a view of a wider output, or
+    dtype, **zero where** ``masks[j][d]`` **is 0** (as :func:`liepos._fast._terms` builds them: a row of
+    finite x adds every term); ``masks[j][d]``: whether term j exists at column d (in a row holding an inf or
+    a NaN a structural zero is skipped, so a non-finite neighbour never leaks into a column); ``into``: x itself, a view of a wider output, or
     None (a fresh output in x's memory order). Returns None when the kernel does not run (small input,
     kernels off, no compiler, another device) and the caller must use the torch ops.
     """

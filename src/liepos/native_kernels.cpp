@@ -6,14 +6,17 @@
 //   halves(x, c, s, tile, out):              out[k] = c x[k] - s x[k+P],  out[k+P] = s x[k] + c x[k+P]
 //
 // and their in-place forms terms_ / halves_ (out is x). x is (B, H, S, D) with any strides but the last, the
-// tables are in the work type (float, or double for double x) with stride 0 on broadcast axes. bfloat16 and
-// float16 are computed in float in registers and rounded as torch rounds (to nearest even).
+// tables are in the work type (float, or double for double x) with stride 0 on broadcast axes. The terms' tables
+// are zero where a term does not exist (masks[j][d] = 0): the masks keep a non-finite x out of a column that does
+// not read it. bfloat16 and float16 are computed in float in registers and rounded as torch rounds (to nearest
+// even).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -100,45 +103,92 @@ void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t width) {
 }
 
 // ------------------------------------------------------------------------------------------------ terms
-// One row, a function of its own so that its pointers are restrict-qualified parameters (GCC honours restrict on
-// parameters) and every constant a value in a register; the common widths (DC) and term counts (J) with constant
-// trip counts. The row of x is copied into the zero-padded scratch row of the task first, so out may be x (in
-// place) and no read leaves the row. Each column is accumulated in the work type by fused multiply-adds (one
-// rounding per term; a masked lane keeps the sum).
-template <typename X, typename W, typename M, int64_t J, int64_t DC>
-__attribute__((noinline)) void terms_row(const X* xr, X* yr, const W* __restrict__ tr, int64_t tj,
-                                         const int64_t* __restrict__ off, const M* __restrict__ mask, int64_t nj,
-                                         int64_t dn, int64_t pl, int64_t pr, W* __restrict__ xpad) {
-  const int64_t n = J > 0 ? J : nj, D = DC > 0 ? DC : dn;
-  int64_t o[J > 0 ? J : 1];
-  if (J > 0)
-    for (int64_t j = 0; j < n; j++) o[j] = off[j];
-  for (int64_t d = -pl; d < 0; d++) xpad[d] = 0;
-  for (int64_t d = 0; d <= pr; d++) xpad[D + d] = 0;
-  for (int64_t d = 0; d < D; d++) xpad[d] = ld(xr[d]);
+// One row, inlined into its task's loop over rows with restrict-qualified pointers. The row of x is copied into
+// the task's scratch row first (zero-padded on both sides once per task), so out may be x (in place) and no read
+// leaves the row. Each column is accumulated in the work type by fused multiply-adds, one rounding per term.
+//
+// The tables are zero where a term does not exist (the op's contract), so a row of finite x takes every term
+// without a test: adding 0 * x leaves the sum as it is. A row holding an inf or a NaN takes the masks (a masked
+// lane keeps the sum), so a non-finite value never reaches a column whose terms do not read it (0 * inf = NaN).
+//
+// Compile-time structure where it is common: the offsets of the Jordan blocks of size 2 and 3 (query: 0, -1, -2;
+// key: 0, 1, 2), alone or beside interleaved rotation planes (±1), as constants (O); the widths 64 and 128 (DC);
+// the tables' term stride equal to the width (the tables of one position contiguous, as liepos builds them). Then
+// every read of a row is a constant displacement from one of two pointers. Other offsets take the term count (2-4)
+// as a constant, or nothing.
+template <int64_t... V> struct Offsets {
+  static constexpr int64_t J = sizeof...(V);  // 0: the offsets and their count at run time
+  static constexpr int64_t v[J > 0 ? J : 1] = {V...};
+};
+template <int64_t N> struct Terms {  // N terms at run-time offsets (N = 0: the count at run time too)
+  static constexpr int64_t J = -N;
+  static constexpr int64_t v[1] = {0};
+};
+
+// |v| as an integer (the sign bit cleared): at least `inf` exactly when v is an inf or a NaN
+template <typename W> struct Bits {
+  using type = uint32_t;
+  static constexpr uint32_t abs = 0x7fffffffu, inf = 0x7f800000u;
+};
+template <> struct Bits<double> {
+  using type = uint64_t;
+  static constexpr uint64_t abs = 0x7fffffffffffffffull, inf = 0x7ff0000000000000ull;
+};
+
+template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
+inline __attribute__((always_inline)) void terms_row(const X* xr, X* yr, const W* __restrict__ tr, int64_t tj,
+                                                     const int64_t* __restrict__ o, const M* __restrict__ mask,
+                                                     int64_t nj, int64_t dn, W* __restrict__ xpad) {
+  using U = typename Bits<W>::type;
+  constexpr bool known = O::J > 0;  // the offsets are constants
+  const int64_t n = known ? O::J : (O::J < 0 ? -O::J : nj), D = DC > 0 ? DC : dn, ts = TD ? D : tj;
+  U big = 0;  // the largest |x| of the row as an integer: at least Bits::inf when the row holds an inf or a NaN
+  for (int64_t d = 0; d < D; d++) {
+    const W v = ld(xr[d]);
+    U u;
+    std::memcpy(&u, &v, sizeof(W));
+    big = std::max<U>(big, u & Bits<W>::abs);
+    xpad[d] = v;
+  }
+  if (big < Bits<W>::inf) {
+    for (int64_t d = 0; d < D; d++) {
+      W acc = 0;
+#pragma GCC unroll 16
+      for (int64_t j = 0; j < n; j++) acc += tr[j * ts + d] * xpad[d + (known ? O::v[j] : o[j])];
+      st(yr[d], acc);
+    }
+    return;
+  }
   for (int64_t d = 0; d < D; d++) {
     W acc = 0;
 #pragma GCC unroll 16
     for (int64_t j = 0; j < n; j++) {
-      W v = acc + tr[j * tj + d] * xpad[d + (J > 0 ? o[j] : off[j])];
+      W v = acc + tr[j * ts + d] * xpad[d + (known ? O::v[j] : o[j])];
       acc = mask[j * D + d] ? v : acc;
     }
     st(yr[d], acc);
   }
 }
 
-template <typename X, typename W, typename M, int64_t J, int64_t DC>
-void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off, const M* mask, int64_t nj,
-                 int64_t D, int64_t pl, int64_t pr, const Rows& g, int64_t lo, int64_t hi) {
-  std::vector<W> buf(pl + D + pr + 1 + 64 / sizeof(W));
+template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
+__attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off,
+                                           const M* mask, int64_t nj, int64_t D, int64_t pl, int64_t pr, const Rows g,
+                                           int64_t lo, int64_t hi) {
+  std::vector<W> buf(pl + D + pr + 1 + 64 / sizeof(W), W(0));  // the padding stays zero: rows write [0, D)
   const auto at = reinterpret_cast<uintptr_t>(buf.data());
   W* row = reinterpret_cast<W*>((at + 63) / 64 * 64);  // 64-byte aligned
+  int64_t o[4];  // up to four offsets as a local array, not read through a pointer
+  const int64_t* op = off;
+  if (nj <= 4) {
+    for (int64_t j = 0; j < nj; j++) o[j] = off[j];
+    op = o;
+  }
   FOR_ROWS(g, lo, hi, xo, yo, to) {
-    terms_row<X, W, M, J, DC>(xp + xo, yp + yo, tp + to, tj, off, mask, nj, D, pl, pr, row + pl);
+    terms_row<X, W, M, O, DC, TD>(xp + xo, yp + yo, tp + to, tj, op, mask, nj, D, row + pl);
   }
 }
 
-template <typename X, int64_t J, int64_t DC>
+template <typename X, typename O, int64_t DC>
 void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
                 int64_t tile, at::Tensor& out) {
   using W = typename Work<X>::type;
@@ -156,28 +206,47 @@ void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, co
   const W* tp = t.const_data_ptr<W>();
   const int64_t tj = t.stride(3);
   tiled_rows(x, out, t, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
-    terms_chunk<X, W, M, J, DC>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+    if (O::J > 0 && DC > 0 && tj == D)
+      terms_chunk<X, W, M, O, DC, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+    else
+      terms_chunk<X, W, M, O, DC, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
   });
 }
 
-template <typename X, int64_t J>
+template <typename X, typename O>
 void terms_width(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
                  int64_t tile, at::Tensor& out) {
   switch (x.size(3)) {  // the common head widths with a constant trip count
-    case 64: return terms_rows<X, J, 64>(x, t, off, mask, nj, tile, out);
-    case 128: return terms_rows<X, J, 128>(x, t, off, mask, nj, tile, out);
-    default: return terms_rows<X, J, 0>(x, t, off, mask, nj, tile, out);
+    case 64: return terms_rows<X, O, 64>(x, t, off, mask, nj, tile, out);
+    case 128: return terms_rows<X, O, 128>(x, t, off, mask, nj, tile, out);
+    default: return terms_rows<X, O, 0>(x, t, off, mask, nj, tile, out);
   }
+}
+
+template <typename O> bool same(const int64_t* off, int64_t nj) {
+  if (nj != O::J) return false;
+  for (int64_t j = 0; j < nj; j++)
+    if (off[j] != O::v[j]) return false;
+  return true;
 }
 
 template <typename X>
 void terms_typed(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
                  int64_t tile, at::Tensor& out) {
-  switch (nj) {  // the common term counts with a constant trip count
-    case 2: return terms_width<X, 2>(x, t, off, mask, nj, tile, out);
-    case 3: return terms_width<X, 3>(x, t, off, mask, nj, tile, out);
-    case 4: return terms_width<X, 4>(x, t, off, mask, nj, tile, out);
-    default: return terms_rows<X, 0, 0>(x, t, off, mask, nj, tile, out);
+  // Jordan blocks of size 2 and 3 (query, key), alone or beside interleaved rotation planes
+  if (same<Offsets<0, -1>>(off, nj)) return terms_width<X, Offsets<0, -1>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, 1>>(off, nj)) return terms_width<X, Offsets<0, 1>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, -2>>(off, nj)) return terms_width<X, Offsets<0, -1, -2>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, 1, 2>>(off, nj)) return terms_width<X, Offsets<0, 1, 2>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, 1>>(off, nj)) return terms_width<X, Offsets<0, -1, 1>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, 1, -2>>(off, nj))
+    return terms_width<X, Offsets<0, -1, 1, -2>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, 1, 2>>(off, nj)) return terms_width<X, Offsets<0, -1, 1, 2>>(x, t, off, mask, nj, tile, out);
+  switch (nj) {  // other offsets: the common term counts with a constant trip count
+    case 2: return terms_width<X, Terms<2>>(x, t, off, mask, nj, tile, out);
+    case 3: return terms_width<X, Terms<3>>(x, t, off, mask, nj, tile, out);
+    case 4: return terms_width<X, Terms<4>>(x, t, off, mask, nj, tile, out);
+    default: return terms_rows<X, Terms<0>, 0>(x, t, off, mask, nj, tile, out);
   }
 }
 
