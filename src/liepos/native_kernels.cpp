@@ -151,6 +151,7 @@ inline __attribute__((always_inline)) void terms_row(const X* xr, X* yr, const W
     xpad[d] = v;
   }
   if (big < Bits<W>::inf) {
+#pragma GCC unroll 4
     for (int64_t d = 0; d < D; d++) {
       W acc = 0;
 #pragma GCC unroll 16
