@@ -507,7 +507,8 @@ def test_the_native_ops_pass_opcheck(op):
     x = torch.randn(2, 5, 3, 8).transpose(1, 2)  # (B, H, S, D), BSHD strides
     if op.startswith("terms"):
         offsets, masks = [0, -1, 1], _kernels._mask_tensor(((1,) * 8, (0,) + (1,) * 7, (1,) * 7 + (0,)))
-        T = torch.randn(1, 3, 5, 3, 8).expand(2, 3, 5, 3, 8)
+        T = torch.randn(1, 3, 5, 3, 8) * masks  # zero where no term exists, the op's contract
+        T = T.expand(2, 3, 5, 3, 8)  # (1, 3, 5, 3, 8) -> (2, 3, 5, 3, 8), stride 0 on the batch
         args = (x, T, offsets, masks, 2) if op == "terms_" else (x, T, offsets, masks, 2, torch.empty(2, 3, 5, 8))
     else:
         c, s = torch.randn(1, 1, 5, 4).expand(2, 3, 5, 4), torch.randn(1, 1, 5, 4).expand(2, 3, 5, 4)

@@ -26,16 +26,16 @@ runs it where the native kernels do not: CUDA, no C++ compiler). Both are ``torc
 tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, with the term structures of liepos's
 Jordan encodings — the offsets of blocks of size 2 and 3, alone or beside rotation planes, the widths 64 and
 128 — compiled as constants, any other structure passed at run time) whose rows run in parallel on torch's
-own intra-op thread pool (``at::parallel_for``; the library links no OpenMP runtime of its own). They are built by ``torch.utils.cpp_extension`` — which needs a C++
-compiler (``$CXX``, else ``c++``) and ``ninja`` — once per source, torch, compiler (path and version) and
-CPU, at the first use (never at import; the first use builds once, tens of seconds, under cpp_extension's
-file lock), into a build directory of this user that nobody else can write (:data:`CACHE_ENV`; created
-0700, the library verified against its SHA-256 sidecar before it is loaded, a truncated or foreign file
-rebuilt with one warning); x of float32, float64, bfloat16 or float16 is read and written directly (half
-precision computed in float32 in registers and rounded as torch rounds).
+own intra-op thread pool (``at::parallel_for``; the library links no OpenMP runtime of its own). They are
+built by ``torch.utils.cpp_extension`` — which needs a C++ compiler (``$CXX``, else ``c++``) and ``ninja`` —
+once per source, torch, compiler (path and version) and CPU, at the first use (never at import; the first use
+builds once, tens of seconds, under cpp_extension's file lock), into a build directory of this user that nobody
+else can write (:data:`CACHE_ENV`; created 0700, the library verified against its SHA-256 sidecar before it is
+loaded, a truncated or foreign file rebuilt with one warning); x of float32, float64, bfloat16 or float16 is
+read and written directly (half precision computed in float32 in registers and rounded as torch rounds).
 
-The Inductor loop is compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a
-new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
+The Inductor loop is compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic
+shapes, so a new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
 variant gets its own code object, hence its own dynamo cache and recompile limit.
 
 The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
@@ -528,9 +528,10 @@ def apply_terms(
     ``x``: (B, H, S, D) with any strides but the last; ``T``: (B|1, H|1, S, J, D), the tables in the work
     dtype, **zero where** ``masks[j][d]`` **is 0** (as :func:`liepos._fast._terms` builds them: a row of
     finite x adds every term); ``masks[j][d]``: whether term j exists at column d (in a row holding an inf or
-    a NaN a structural zero is skipped, so a non-finite neighbour never leaks into a column); ``into``: x itself, a view of a wider output, or
-    None (a fresh output in x's memory order). Returns None when the kernel does not run (small input,
-    kernels off, no compiler, another device) and the caller must use the torch ops.
+    a NaN a structural zero is skipped, so a non-finite neighbour never leaks into a column); ``into``: x
+    itself, a view of a wider output, or None (a fresh output in x's memory order). Returns None when the
+    kernel does not run (small input, kernels off, no compiler, another device) and the caller must use the
+    torch ops.
     """
     if T.dim() != 5 or not _native_ok(x, into, T, least=MIN_ELEMS_TERMS):
         return None

@@ -114,10 +114,10 @@ void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t width) {
 // Compile-time structure where it is common: the offsets of the Jordan blocks of size 2 and 3 (query: 0, -1, -2;
 // key: 0, 1, 2), alone or beside interleaved rotation planes (±1), as constants (O); the widths 64 and 128 (DC);
 // the tables' term stride equal to the width (the tables of one position contiguous, as liepos builds them). Then
-// every read of a row is a constant displacement from one of two pointers. Other offsets take the term count (2-4)
-// as a constant, or nothing.
+// every read of a row is at a constant displacement and the loops have constant trip counts. Other offsets take
+// the term count (2-4) as a constant, or nothing.
 template <int64_t... V> struct Offsets {
-  static constexpr int64_t J = sizeof...(V);  // 0: the offsets and their count at run time
+  static constexpr int64_t J = sizeof...(V);  // the offsets V as constants
   static constexpr int64_t v[J > 0 ? J : 1] = {V...};
 };
 template <int64_t N> struct Terms {  // N terms at run-time offsets (N = 0: the count at run time too)
