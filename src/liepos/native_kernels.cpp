@@ -103,9 +103,8 @@ void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t width) {
 }
 
 // ------------------------------------------------------------------------------------------------ terms
-// One row, inlined into its task's loop over rows with restrict-qualified pointers. The row of x is copied into
-// the task's scratch row first (zero-padded on both sides once per task), so out may be x (in place) and no read
-// leaves the row. Each column is accumulated in the work type by fused multiply-adds, one rounding per term.
+// A row of x is copied into a scratch row of its task first (zero-padded on both sides once per task), so out may
+// be x (in place) and no read leaves the row. Each column is accumulated in the work type by fused multiply-adds, one rounding per term.
 //
 // The tables are zero where a term does not exist (the op's contract), so a row of finite x takes every term
 // without a test: adding 0 * x leaves the sum as it is. A row holding an inf or a NaN takes the masks (a masked
@@ -135,14 +134,13 @@ template <> struct Bits<double> {
   static constexpr uint64_t abs = 0x7fffffffffffffffull, inf = 0x7ff0000000000000ull;
 };
 
-template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
-inline __attribute__((always_inline)) void terms_row(const X* xr, X* yr, const W* __restrict__ tr, int64_t tj,
-                                                     const int64_t* __restrict__ o, const M* __restrict__ mask,
-                                                     int64_t nj, int64_t dn, W* __restrict__ xpad) {
+// a row of x into the scratch row xpad, in the work type; returns the largest |x| of the row as an integer, at
+// least Bits::inf when the row holds an inf or a NaN
+template <typename X, typename W, int64_t DC>
+inline __attribute__((always_inline)) typename Bits<W>::type copy_row(const X* xr, int64_t dn, W* __restrict__ xpad) {
   using U = typename Bits<W>::type;
-  constexpr bool known = O::J > 0;  // the offsets are constants
-  const int64_t n = known ? O::J : (O::J < 0 ? -O::J : nj), D = DC > 0 ? DC : dn, ts = TD ? D : tj;
-  U big = 0;  // the largest |x| of the row as an integer: at least Bits::inf when the row holds an inf or a NaN
+  const int64_t D = DC > 0 ? DC : dn;
+  U big = 0;
   for (int64_t d = 0; d < D; d++) {
     const W v = ld(xr[d]);
     U u;
@@ -150,6 +148,15 @@ inline __attribute__((always_inline)) void terms_row(const X* xr, X* yr, const W
     big = std::max<U>(big, u & Bits<W>::abs);
     xpad[d] = v;
   }
+  return big;
+}
+
+template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
+inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, typename Bits<W>::type big, X* yr,
+                                                   const W* __restrict__ tr, int64_t tj, const int64_t* __restrict__ o,
+                                                   const M* __restrict__ mask, int64_t nj, int64_t dn) {
+  constexpr bool known = O::J > 0;  // the offsets are constants
+  const int64_t n = known ? O::J : (O::J < 0 ? -O::J : nj), D = DC > 0 ? DC : dn, ts = TD ? D : tj;
   if (big < Bits<W>::inf) {
 #pragma GCC unroll 4
     for (int64_t d = 0; d < D; d++) {
@@ -171,22 +178,39 @@ inline __attribute__((always_inline)) void terms_row(const X* xr, X* yr, const W
   }
 }
 
+// The rows of items [lo, hi), software-pipelined over two scratch rows: the next row is copied (and checked)
+// before the current one is summed, so the sums read a copy whose stores have left the store buffer (a read at a
+// column offset that straddles two pending stores stalls), and every row of x is read before the one before it is
+// written (in place, rows are distinct).
 template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
 __attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off,
                                            const M* mask, int64_t nj, int64_t D, int64_t pl, int64_t pr, const Rows g,
                                            int64_t lo, int64_t hi) {
-  std::vector<W> buf(pl + D + pr + 1 + 64 / sizeof(W), W(0));  // the padding stays zero: rows write [0, D)
+  using U = typename Bits<W>::type;
+  // each scratch row's first column 64-byte aligned (its copy's stores split no cache line), after pl zeros at
+  // least; the padding stays zero: rows write [0, D)
+  constexpr int64_t line = 64 / sizeof(W);
+  const int64_t left = (pl + line - 1) / line * line, span = (left + D + pr + 1 + line - 1) / line * line;
+  std::vector<W> buf(2 * span + line, W(0));
   const auto at = reinterpret_cast<uintptr_t>(buf.data());
-  W* row = reinterpret_cast<W*>((at + 63) / 64 * 64);  // 64-byte aligned
+  W* rows[2] = {reinterpret_cast<W*>((at + 63) / 64 * 64) + left, reinterpret_cast<W*>((at + 63) / 64 * 64) + left + span};
   int64_t o[4];  // up to four offsets as a local array, not read through a pointer
   const int64_t* op = off;
   if (nj <= 4) {
     for (int64_t j = 0; j < nj; j++) o[j] = off[j];
     op = o;
   }
+  int64_t cur = 0, pending_y = -1, pending_t = 0;
+  U pending_big = 0;
   FOR_ROWS(g, lo, hi, xo, yo, to) {
-    terms_row<X, W, M, O, DC, TD>(xp + xo, yp + yo, tp + to, tj, op, mask, nj, D, row + pl);
+    const U big = copy_row<X, W, DC>(xp + xo, D, rows[cur ^ 1]);
+    if (pending_y >= 0)
+      sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D);
+    cur ^= 1;
+    pending_y = yo, pending_t = to, pending_big = big;
   }
+  if (pending_y >= 0)
+    sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D);
 }
 
 template <typename X, typename O, int64_t DC>
