@@ -8,6 +8,7 @@ checked all the same."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import liepos as lp
-from liepos import _kernels
+from liepos import _fast, _kernels
 from liepos.generator import Generator, direct_sum
 from helpers import fast_lane
 
@@ -29,6 +30,7 @@ def kernels_on_small_inputs(monkeypatch):
     monkeypatch.setattr(_kernels, "SLAB_BYTES", 3 * 5 * 16 * 8)  # a few rows: several slabs of both kinds
     monkeypatch.setattr(_kernels, "TILE", 4)  # the terms kernel in tiles of 4 positions (a ragged last one)
     monkeypatch.setattr(_kernels, "TILE_ABOVE_BYTES", 0)
+    monkeypatch.setattr(_kernels, "_ran", set())  # which native ops ran: this test's calls only
     yield
 
 
@@ -88,7 +90,7 @@ def test_kernel_equals_fallback_equals_dense(name, dtype, bshd, kernels_on_small
             assert float((got.double() - ops.double()).abs().max() / scale) <= tol
             assert float((got.double() - ref).abs().max() / scale) <= 10 * tol
     assert built() > before or before > 0  # a kernel did run (native C, else Inductor's)
-    assert not [k for k in _kernels.status()["failed"] if k[0] != "native" or HAVE_CC]
+    assert not [k for k in _kernels.status()["failed"] if k[0] != "native" or CAN_BUILD]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, ref: torch.Tensor | None = None) -> None:
@@ -128,7 +130,9 @@ def test_kernel_in_place_is_in_place_and_equals_out_of_place(name, dtype, bshd, 
             z = x.clone()
             f(z, pos, inplace=True)
         _close(y, z)
-    assert any("halves" in v for v in _kernels.status()["native"]) or not HAVE_CC
+    # the half-layout rotation in place, or (a coupled encoding) the terms kernel in place
+    kernel = "terms" if name == "mixed_half" else "halves"
+    assert any(kernel in v for v in _kernels.status()["native"]) or not CAN_BUILD
 
 
 @pytest.mark.parametrize("name", ["rope_half", "mixed_half", "slots_half"])
@@ -230,7 +234,26 @@ def _jordan_with_slots() -> lp.Encoding:
     return lp.Encoding(g, query_slots=a.query_slots, key_slots=a.key_slots, name="jordan_slots")
 
 
+def _rope_and_blocks(dim: int, size: int) -> lp.Encoding:
+    """RoPE planes on half the dims, then decaying Jordan blocks of ``size``, the rest NoPE."""
+    nb = (dim - dim // 2) // size
+    gens = [lp.rope(dim // 2).generator, Generator(-torch.linspace(0.01, 0.2, nb), torch.zeros(nb), [size] * nb)]
+    if dim - dim // 2 - size * nb:
+        gens.append(lp.nope(dim - dim // 2 - size * nb).generator)
+    return lp.Encoding(direct_sum(*gens), name=f"rope_jordan{size}_{dim}")
+
+
+# the term structures the native kernel compiles with their constants (offsets of the query's forward terms, the key's;
+# widths 64 and 128): each encoding here must keep producing them, or the compiled paths go untested
+COMPILED = {
+    "bank_64": (lambda: lp.build("jordan", 64), (0, -1, -2), (0, 1, 2)),
+    "bank2_128": (lambda: lp.build("jordan", 128, size=2), (0, -1), (0, 1)),
+    "rope_jordan3_64": (lambda: _rope_and_blocks(64, 3), (0, -1, 1, -2), (0, -1, 1, 2)),
+    "rope_jordan2_128": (lambda: _rope_and_blocks(128, 2), (0, -1, 1), (0, -1, 1)),
+}
+
 JORDAN = {
+    **{name: fn for name, (fn, _, _) in COMPILED.items()},
     "jordan3_bank": lambda: lp.build("jordan", 16),  # 5 decaying 3×3 blocks + one NoPE dim
     "jordan2": lambda: lp.jordan(2, -0.1),
     "jordan3_growth": lambda: lp.jordan(3, 0.0),
@@ -243,13 +266,13 @@ JORDAN = {
 }
 
 
-# a machine without a C compiler runs the torch ops (warned once): the values are checked all the same,
-# only the assertions that the native kernel ran are conditional
-HAVE_CC = _kernels._compiler() is not None
+# a machine without a C++ compiler or ninja runs the torch ops (warned once): the values are checked all the
+# same, only the assertions that the native kernel ran are conditional
+CAN_BUILD = _kernels._missing() is None
 
 
 def _terms_ran() -> bool:
-    return any("terms" in v for v in _kernels.status()["native"]) or not HAVE_CC
+    return any("terms" in v for v in _kernels.status()["native"]) or not CAN_BUILD
 
 
 @pytest.mark.parametrize("name", list(JORDAN))
@@ -267,7 +290,9 @@ def test_terms_kernel_equals_torch_ops_equals_dense(name, dtype, bshd, kernels_o
             ops = f(x, pos)
         assert got.stride() == ops.stride()
         _close(got, ops, getattr(enc, f"{side}_reference")(x.double(), pos))
-    assert _terms_ran() and (not _kernels.status()["failed"] or not HAVE_CC)
+    # slots of a half-precision input are written in float32, an output dtype the terms kernel does not take
+    upcast = name == "slots" and dtype in (torch.bfloat16, torch.float16)
+    assert (_terms_ran() != upcast or not CAN_BUILD) and (not _kernels.status()["failed"] or not CAN_BUILD)
 
 
 @pytest.mark.parametrize("name", ["jordan3_bank", "mixed_half", "slots"])
@@ -334,6 +359,56 @@ def test_terms_kernel_keeps_non_finite_values_in_their_block(col, kernels_on_sma
         _close(got[fin], ops[fin])  # one rounding apart, as for finite inputs
 
 
+@pytest.mark.parametrize("name", list(COMPILED))
+def test_the_compiled_term_structures_are_what_the_encodings_produce(name):
+    """The offsets the kernel compiles as constants are those of liepos's Jordan encodings at widths 64 and 128
+    (the forward terms of the query and of the key)."""
+    fn, *want = COMPILED[name]
+    enc = fn()
+    assert enc.content_dim in (64, 128)
+    for side, offsets in zip(("query", "key"), want):
+        ft = enc._build_fast(torch.arange(4.0, dtype=torch.float64), side, torch.float32, True)
+        assert ft.terms is not None and ft.terms[0] == offsets
+
+
+@pytest.mark.parametrize("name", list(JORDAN))
+@pytest.mark.parametrize("side", ["query", "key"])
+def test_term_tables_are_zero_where_no_term_exists(name, side):
+    """The terms op adds every term of a finite row without reading the masks: its contract is tables that are
+    zero where a mask is 0, for the terms and for the transposed terms of the backward."""
+    enc = JORDAN[name]()
+    ft = enc._build_fast(torch.arange(-3.0, 9.0, dtype=torch.float64), side, torch.float32, True)
+    assert ft.terms is not None
+    for _, masks, T in (ft.terms, _fast._transposed_terms(ft)):
+        absent = ~torch.tensor(masks, dtype=torch.bool)  # (J, D)
+        assert T.shape[-2:] == absent.shape and absent.any()
+        assert (T[..., absent] == 0).all() and (T.abs().amax(tuple(range(T.dim() - 2)))[~absent] > 0).any()
+
+
+@pytest.mark.parametrize("name", list(COMPILED))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_terms_kernel_keeps_non_finite_values_where_they_belong(name, dtype, kernels_on_small_inputs):
+    """A row holding an inf or a NaN takes the masks on the compiled structures too: where the torch ops stay
+    finite the kernel does, with their values; the other rows of the same call take every term."""
+    enc = JORDAN[name]()
+    torch.manual_seed(1)
+    D = enc.content_dim
+    x = torch.randn(2, 3, 9, D).to(dtype)
+    x[0, 1, 2, D // 2 + 1] = float("inf")  # a Jordan block's column
+    x[1, 0, 5, 0] = float("nan")  # a rotation plane's, or the first block's
+    x[1, 2, 7, D - 1] = float("-inf")  # the last column: what a row read in place reads of its neighbours
+    pos = torch.arange(1, 10)
+    for f in (enc.query, enc.key):
+        got = f(x, pos)
+        with _kernels.off():
+            ops = f(x, pos)
+        assert torch.equal(got.isfinite(), ops.isfinite()) and ops.isfinite().any(-1).all()
+        assert not ops[0, 1, 2].isfinite().all() and ops[0, 0].isfinite().all()
+        fin = ops.isfinite()
+        _close(got[fin], ops[fin])
+    assert _terms_ran()
+
+
 @given(
     rates=st.lists(st.floats(-0.3, 0.0), min_size=2, max_size=2),
     freq=st.floats(0.0, 2.0),
@@ -365,26 +440,35 @@ def test_native_kernels_off_by_the_environment_use_the_torch_ops(kernels_on_smal
     enc = lp.build("jordan", 16)
     x = torch.randn(2, 4, 9, 16)
     want = enc.query(x, torch.arange(9))
+    assert _terms_ran()
     monkeypatch.setenv(_kernels.ENV, "0")
-    monkeypatch.setattr(_kernels, "_native", {})
+    monkeypatch.setattr(_kernels, "_ran", set())
     got = enc.query(x, torch.arange(9))
     y = x.clone()
     lp.rope(16, layout="half").query(y, torch.arange(9), inplace=True)
-    assert not _kernels.status()["native"]  # nothing compiled or loaded: the torch ops ran
+    assert not _kernels.status()["native"]  # no native op ran: the torch ops did
     _close(got, want)
 
 
-def test_no_compiler_warns_once_and_falls_back(kernels_on_small_inputs, monkeypatch, tmp_path):
-    """A machine without a C compiler (here: CC names a missing program, an empty cache): one warning
-    naming the reason, then the torch ops, silently, with the same values."""
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+@pytest.mark.parametrize("missing", ["compiler", "ninja"])
+def test_no_compiler_or_no_ninja_warns_once_naming_it_and_falls_back(kernels_on_small_inputs, monkeypatch, tmp_path,
+                                                                      missing):
+    """A machine without a C++ compiler (CXX names a missing program) or without ninja: one warning naming
+    what is missing, then the torch ops, silently, with the same values."""
+    from torch.utils import cpp_extension
+
+    if missing == "compiler":
+        monkeypatch.setenv("CXX", str(tmp_path / "no-such-c++"))
+    else:
+        monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
     monkeypatch.setenv(_kernels.CACHE_ENV, str(tmp_path / "cache"))
     for name in ("_said", "_failed", "_native"):
         monkeypatch.setattr(_kernels, name, set() if name == "_said" else {})
     enc = lp.build("jordan", 16)
     x = torch.randn(2, 4, 9, 16, dtype=torch.float64)
-    with pytest.warns(RuntimeWarning, match="native terms kernel"):
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler" if missing == "compiler" else "no ninja") as seen:
         got = enc.query(x, torch.arange(9))
+    assert len([w for w in seen if "liepos" in str(w.message)]) == 1
     assert torch.allclose(got, enc.query_reference(x, torch.arange(9)), atol=1e-12)
     import warnings
 
@@ -392,20 +476,41 @@ def test_no_compiler_warns_once_and_falls_back(kernels_on_small_inputs, monkeypa
         warnings.simplefilter("error")  # never tried again
         assert torch.allclose(enc.query(x, torch.arange(9)), got)
     assert _kernels.status()["failed"] and not _kernels.status()["native"]
+    assert not (tmp_path / "cache").exists()  # nothing built
 
 
-@pytest.mark.skipif(not HAVE_CC, reason="no C compiler: nothing is cached")
-def test_native_kernels_are_cached_on_disk_and_not_rebuilt(kernels_on_small_inputs, monkeypatch, tmp_path):
-    monkeypatch.setenv(_kernels.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(_kernels, "_native", {})
+@pytest.mark.skipif(not CAN_BUILD, reason="no C++ compiler or ninja: nothing is built")
+def test_the_native_library_is_built_once_and_not_rebuilt(kernels_on_small_inputs, monkeypatch):
+    """The library is built once per build key: asked for again (a fresh process would), it is found up to
+    date: the same file, not relinked, and the ops give the same values."""
     enc = lp.build("jordan", 16)
     x = torch.randn(2, 4, 9, 16)
     want = enc.key(x, torch.arange(9))
-    assert list(tmp_path.glob("terms_*.so")) and list(tmp_path.glob("terms_*.sha256"))
+    lib = _kernels.library()
+    assert lib is not None and lib.with_suffix(".sha256").exists()
+    before = os.stat(lib)
     monkeypatch.setattr(_kernels, "_native", {})
-
-    def no_compiler(cmd):
-        raise AssertionError(f"rebuilt: {cmd}")
-
-    monkeypatch.setattr(_kernels, "_run_compiler", no_compiler)  # a verified cached library is loaded, not rebuilt
+    assert _kernels.library() == lib
+    after = os.stat(lib)
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
     assert torch.equal(enc.key(x, torch.arange(9)), want) and _kernels.status()["native"]
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason="no C++ compiler or ninja: nothing is built")
+@pytest.mark.parametrize("op", ["terms", "terms_", "halves", "halves_"])
+def test_the_native_ops_pass_opcheck(op):
+    """Schema (the written tensor annotated), fake implementation, autograd registration and AOT dispatch of
+    each ``liepos_native`` op, on one representative case of each (BSHD strides, broadcast tables)."""
+    ops = _kernels._ops()
+    assert ops is not None
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 8).transpose(1, 2)  # (B, H, S, D), BSHD strides
+    if op.startswith("terms"):
+        offsets, masks = [0, -1, 1], _kernels._mask_tensor(((1,) * 8, (0,) + (1,) * 7, (1,) * 7 + (0,)))
+        T = torch.randn(1, 3, 5, 3, 8) * masks  # zero where no term exists, the op's contract
+        T = T.expand(2, 3, 5, 3, 8)  # (1, 3, 5, 3, 8) -> (2, 3, 5, 3, 8), stride 0 on the batch
+        args = (x, T, offsets, masks, 2) if op == "terms_" else (x, T, offsets, masks, 2, torch.empty(2, 3, 5, 8))
+    else:
+        c, s = torch.randn(1, 1, 5, 4).expand(2, 3, 5, 4), torch.randn(1, 1, 5, 4).expand(2, 3, 5, 4)
+        args = (x, c, s, 2) if op == "halves_" else (x, c, s, 2, torch.empty(2, 3, 5, 8))
+    torch.library.opcheck(getattr(ops, op).default, args)

@@ -1,4 +1,4 @@
-"""One-pass elementwise kernels — compiled by Inductor, or native C — with the plain torch ops as their fallback.
+"""One-pass elementwise kernels — compiled by Inductor, or native C++ ops — with the plain torch ops as their fallback.
 
 The half layout rotates planes (k, k + P)::
 
@@ -21,25 +21,30 @@ wider output) the compiled kernel runs in slabs of the leading axes of about :da
 Native kernels (CPU): :func:`apply_terms`, the whole transform of a Jordan-coupled encoding as a sum of
 column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
 :func:`liepos._fast._terms`), and the half-layout rotation (in place and out of place; the Inductor loop
-runs it where the native kernels do not: CUDA, no C compiler). Each variant is a small C file
-generated with its constants (dtype, width, offsets, masks), compiled by the system C compiler at its
-first use (about 0.15 s; never at import), cached on disk (:data:`CACHE_ENV`: a directory of this user
-that nobody else can write, created 0700; every library verified against its SHA-256 sidecar before it
-is loaded, a truncated or foreign file rebuilt with one warning) and called through ``ctypes``; x of
-float32, float64, bfloat16 or float16 is read and written directly (half precision
-computed in float32 in registers and rounded as torch rounds).
+runs it where the native kernels do not: CUDA, no C++ compiler). Both are ``torch.library`` CPU ops
+(``torch.ops.liepos_native.terms``/``halves`` and their in-place forms ``terms_``/``halves_``, the written
+tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, with the term structures of liepos's
+Jordan encodings — the offsets of blocks of size 2 and 3, alone or beside rotation planes, the widths 64 and
+128 — compiled as constants, any other structure passed at run time) whose rows run in parallel on torch's
+own intra-op thread pool (``at::parallel_for``; the library links no OpenMP runtime of its own). They are
+built by ``torch.utils.cpp_extension`` — which needs a C++ compiler (``$CXX``, else ``c++``) and ``ninja`` —
+once per source, torch, compiler (path and version) and CPU, at the first use (never at import; the first use
+builds once, tens of seconds, under cpp_extension's file lock), into a build directory of this user that nobody
+else can write (:data:`CACHE_ENV`; created 0700, the library verified against its SHA-256 sidecar before it is
+loaded, a truncated or foreign file rebuilt with one warning); x of float32, float64, bfloat16 or float16 is
+read and written directly (half precision computed in float32 in registers and rounded as torch rounds).
 
-Compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic shapes, so a
-new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
+The Inductor loop is compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic
+shapes, so a new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
 variant gets its own code object, hence its own dynamo cache and recompile limit.
 
 The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
 
 * ``LIEPOS_KERNELS=0`` (also ``false``/``off``/``no``) is set — logged once at INFO;
 * the device is neither CPU nor CUDA, or ``torch._dynamo``/``torch._inductor`` cannot be imported;
-* compiling a variant fails (no C/C++ compiler, no Triton, an unwritable cache, …) — warned once with
-  the reason, and that variant is never tried again; a kernel cache others could write into (a symlink,
-  another owner, group- or world-writable) is refused with one warning, never used;
+* compiling a variant fails (no Triton, …), or the native ops cannot be built (no C++ compiler, no ninja,
+  an unwritable cache) — warned once naming the reason, and never tried again; a kernel cache others could
+  write into (a symlink, another owner, group- or world-writable) is refused with one warning, never used;
 * the input is small (under :data:`MIN_ELEMS` elements: a compiled call costs ~30 µs of guards and
   wrappers, more than the torch ops on a decode step; the terms kernel, whose fallback is one
   ``addcmul_`` per coupling pair, runs at any size, :data:`MIN_ELEMS_TERMS`) or not in a layout the
@@ -52,7 +57,6 @@ and the float64 dense reference).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import hashlib
 import logging
@@ -61,22 +65,23 @@ import platform
 import shutil
 import stat
 import subprocess
-import tempfile
 import threading
+import time
 import types
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 __all__ = [
-    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "apply_terms", "enabled", "off", "rotate_halves",
-    "status",
+    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "apply_terms", "enabled", "library", "off",
+    "rotate_halves", "status",
 ]
 
 ENV = "LIEPOS_KERNELS"
-# where the native (C) kernels are cached on disk (default: $XDG_CACHE_HOME/liepos/kernels or ~/.cache/…)
+# where the native ops are built (default: $XDG_CACHE_HOME/liepos/kernels or ~/.cache/…), one directory per build key
 CACHE_ENV = "LIEPOS_KERNEL_CACHE"
 # below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers
 # (measured: 31 µs compiled vs 16 µs eager for one (1, 1, 1, 128) row on the 2-core CPU)
@@ -151,7 +156,7 @@ def status() -> dict:
     """The compiled variants (Inductor's, the native ones) and the failed ones (with their reasons), for
     reports and tests."""
     with _lock:
-        return {"compiled": sorted(map(repr, _compiled)), "native": sorted(repr(k[:3]) for k in _native),
+        return {"compiled": sorted(map(repr, _compiled)), "native": sorted(_ran),
                 "failed": dict(_failed)}
 
 
@@ -272,105 +277,45 @@ def rotate_halves(
     return into
 
 
-# ---------------------------------------------------------------------- native kernels (C, the system compiler)
+# ---------------------------------------------------------------------- native kernels (C++, torch.library ops)
 # Two loops Inductor does not write well: a sum of column-shifted terms (Jordan coupling: each output column
 # reads its neighbours, which Inductor guards with a computed mask per vector, ~2× the loads of the row) and
 # the half-layout rotation *in place* (both halves loaded, both stored, in one iteration: Inductor needs a
-# full-size temporary for a store into the tensor it reads at another index). Each variant (dtypes, width,
-# offsets, the structural mask) is generated as a small C file without torch headers, compiled by the
-# system C compiler (~0.2 s), cached on disk (CACHE_ENV) and loaded with ctypes, which releases the GIL.
-_PRELUDE = r"""
-#include <stdint.h>
-#include <string.h>
-static inline float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint16_t f2bf(float f) {  /* round to nearest even, NaN -> 0x7fc0: torch's rounding */
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-/* rows in tiles of `tile` positions, every head of a tile before the next: a table row shared by the heads
-   is read from memory once and from L1/L2 by the others (tile = S: head after head) */
-#define TILED_ROWS \
-    _Pragma("omp parallel for collapse(3) schedule(static) num_threads(nthreads)") \
-    for (int64_t b = 0; b < B; b++) for (int64_t s0 = 0; s0 < S; s0 += tile) for (int64_t h = 0; h < H; h++) \
-    for (int64_t s = s0; s < (s0 + tile < S ? s0 + tile : S); s++)
-"""
-# y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j] per row, accumulated in the tables' type by fused multiply-adds
-# (one rounding per term; a masked lane keeps the sum); x is copied into a zero-padded row first, so y may
-# be x (in place) and no read leaves the row
-_TERMS = r"""
-#define D {D}
-#define J {J}
-#define PL {PL}
-static const int64_t OFF[J] = {{{OFF}}};
-static const unsigned char MASK[J][D] = {{{MASK}}};
-void run(const X* x, X* y, const W* t, int64_t B, int64_t H, int64_t S, int64_t xb, int64_t xh, int64_t xs,
-         int64_t yb, int64_t yh, int64_t ys, int64_t tb, int64_t th, int64_t ts, int64_t tj, int64_t nthreads,
-         int64_t tile) {{
-    TILED_ROWS {{
-        const X* xr = x + b * xb + h * xh + s * xs;
-        X* yr = y + b * yb + h * yh + s * ys;
-        const W* tr = t + b * tb + h * th + s * ts;
-        W xp[PL + D + {PR} + 1];
-        for (int d = 0; d < PL; d++) xp[d] = 0;
-        for (int d = 0; d < {PR} + 1; d++) xp[PL + D + d] = 0;
-        for (int d = 0; d < D; d++) xp[PL + d] = LD(xr[d]);
-        for (int d = 0; d < D; d++) {{
-            W acc = 0;
-            #pragma GCC unroll 16
-            for (int j = 0; j < J; j++) {{ W v = acc + tr[j * tj + d] * xp[PL + d + OFF[j]]; acc = MASK[j][d] ? v : acc; }}
-            yr[d] = ST(acc);
-        }}
-    }}
-}}
-"""
-# y₀ = c x₀ − s x₁, y₁ = s x₀ + c x₁ on (k, k + P): iteration k reads and writes only k and k + P, so the
-# loop has no carried dependence even when y is x (ivdep)
-_HALVES = r"""
-#define P {P}
-void run(const X* x, X* y, const W* c, const W* sn, int64_t B, int64_t H, int64_t S, int64_t xb, int64_t xh,
-         int64_t xs, int64_t yb, int64_t yh, int64_t ys, int64_t tb, int64_t th, int64_t ts, int64_t tj,
-         int64_t nthreads, int64_t tile) {{
-    TILED_ROWS {{
-        const X* xr = x + b * xb + h * xh + s * xs;
-        X* yr = y + b * yb + h * yh + s * ys;
-        const W* cr = c + b * tb + h * th + s * ts;
-        const W* sr = sn + b * tb + h * th + s * ts;
-        #pragma GCC ivdep
-        for (int k = 0; k < P; k++) {{
-            W x0 = LD(xr[k]), x1 = LD(xr[k + P]);
-            yr[k] = ST(cr[k] * x0 - sr[k] * x1);
-            yr[k + P] = ST(sr[k] * x0 + cr[k] * x1);
-        }}
-    }}
-}}
-"""
-# x's dtype -> (C type of x, C type of the tables, load, store); half precision is computed in float
-_CTYPES = {
-    torch.float32: ("float", "float", "", ""),
-    torch.float64: ("double", "double", "", ""),
-    torch.bfloat16: ("uint16_t", "float", "bf2f", "f2bf"),
-    torch.float16: ("_Float16", "float", "(float)", "(_Float16)"),
-}
-# tried in this order; 256-bit vectors measured ~10% faster than 512-bit for the terms kernel on the 2-core EPYC
-_FLAGS = (("-O3", "-march=native", "-mprefer-vector-width=256", "-fopenmp"), ("-O3", "-march=native", "-fopenmp"),
-          ("-O3", "-march=native"), ("-O3",))
+# full-size temporary for a store into the tensor it reads at another index). Both are CPU ops of the
+# ``liepos_native`` namespace (native_kernels.cpp, the common term structures as constants), built once
+# per machine, torch and compiler by torch.utils.cpp_extension and parallel on torch's own thread pool.
+SOURCE = Path(__file__).with_name("native_kernels.cpp")
+_NAME = "liepos_native"
+# -fopenmp is a compile flag only: at::parallel_for's OpenMP backend is inline in torch's headers and needs
+# _OPENMP; the library links no runtime (its GOMP symbols bind to the one torch loaded). Tried in this order;
+# 256-bit vectors measured ~10% faster than 512-bit for the terms kernel on a 2-core EPYC
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686")
+_FLAGS = ((("-O3", "-march=native", "-mprefer-vector-width=256") if _X86 else ("-O3", "-mcpu=native")) + ("-fopenmp",),
+          ("-O3",))
+STALE_LOCK_S = 1800  # a build lock older than this was left by a killed build
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _MAX_WIDTH = 4096  # the kernels keep a row on the stack
 # the terms kernel runs in tiles of TILE positions (all heads of a tile in turn) when x is larger than this
 TILE, TILE_ABOVE_BYTES = 32, 16 << 20
-_native: dict[tuple, Callable] = {}
+_native: dict[str, Path] = {}  # "library": the loaded library, once per process
+_ran: set[str] = set()  # the native ops called in this process, with x's dtype ("terms float32")
+_fakes: set[str] = set()  # the ops whose fake implementation is registered
+_masks: dict[tuple, torch.Tensor] = {}  # the structural masks of a terms variant as a uint8 (J, D) tensor
 
 
 def _cache_dir() -> Path:
-    """The on-disk cache of compiled native kernels: ``$LIEPOS_KERNEL_CACHE``, else
-    ``$XDG_CACHE_HOME/liepos/kernels`` (``~/.cache/…``), created with mode 0700 and checked before every use
-    (:func:`_check_private`). There is no fallback to a shared temporary directory: where the cache cannot be
-    made private, the native kernels are not built (one warning) and the torch ops run."""
+    """The directory of the built native library: ``$LIEPOS_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/liepos/kernels``
+    (``~/.cache/…``), created with mode 0700 and checked before every use (:func:`_check_private`). There is no
+    fallback to a shared temporary directory: where it cannot be made private, the native kernels are not built
+    (one warning) and the torch ops run."""
     base = os.environ.get(CACHE_ENV)
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "liepos", "kernels")
-    d = Path(base)
+    return _private_dir(Path(base))
+
+
+def _private_dir(d: Path) -> Path:
     if not os.path.lexists(d):
         d.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):  # another process may create it first: checked below
@@ -400,7 +345,7 @@ def _check_private(d: Path) -> None:
 
 
 def _machine() -> str:
-    """What -march=native depends on: the CPU's flags (or the machine name), for the cache key."""
+    """What -march=native depends on: the CPU's flags (or the machine name), for the build key."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             return next((ln for ln in f if ln.startswith(("flags", "Features"))), platform.machine())
@@ -409,23 +354,40 @@ def _machine() -> str:
 
 
 def _compiler() -> str | None:
-    """The C compiler the native kernels are built with: ``$CC`` when set (None if it is not a program),
-    else the first of cc, gcc, clang on PATH."""
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc)
-    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    """The C++ compiler torch.utils.cpp_extension builds with (``$CXX``, else ``c++``) as a path, or None."""
+    from torch.utils import cpp_extension
+
+    return shutil.which(cpp_extension.get_cxx_compiler())
 
 
 @functools.lru_cache(maxsize=8)
 def _compiler_id(cc: str) -> str:
-    """The compiler as the cache key knows it: its resolved path and the first line of ``--version``."""
+    """The compiler as the build key knows it: its resolved path and the first line of ``--version``."""
     try:
         r = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
         version = (r.stdout or r.stderr).strip().splitlines()[0] if (r.stdout or r.stderr).strip() else ""
     except (OSError, subprocess.SubprocessError) as err:
         version = f"unknown ({err!r})"
     return f"{os.path.realpath(cc)}\0{version}"
+
+
+def _missing() -> str | None:
+    """What the build needs and this machine lacks (a C++ compiler, ninja), in words; None when nothing."""
+    from torch.utils import cpp_extension
+
+    lacks = []
+    if _compiler() is None:
+        lacks.append(f"no C++ compiler ({cpp_extension.get_cxx_compiler()!r} is not a program; set CXX)")
+    if not cpp_extension.is_ninja_available():
+        lacks.append("no ninja (pip install ninja)")
+    return "; ".join(lacks) or None
+
+
+def _build_dir(cc: str) -> Path:
+    """The private build directory of this source, torch, compiler (path and version), CPU and flag sets."""
+    key = "\0".join((hashlib.sha256(SOURCE.read_bytes()).hexdigest(), torch.__version__, repr(_FLAGS), _machine(),
+                     _compiler_id(cc), str(torch._C._GLIBCXX_USE_CXX11_ABI)))
+    return _private_dir(_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:20])
 
 
 def _sha256(path: Path) -> str:
@@ -438,10 +400,9 @@ def _nofollow(path: str, flags: int) -> int:
 
 
 def _verified(lib: Path) -> bool | None:
-    """Whether the cached ``lib`` may be loaded: None when there is none; True when it is a regular file of
-    this user whose bytes hash to its sidecar (``lib.sha256``, written after the library's atomic rename);
-    False for anything else (a symlink, a truncated or foreign file, no sidecar): it is then rebuilt and
-    renamed over it (nothing is deleted first, so a process loading a good copy never finds it gone)."""
+    """Whether the built ``lib`` may be loaded: None when there is none; True when it is a regular file of this
+    user whose bytes hash to its sidecar (``lib.sha256``, written after the build); False for anything else (a
+    symlink, a truncated or foreign file, no sidecar): it is then removed and rebuilt."""
     if not os.path.lexists(lib):
         return None
     side = lib.with_suffix(".sha256")
@@ -455,87 +416,93 @@ def _verified(lib: Path) -> bool | None:
         return False
 
 
-def _build(name: str, source: str) -> Path:
-    """``source`` compiled to a shared library in the cache (reused when it exists and its hash checks out;
-    rebuilt, with one warning, when it does not); raises with the compiler's message when no flag set
-    compiles it. The key covers the source, the flags, the CPU and the compiler (path and version)."""
-    cc = _compiler()
-    if cc is None:
-        raise RuntimeError(f"no C compiler: CC={os.environ.get('CC')!r}, and no cc, gcc or clang on PATH")
-    key = hashlib.sha256("\0".join((source, repr(_FLAGS), _machine(), _compiler_id(cc))).encode()).hexdigest()[:20]
-    d = _cache_dir()
-    lib = d / f"{name}_{key}.so"
-    ok = _verified(lib)
-    if ok:
-        return lib
-    if ok is False:
-        _say_once(f"rebuilt:{lib.name}", f"liepos: the cached kernel {str(lib)!r} is not the library liepos built "
-                  f"(a truncated, foreign or unverifiable file): rebuilt", True)
-    # a fresh private directory (mkdtemp: 0700, created exclusively) for the source and the output: no name in
-    # it can be a planted symlink, and the source's fixed name keeps the built bytes the same in every process
-    work = Path(tempfile.mkdtemp(prefix="build_", dir=d))
-    src, tmp = work / f"{name}_{key}.c", work / f"{name}_{key}.so"
+def _build() -> Path:
+    """Build (at most once per build key; cpp_extension's own file lock serialises concurrent processes) and
+    load the native ops; raises with the reason when they cannot be built. A library in the build directory
+    that is not the one liepos built (truncated, foreign, a symlink) is removed and rebuilt with one warning,
+    never loaded; symlinks planted in the directory are removed, never followed."""
+    from torch.utils import cpp_extension
+
+    lacks = _missing()
+    if lacks:
+        raise RuntimeError(lacks)
+    d = _build_dir(str(_compiler()))
     errors = []
-    try:
-        with open(src, "x", encoding="utf-8", opener=_nofollow) as f:
-            f.write(source)
-        for flags in _FLAGS:
-            r = _run_compiler([cc, *flags, "-fPIC", "-shared", str(src), "-o", str(tmp)])
-            if r.returncode == 0:
-                digest = _sha256(tmp)
-                os.replace(tmp, lib)  # atomic: concurrent processes compile the same bytes
-                side = work / "sha256"
-                with open(side, "x", encoding="ascii", opener=_nofollow) as f:
-                    f.write(digest)
-                os.replace(side, lib.with_suffix(".sha256"))  # the sidecar after the library
-                return lib
-            errors.append(f"{' '.join(flags)}: {r.stderr.strip()[-300:]}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    raise RuntimeError(f"{cc} failed: " + " | ".join(errors))
-
-
-def _run_compiler(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
-
-def _native_fn(name: str, dtype: torch.dtype, params: tuple, body: Callable[[], str], pointers: int) -> Callable | None:
-    """The compiled ``run`` of the variant ``(name, dtype, params)``, ``body()`` its C code (built at its first
-    use, under the lock), or None when it cannot be built (warned once with the reason, never tried again)."""
-    key = ("native", name, dtype, params)
-    fn = _native.get(key)
-    if fn is not None:
-        return fn
-    with _lock:
-        fn = _native.get(key)
-        if fn is not None or key in _failed:
-            return fn
-        xt, wt, ld, st = _CTYPES[dtype]
-        source = f"{_PRELUDE}typedef {xt} X;\ntypedef {wt} W;\n#define LD(v) {ld}(v)\n#define ST(v) {st}(v)\n{body()}"
+    for i, flags in enumerate(_FLAGS):
+        lib = d / (f"{_NAME}.so" if i == 0 else f"{_NAME}_v{i}.so")
+        for entry in os.scandir(d):
+            if entry.is_symlink() and entry.path != str(lib):
+                os.unlink(entry.path)  # the directory is private: a link is never followed
+        _clear_stale_lock(d)
+        if _verified(lib) is False:
+            _say_once(f"rebuilt:{lib}", f"liepos: the built kernel library {str(lib)!r} is not the library liepos built "
+                      f"(a truncated, foreign or unverifiable file): rebuilt", True)
+            os.unlink(lib)
         try:
-            fn = ctypes.CDLL(str(_build(name, source))).run
-        except Exception as err:  # no compiler, a compiler error, an unsafe or unwritable cache: the torch ops
-            _failed[key] = f"{name} {dtype}: {err!r}"[:500]
-            if isinstance(err, UnsafeCacheError):  # one warning for the cache, whatever the kernel
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # cpp_extension's notes on compiler versions: the build decides
+                path = cpp_extension.load(_NAME, [str(SOURCE)], extra_cflags=list(flags), build_directory=str(d),
+                                          is_python_module=False, verbose=False)
+        except Exception as err:  # a compiler error: the next flag set, then the torch ops
+            errors.append(f"{' '.join(flags)}: {str(err).strip()[-300:]}")
+            continue
+        lib = Path(path)
+        side = d / f"{_NAME}.sha256.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(side)
+        with open(side, "x", encoding="ascii", opener=_nofollow) as f:
+            f.write(_sha256(lib))
+        os.replace(side, lib.with_suffix(".sha256"))
+        return lib
+    raise RuntimeError("building the native kernels failed: " + " | ".join(errors))
+
+
+def _clear_stale_lock(d: Path) -> None:
+    """cpp_extension's lock file left by a build that was killed (a live build holds it for well under
+    :data:`STALE_LOCK_S`) makes every later process wait for it forever: removed, with one warning."""
+    lock = d / "lock"
+    with contextlib.suppress(FileNotFoundError):
+        age = time.time() - os.lstat(lock).st_mtime
+        if age > STALE_LOCK_S:
+            _say_once(f"lock:{d}", f"liepos: removed the build lock {str(lock)!r}, {age:.0f} s old (a build was killed)",
+                      True)
+            os.unlink(lock)
+
+
+def _ops() -> Any:
+    """The ``liepos_native`` ops (built and loaded at their first use, under the lock), or None when they cannot
+    be built (warned once with the reason, never tried again)."""
+    if "library" in _native:
+        return torch.ops.liepos_native
+    with _lock:
+        if "library" in _native or ("native",) in _failed:
+            return torch.ops.liepos_native if "library" in _native else None
+        try:
+            lib = _build()
+            _register_fakes()
+            _native["library"] = lib
+        except Exception as err:  # no compiler or ninja, a compiler error, an unsafe or unwritable cache
+            _failed[("native",)] = repr(err)[:500]
+            if isinstance(err, UnsafeCacheError):
                 _say_once("cache", f"liepos: no native kernels, using the torch ops: {err}", True)
             else:
-                _say_once(f"native:{name}:{dtype}", f"liepos: building the native {name} kernel for {dtype} failed, "
-                          f"using the torch ops: {repr(err)[:300]}", True)
+                _say_once("native", f"liepos: the native kernels cannot be built, using the torch ops: {str(err)[:400]}",
+                          True)
             return None
-        fn.argtypes, fn.restype = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * 15, None
-        _native[key] = fn
-        return fn
+        return torch.ops.liepos_native
 
 
-def _strides(t: torch.Tensor, n: int) -> list[int]:
-    return [t.stride(i) if t.shape[i] > 1 else 0 for i in range(n)]
+def library() -> Path | None:
+    """The path of the loaded native library (None when it is not built or cannot be)."""
+    _ops()
+    return _native.get("library")
 
 
 def _native_ok(x: torch.Tensor, into: torch.Tensor | None, *tables: torch.Tensor, least: int | None = None) -> bool:
     """The native kernels take 4-D x (last stride 1, at least ``least`` elements, default :data:`MIN_ELEMS`) of
     a supported dtype, tables of the work dtype."""
     least = MIN_ELEMS if least is None else least
-    if x.numel() < least or x.dim() != 4 or x.dtype not in _CTYPES or not enabled(x.device, native=True):
+    if x.numel() < least or x.dim() != 4 or x.dtype not in _DTYPES or not enabled(x.device, native=True):
         return False
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     if any(t.dtype != work or t.stride(-1) != 1 or t.device != x.device for t in tables):
@@ -545,17 +512,26 @@ def _native_ok(x: torch.Tensor, into: torch.Tensor | None, *tables: torch.Tensor
     return into is None or (into.dtype == x.dtype and into.shape == x.shape and into.stride(-1) == 1)
 
 
+def _mask_tensor(masks: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+    m = _masks.get(masks)
+    if m is None:
+        m = _masks.setdefault(masks, torch.tensor(masks, dtype=torch.uint8))  # (J, D)
+    return m
+
+
 def apply_terms(
     x: torch.Tensor, T: torch.Tensor, offsets: tuple[int, ...], masks: tuple[tuple[int, ...], ...],
     into: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """``y[…, d] = Σ_j [masks[j][d]] T[…, j, d] · x[…, d + offsets[j]]`` in one pass (native C kernel).
+    """``y[…, d] = Σ_j [masks[j][d]] T[…, j, d] · x[…, d + offsets[j]]`` in one pass (the native terms op).
 
     ``x``: (B, H, S, D) with any strides but the last; ``T``: (B|1, H|1, S, J, D), the tables in the work
-    dtype; ``masks[j][d]``: whether term j exists at column d (a structural zero is skipped, so a
-    non-finite neighbour never leaks into a column); ``into``: x itself, a view of a wider output, or
-    None (a fresh output in x's memory order). Returns None when the kernel does not run (small input,
-    kernels off, no compiler, another device) and the caller must use the torch ops.
+    dtype, **zero where** ``masks[j][d]`` **is 0** (as :func:`liepos._fast._terms` builds them: a row of
+    finite x adds every term); ``masks[j][d]``: whether term j exists at column d (in a row holding an inf or
+    a NaN a structural zero is skipped, so a non-finite neighbour never leaks into a column); ``into``: x
+    itself, a view of a wider output, or None (a fresh output in x's memory order). Returns None when the
+    kernel does not run (small input, kernels off, no compiler, another device) and the caller must use the
+    torch ops.
     """
     if T.dim() != 5 or not _native_ok(x, into, T, least=MIN_ELEMS_TERMS):
         return None
@@ -563,28 +539,21 @@ def apply_terms(
     J = len(offsets)
     if T.shape[-2:] != (J, D) or len(masks) != J or any(len(m) != D for m in masks):
         raise ValueError(f"terms: tables {tuple(T.shape)} do not match {J} offsets and width {D}")
-    body = lambda: _TERMS.format(  # noqa: E731
-        D=D, J=J, PL=max(0, -min(offsets)), PR=max(0, max(offsets)), OFF=", ".join(map(str, offsets)),
-        MASK=", ".join("{" + ",".join(map(str, m)) + "}" for m in masks))
-    fn = _native_fn("terms", x.dtype, (D, tuple(offsets), tuple(masks)), body, 3)
-    if fn is None:
+    ops = _ops()
+    if ops is None:
         return None
     y = torch.empty_like(x) if into is None else into
     T = T.expand(B, H, S, J, D)  # (B|1, H|1, S, J, D) -> (B, H, S, J, D), stride 0 where broadcast
     # tiles of positions for a large fresh output, whose page faults evict the tables between heads (measured
     # at (1, 32, 4096, 128): 1.2x a clone in tiles of 32, 1.6x head after head); in place and below
     # TILE_ABOVE_BYTES (L3-resident) head after head is faster (in place 1.1x against 2.1x a warm copy)
-    with _profiled("liepos::apply_terms"):
-        fn(x.data_ptr(), y.data_ptr(), T.data_ptr(), B, H, S, *_strides(x, 3), *_strides(y, 3), *_strides(T, 3),
-           T.stride(3), torch.get_num_threads(), _tile(x, y, S))
+    tile, m = _tile(x, y, S), _mask_tensor(masks)
+    _ran.add(f"terms {x.dtype}")
+    if y.data_ptr() == x.data_ptr():
+        ops.terms_(x, T, list(offsets), m, tile)
+    else:
+        ops.terms(x, T, list(offsets), m, tile, y)
     return y
-
-
-def _profiled(name: str):
-    """A profiler range around a native call (invisible to torch's profiler otherwise), only while one records."""
-    if getattr(torch.autograd.profiler, "_is_profiler_enabled", False):
-        return torch.profiler.record_function(name)
-    return contextlib.nullcontext()
 
 
 def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, into: torch.Tensor) -> torch.Tensor | None:
@@ -594,20 +563,35 @@ def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, int
     B, H, S, D = x.shape
     P = D // 2
     c, s = c.expand(B, H, S, P), s.expand(B, H, S, P)  # (B|1, H|1, S, P) -> (B, H, S, P)
-    if _strides(c, 3) != _strides(s, 3):
+    if any((c.stride(i) if c.shape[i] > 1 else 0) != (s.stride(i) if s.shape[i] > 1 else 0) for i in range(3)):
         return None
-    fn = _native_fn("halves", x.dtype, (P,), lambda: _HALVES.format(P=P), 4)
-    if fn is None:
+    ops = _ops()
+    if ops is None:
         return None
-    with _profiled("liepos::rotate_halves"):
-        fn(x.data_ptr(), into.data_ptr(), c.data_ptr(), s.data_ptr(), B, H, S, *_strides(x, 3), *_strides(into, 3),
-           *_strides(c, 3), 0, torch.get_num_threads(), _tile(x, into, S))
+    _ran.add(f"halves {x.dtype}")
+    if into.data_ptr() == x.data_ptr():
+        ops.halves_(x, c, s, _tile(x, into, S))
+    else:
+        ops.halves(x, c, s, _tile(x, into, S), into)
     return into
 
 
 def _tile(x: torch.Tensor, y: torch.Tensor, S: int) -> int:
-    """Positions per tile of :data:`TILED_ROWS`: :data:`TILE` for a large fresh output, whose page faults evict
-    the tables between heads (the half-layout rotation at (1, 32, 4096, 128): 1.03–1.04× a clone in tiles of
-    32, 1.10–1.18× head after head); in place and below :data:`TILE_ABOVE_BYTES` (L3-resident) head after head."""
+    """Positions per tile of the row loop: :data:`TILE` for a large fresh output, whose page faults evict the
+    tables between heads (the half-layout rotation at (1, 32, 4096, 128): 1.03–1.04× a clone in tiles of 32,
+    1.10–1.18× head after head); in place and below :data:`TILE_ABOVE_BYTES` (L3-resident) head after head."""
     fresh = y.data_ptr() != x.data_ptr()
     return max(1, TILE if fresh and x.numel() * x.element_size() > TILE_ABOVE_BYTES else S)
+
+
+def _register_fakes() -> None:
+    """Fake implementations of the native ops (they write into a given tensor and return nothing), for
+    torch.compile and ``torch.library.opcheck``."""
+    for op in ("terms", "terms_", "halves", "halves_"):
+        if op not in _fakes:
+            torch.library.register_fake(f"{_NAME}::{op}")(_no_output)
+            _fakes.add(op)
+
+
+def _no_output(*args: Any) -> None:
+    return None

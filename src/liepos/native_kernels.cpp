@@ -1,0 +1,397 @@
+// The native CPU kernels of liepos._kernels, registered as torch.library ops (namespace liepos_native) and
+// built once per machine by torch.utils.cpp_extension. Rows run in parallel on torch's own intra-op pool
+// (at::parallel_for); the library links no OpenMP runtime of its own.
+//
+//   terms(x, t, offsets, masks, tile, out):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]]
+//   halves(x, c, s, tile, out):              out[k] = c x[k] - s x[k+P],  out[k+P] = s x[k] + c x[k+P]
+//
+// and their in-place forms terms_ / halves_ (out is x). x is (B, H, S, D) with any strides but the last, the
+// tables are in the work type (float, or double for double x) with stride 0 on broadcast axes. The terms' tables
+// are zero where a term does not exist (masks[j][d] = 0): the masks keep a non-finite x out of a column that does
+// not read it. bfloat16 and float16 are computed in float in registers and rounded as torch rounds (to nearest
+// even).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kMaxWidth = 4096;  // the widest row taken
+constexpr int64_t kGrainElems = 32768;  // at least this many elements of x per task
+
+// loads and stores: half precision as float, rounded to nearest even (NaN -> quiet NaN), as torch does
+inline float ld(c10::BFloat16 v) {
+  uint32_t u = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void st(c10::BFloat16& out, float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  out.x = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#if defined(__FLT16_MAX__)
+inline float ld(c10::Half v) {
+  _Float16 h;
+  std::memcpy(&h, &v.x, 2);
+  return static_cast<float>(h);
+}
+inline void st(c10::Half& out, float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  std::memcpy(&out.x, &h, 2);
+}
+#else
+inline float ld(c10::Half v) { return static_cast<float>(v); }
+inline void st(c10::Half& out, float f) { out = c10::Half(f); }
+#endif
+inline float ld(float v) { return v; }
+inline void st(float& out, float f) { out = f; }
+inline double ld(double v) { return v; }
+inline void st(double& out, double f) { out = f; }
+
+template <typename X> struct Work { using type = float; using mask = int32_t; };
+template <> struct Work<double> { using type = double; using mask = int64_t; };
+
+int64_t stride_or_zero(const at::Tensor& t, int64_t i) { return t.size(i) > 1 ? t.stride(i) : 0; }
+
+// rows in tiles of `tile` positions, every head of a tile before the next: a table row shared by the heads is
+// read from memory once and from L1/L2 by the others (tile = S: head after head). The items (b, tile, h) are
+// split over torch's intra-op threads; each task runs its items [lo, hi) in one call of a kernel's chunk function.
+struct Rows {
+  int64_t H, S, tiles, tile;
+  int64_t xb, xh, xs, yb, yh, ys, tb, th, ts;  // strides (0 on a broadcast axis) of x, out and the tables
+};
+
+// the rows of items [lo, hi): (x offset, out offset, table offset) of each, in order
+#define FOR_ROWS(g, lo, hi, xo, yo, to)                                                                        \
+  for (int64_t i_ = (lo); i_ < (hi); i_++)                                                                       \
+    for (int64_t h_ = i_ % (g).H, s0_ = (i_ / (g).H) % (g).tiles * (g).tile, b_ = i_ / ((g).H * (g).tiles),       \
+                 s_ = s0_, s1_ = std::min((g).S, s0_ + (g).tile);                                                \
+         s_ < s1_; s_++)                                                                                         \
+      if (const int64_t xo = b_ * (g).xb + h_ * (g).xh + s_ * (g).xs, yo = b_ * (g).yb + h_ * (g).yh + s_ * (g).ys, \
+          to = b_ * (g).tb + h_ * (g).th + s_ * (g).ts;                                                          \
+          true)
+
+template <typename F>
+void tiled_rows(const at::Tensor& x, const at::Tensor& out, const at::Tensor& table, int64_t tile, const F& chunk) {
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+  tile = std::max<int64_t>(1, std::min(tile, std::max<int64_t>(S, 1)));
+  const Rows g{H, S, (S + tile - 1) / tile, tile,
+               stride_or_zero(x, 0), stride_or_zero(x, 1), stride_or_zero(x, 2),
+               stride_or_zero(out, 0), stride_or_zero(out, 1), stride_or_zero(out, 2),
+               stride_or_zero(table, 0), stride_or_zero(table, 1), stride_or_zero(table, 2)};
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, tile * D));
+  at::parallel_for(0, B * g.tiles * H, grain, [&](int64_t lo, int64_t hi) { chunk(g, lo, hi); });
+}
+
+void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t width) {
+  TORCH_CHECK(x.dim() == 4 && out.sizes() == x.sizes(), "liepos_native: x and out must be 4-D of one shape, got ",
+              x.sizes(), " and ", out.sizes());
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "liepos_native: out must be of x's dtype ", x.scalar_type(),
+              ", got ", out.scalar_type());
+  TORCH_CHECK(x.stride(3) == 1 && out.stride(3) == 1, "liepos_native: the last axis of x and out must be contiguous");
+  TORCH_CHECK(width <= kMaxWidth, "liepos_native: width ", width, " above ", kMaxWidth);
+  TORCH_CHECK(x.device().is_cpu() && out.device().is_cpu(), "liepos_native: CPU tensors only");
+}
+
+// ------------------------------------------------------------------------------------------------ terms
+// A row of x is copied into a scratch row of its task first (zero-padded on both sides once per task), so out may
+// be x (in place) and no read leaves the row. Each column is accumulated in the work type by fused multiply-adds, one rounding per term.
+//
+// The tables are zero where a term does not exist (the op's contract), so a row of finite x takes every term
+// without a test: adding 0 * x leaves the sum as it is. A row holding an inf or a NaN takes the masks (a masked
+// lane keeps the sum), so a non-finite value never reaches a column whose terms do not read it (0 * inf = NaN).
+//
+// Compile-time structure where it is common: the offsets of the Jordan blocks of size 2 and 3 (query: 0, -1, -2;
+// key: 0, 1, 2), alone or beside interleaved rotation planes (±1), as constants (O); the widths 64 and 128 (DC);
+// the tables' term stride equal to the width (the tables of one position contiguous, as liepos builds them). Then
+// every read of a row is at a constant displacement and the loops have constant trip counts. Other offsets take
+// the term count (2-4) as a constant, or nothing.
+template <int64_t... V> struct Offsets {
+  static constexpr int64_t J = sizeof...(V);  // the offsets V as constants
+  static constexpr int64_t v[J > 0 ? J : 1] = {V...};
+};
+template <int64_t N> struct Terms {  // N terms at run-time offsets (N = 0: the count at run time too)
+  static constexpr int64_t J = -N;
+  static constexpr int64_t v[1] = {0};
+};
+
+// |v| as an integer (the sign bit cleared): at least `inf` exactly when v is an inf or a NaN
+template <typename W> struct Bits {
+  using type = uint32_t;
+  static constexpr uint32_t abs = 0x7fffffffu, inf = 0x7f800000u;
+};
+template <> struct Bits<double> {
+  using type = uint64_t;
+  static constexpr uint64_t abs = 0x7fffffffffffffffull, inf = 0x7ff0000000000000ull;
+};
+
+// a row of x into the scratch row xpad, in the work type; returns the largest |x| of the row as an integer, at
+// least Bits::inf when the row holds an inf or a NaN
+template <typename X, typename W, int64_t DC>
+inline __attribute__((always_inline)) typename Bits<W>::type copy_row(const X* xr, int64_t dn, W* __restrict__ xpad) {
+  using U = typename Bits<W>::type;
+  const int64_t D = DC > 0 ? DC : dn;
+  U big = 0;
+  for (int64_t d = 0; d < D; d++) {
+    const W v = ld(xr[d]);
+    U u;
+    std::memcpy(&u, &v, sizeof(W));
+    big = std::max<U>(big, u & Bits<W>::abs);
+    xpad[d] = v;
+  }
+  return big;
+}
+
+template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
+inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, typename Bits<W>::type big, X* yr,
+                                                   const W* __restrict__ tr, int64_t tj, const int64_t* __restrict__ o,
+                                                   const M* __restrict__ mask, int64_t nj, int64_t dn) {
+  constexpr bool known = O::J > 0;  // the offsets are constants
+  const int64_t n = known ? O::J : (O::J < 0 ? -O::J : nj), D = DC > 0 ? DC : dn, ts = TD ? D : tj;
+  if (big < Bits<W>::inf) {
+#pragma GCC unroll 4
+    for (int64_t d = 0; d < D; d++) {
+      W acc = 0;
+#pragma GCC unroll 16
+      for (int64_t j = 0; j < n; j++) acc += tr[j * ts + d] * xpad[d + (known ? O::v[j] : o[j])];
+      st(yr[d], acc);
+    }
+    return;
+  }
+  for (int64_t d = 0; d < D; d++) {
+    W acc = 0;
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < n; j++) {
+      W v = acc + tr[j * ts + d] * xpad[d + (known ? O::v[j] : o[j])];
+      acc = mask[j * D + d] ? v : acc;
+    }
+    st(yr[d], acc);
+  }
+}
+
+// The rows of items [lo, hi), software-pipelined over two scratch rows: the next row is copied (and checked)
+// before the current one is summed, so the sums read a copy whose stores have left the store buffer (a read at a
+// column offset that straddles two pending stores stalls), and every row of x is read before the one before it is
+// written (in place, rows are distinct).
+template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
+__attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off,
+                                           const M* mask, int64_t nj, int64_t D, int64_t pl, int64_t pr, const Rows g,
+                                           int64_t lo, int64_t hi) {
+  using U = typename Bits<W>::type;
+  // each scratch row's first column 64-byte aligned (its copy's stores split no cache line), after pl zeros at
+  // least; the padding stays zero: rows write [0, D)
+  constexpr int64_t line = 64 / sizeof(W);
+  const int64_t left = (pl + line - 1) / line * line, span = (left + D + pr + 1 + line - 1) / line * line;
+  std::vector<W> buf(2 * span + line, W(0));
+  const auto at = reinterpret_cast<uintptr_t>(buf.data());
+  W* rows[2] = {reinterpret_cast<W*>((at + 63) / 64 * 64) + left, reinterpret_cast<W*>((at + 63) / 64 * 64) + left + span};
+  int64_t o[4];  // up to four offsets as a local array, not read through a pointer
+  const int64_t* op = off;
+  if (nj <= 4) {
+    for (int64_t j = 0; j < nj; j++) o[j] = off[j];
+    op = o;
+  }
+  int64_t cur = 0, pending_y = -1, pending_t = 0;
+  U pending_big = 0;
+  FOR_ROWS(g, lo, hi, xo, yo, to) {
+    const U big = copy_row<X, W, DC>(xp + xo, D, rows[cur ^ 1]);
+    if (pending_y >= 0)
+      sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D);
+    cur ^= 1;
+    pending_y = yo, pending_t = to, pending_big = big;
+  }
+  if (pending_y >= 0)
+    sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D);
+}
+
+template <typename X, typename O, int64_t DC>
+void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
+                int64_t tile, at::Tensor& out) {
+  using W = typename Work<X>::type;
+  using M = typename Work<X>::mask;  // the masks as integers of the work type's width: a select needs no widening
+  const int64_t D = x.size(3);
+  const std::vector<M> wide(mask, mask + nj * D);
+  int64_t pl = 0, pr = 0;
+  for (int64_t j = 0; j < nj; j++) {
+    pl = std::max(pl, -off[j]);
+    pr = std::max(pr, off[j]);
+  }
+  TORCH_CHECK(pl <= kMaxWidth && pr <= kMaxWidth, "liepos_native::terms: offsets beyond ", kMaxWidth);
+  const X* xp = x.const_data_ptr<X>();
+  X* yp = out.mutable_data_ptr<X>();
+  const W* tp = t.const_data_ptr<W>();
+  const int64_t tj = t.stride(3);
+  tiled_rows(x, out, t, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
+    if (O::J > 0 && DC > 0 && tj == D)
+      terms_chunk<X, W, M, O, DC, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+    else
+      terms_chunk<X, W, M, O, DC, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+  });
+}
+
+template <typename X, typename O>
+void terms_width(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
+                 int64_t tile, at::Tensor& out) {
+  switch (x.size(3)) {  // the common head widths with a constant trip count
+    case 64: return terms_rows<X, O, 64>(x, t, off, mask, nj, tile, out);
+    case 128: return terms_rows<X, O, 128>(x, t, off, mask, nj, tile, out);
+    default: return terms_rows<X, O, 0>(x, t, off, mask, nj, tile, out);
+  }
+}
+
+template <typename O> bool same(const int64_t* off, int64_t nj) {
+  if (nj != O::J) return false;
+  for (int64_t j = 0; j < nj; j++)
+    if (off[j] != O::v[j]) return false;
+  return true;
+}
+
+template <typename X>
+void terms_typed(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
+                 int64_t tile, at::Tensor& out) {
+  // Jordan blocks of size 2 and 3 (query, key), alone or beside interleaved rotation planes
+  if (same<Offsets<0, -1>>(off, nj)) return terms_width<X, Offsets<0, -1>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, 1>>(off, nj)) return terms_width<X, Offsets<0, 1>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, -2>>(off, nj)) return terms_width<X, Offsets<0, -1, -2>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, 1, 2>>(off, nj)) return terms_width<X, Offsets<0, 1, 2>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, 1>>(off, nj)) return terms_width<X, Offsets<0, -1, 1>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, 1, -2>>(off, nj))
+    return terms_width<X, Offsets<0, -1, 1, -2>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1, 1, 2>>(off, nj)) return terms_width<X, Offsets<0, -1, 1, 2>>(x, t, off, mask, nj, tile, out);
+  switch (nj) {  // other offsets: the common term counts with a constant trip count
+    case 2: return terms_width<X, Terms<2>>(x, t, off, mask, nj, tile, out);
+    case 3: return terms_width<X, Terms<3>>(x, t, off, mask, nj, tile, out);
+    case 4: return terms_width<X, Terms<4>>(x, t, off, mask, nj, tile, out);
+    default: return terms_rows<X, Terms<0>, 0>(x, t, off, mask, nj, tile, out);
+  }
+}
+
+void terms_impl(const at::Tensor& x, const at::Tensor& t, at::IntArrayRef offsets, const at::Tensor& masks,
+                int64_t tile, at::Tensor& out) {
+  check_rows(x, out, x.size(3));
+  const int64_t J = static_cast<int64_t>(offsets.size()), D = x.size(3);
+  const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK(t.dim() == 5 && t.size(0) == x.size(0) && t.size(1) == x.size(1) && t.size(2) == x.size(2) &&
+                  t.size(3) == J && t.size(4) == D && t.stride(4) == 1 && t.scalar_type() == work,
+              "liepos_native::terms: tables ", t.sizes(), " of ", t.scalar_type(), " do not match x ", x.sizes(),
+              " and ", J, " offsets (want (B, H, S, J, D) of ", work, ", last axis contiguous)");
+  TORCH_CHECK(masks.scalar_type() == at::kByte && masks.is_contiguous() && masks.dim() == 2 && masks.size(0) == J &&
+                  masks.size(1) == D,
+              "liepos_native::terms: masks must be a contiguous uint8 (", J, ", ", D, ") tensor, got ", masks.sizes());
+  const int64_t* off = offsets.data();
+  const uint8_t* mask = masks.const_data_ptr<uint8_t>();
+  switch (x.scalar_type()) {
+    case at::kFloat: return terms_typed<float>(x, t, off, mask, J, tile, out);
+    case at::kDouble: return terms_typed<double>(x, t, off, mask, J, tile, out);
+    case at::kBFloat16: return terms_typed<c10::BFloat16>(x, t, off, mask, J, tile, out);
+    case at::kHalf: return terms_typed<c10::Half>(x, t, off, mask, J, tile, out);
+    default: TORCH_CHECK(false, "liepos_native::terms: unsupported dtype ", x.scalar_type());
+  }
+}
+
+void terms_out(const at::Tensor& x, const at::Tensor& t, at::IntArrayRef offsets, const at::Tensor& masks,
+               int64_t tile, at::Tensor out) {
+  terms_impl(x, t, offsets, masks, tile, out);
+}
+
+void terms_inplace(at::Tensor x, const at::Tensor& t, at::IntArrayRef offsets, const at::Tensor& masks,
+                   int64_t tile) {
+  terms_impl(x, t, offsets, masks, tile, x);
+}
+
+// ------------------------------------------------------------------------------------------------ halves
+// iteration k reads and writes only k and k + P, so the loop has no carried dependence even when out is x
+template <typename X, typename W, int64_t PC>
+__attribute__((noinline)) void halves_chunk(const X* xp, X* yp, const W* __restrict__ cp, const W* __restrict__ sp,
+                                            int64_t pn, const Rows g, int64_t lo, int64_t hi) {
+  const int64_t P = PC > 0 ? PC : pn;
+  FOR_ROWS(g, lo, hi, xo, yo, to) {
+    const X* xr = xp + xo;
+    X* yr = yp + yo;
+    const W* __restrict__ cr = cp + to;
+    const W* __restrict__ sr = sp + to;
+#pragma GCC ivdep
+    for (int64_t k = 0; k < P; k++) {
+      W x0 = ld(xr[k]), x1 = ld(xr[k + P]);
+      st(yr[k], cr[k] * x0 - sr[k] * x1);
+      st(yr[k + P], sr[k] * x0 + cr[k] * x1);
+    }
+  }
+}
+
+template <typename X, int64_t PC>
+void halves_rows(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn, int64_t tile, at::Tensor& out) {
+  using W = typename Work<X>::type;
+  const int64_t P = x.size(3) / 2;
+  const X* xp = x.const_data_ptr<X>();
+  X* yp = out.mutable_data_ptr<X>();
+  const W* cp = c.const_data_ptr<W>();
+  const W* sp = sn.const_data_ptr<W>();
+  tiled_rows(x, out, c, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
+    halves_chunk<X, W, PC>(xp, yp, cp, sp, P, g, lo, hi);
+  });
+}
+
+template <typename X>
+void halves_typed(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn, int64_t tile, at::Tensor& out) {
+  switch (x.size(3) / 2) {  // the common widths with a constant trip count
+    case 16: return halves_rows<X, 16>(x, c, sn, tile, out);
+    case 32: return halves_rows<X, 32>(x, c, sn, tile, out);
+    case 64: return halves_rows<X, 64>(x, c, sn, tile, out);
+    default: return halves_rows<X, 0>(x, c, sn, tile, out);
+  }
+}
+
+void halves_impl(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn, int64_t tile, at::Tensor& out) {
+  check_rows(x, out, x.size(3));
+  const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t P = x.size(3) / 2;
+  for (const at::Tensor* t : {&c, &sn}) {
+    TORCH_CHECK(t->dim() == 4 && t->size(0) == x.size(0) && t->size(1) == x.size(1) && t->size(2) == x.size(2) &&
+                    t->size(3) == P && x.size(3) == 2 * P && t->stride(3) == 1 && t->scalar_type() == work,
+                "liepos_native::halves: tables ", t->sizes(), " of ", t->scalar_type(), " do not match x ", x.sizes(),
+                " (want (B, H, S, D / 2) of ", work, ", last axis contiguous, D even)");
+  }
+  for (int64_t i = 0; i < 3; i++)
+    TORCH_CHECK(stride_or_zero(c, i) == stride_or_zero(sn, i), "liepos_native::halves: c and s must share strides");
+  switch (x.scalar_type()) {
+    case at::kFloat: return halves_typed<float>(x, c, sn, tile, out);
+    case at::kDouble: return halves_typed<double>(x, c, sn, tile, out);
+    case at::kBFloat16: return halves_typed<c10::BFloat16>(x, c, sn, tile, out);
+    case at::kHalf: return halves_typed<c10::Half>(x, c, sn, tile, out);
+    default: TORCH_CHECK(false, "liepos_native::halves: unsupported dtype ", x.scalar_type());
+  }
+}
+
+void halves_out(const at::Tensor& x, const at::Tensor& c, const at::Tensor& sn, int64_t tile, at::Tensor out) {
+  halves_impl(x, c, sn, tile, out);
+}
+
+void halves_inplace(at::Tensor x, const at::Tensor& c, const at::Tensor& sn, int64_t tile) {
+  halves_impl(x, c, sn, tile, x);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(liepos_native, m) {
+  m.def("terms(Tensor x, Tensor t, int[] offsets, Tensor masks, int tile, Tensor(a!) out) -> ()");
+  m.def("terms_(Tensor(a!) x, Tensor t, int[] offsets, Tensor masks, int tile) -> ()");
+  m.def("halves(Tensor x, Tensor c, Tensor s, int tile, Tensor(a!) out) -> ()");
+  m.def("halves_(Tensor(a!) x, Tensor c, Tensor s, int tile) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
+  m.impl("terms", &terms_out);
+  m.impl("terms_", &terms_inplace);
+  m.impl("halves", &halves_out);
+  m.impl("halves_", &halves_inplace);
+}
