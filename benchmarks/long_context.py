@@ -205,6 +205,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="512 tokens, trained length taken as 256, no figure")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--figure", type=Path, default=ROOT / "docs" / "guide" / "long_context.png")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs already in the JSON of --out (same model, text, factor and keys) and measure the rest")
     p.add_argument("--replot", action="store_true", help="only draw the figure (and the table) from the JSON of --out")
     args = p.parse_args(argv)
     if args.replot:
@@ -232,12 +234,23 @@ def main(argv=None) -> int:
         "original": L0, "factor": factor, "keys": args.keys, "torch": torch.__version__,
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(), "runs": {},
     }
+    old = out.with_suffix(".json")
+    if args.resume and old.exists():
+        before = json.loads(old.read_text())
+        same = ("model", "text", "original", "factor", "keys")
+        if any(before.get(k) != results[k] for k in same):
+            raise SystemExit(f"--resume: {old} was measured with other "
+                             + ", ".join(f"{k} ({before.get(k)!r})" for k in same if before.get(k) != results[k]))
+        results["runs"] = before["runs"]
+        results["command"] = before["command"] + " + " + results["command"]
     edges = [e for e in EDGES if e < max(args.lengths)] + [max(args.lengths)] if not args.quick else [0, 128, 256, 384, 512]
     for L in args.lengths:
         ids, is_text, answers = passkey_sequence(tok, text_ids, L, args.keys)
         cuts = [e for e in edges if e < L] + [L]
         rows = results["runs"].setdefault(str(L), {})
         for name in args.maps:
+            if name in rows:  # kept by --resume
+                continue
             enc = encs[name]
             if enc is not None and enc.length_rule is not None:
                 enc = enc.at_length(L).replace(length_rule=None)  # one forward of length L: the rule's encoding at L
