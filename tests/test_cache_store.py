@@ -168,7 +168,9 @@ ALLOWED = {
     ("liepos.interop.hf_attention", "_attn_implementation_internal"),
     # beside HF's objects (not a liepos class): the per-forward times and each layer's encoded-key
     # store beside the cache, the implementation names found before patching on the model, under the
-    # ``_liepos`` names the modules define
+    # ``_liepos`` names the modules define; the layer numbers the family check gives an encoder's attention
+    # modules, with what they had, under ``_liepos_numbered`` (taken back by unpatch_model and a refusal)
+    ("liepos.interop.hf_verify", "__dict__"),
     ("liepos.interop.hf_model", "__dict__"),
     ("liepos.interop.hf_raw", "__dict__"),
     ("liepos.interop.hf_attention", "__dict__"),
