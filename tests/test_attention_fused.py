@@ -58,7 +58,8 @@ def three_ways(enc, q, k, v, p, sinks=None):
     return fused, general, ref
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# the lane leaves ALiBi (its long T) to CI: its fused path stays in the lane through the gradient and window tests
+@pytest.mark.parametrize("name", [n if n != "alibi" else pytest.param(n, marks=pytest.mark.slow) for n in sorted(CASES)])
 @pytest.mark.parametrize("dtype", fast_lane(torch.float32, torch.float64, torch.bfloat16))
 @pytest.mark.parametrize("offset", fast_lane(10**6 + 17, 0))
 def test_fused_equals_general_equals_reference(name, dtype, offset):

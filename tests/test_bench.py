@@ -4,6 +4,7 @@ memory probe sees allocations, and the report renders. Speed targets live in `li
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from liepos.cli.bench import load_suite
@@ -37,6 +38,7 @@ def test_peak_allocated_sees_a_known_allocation():
     assert peak is not None and 2 * 16 * 2**20 <= peak < 2.5 * 16 * 2**20
 
 
+@pytest.mark.slow  # the lane runs the suite end to end in test_liepos_bench_runs_the_suite_and_writes_where_asked
 def test_bench_case_rows_targets_and_markdown():
     rows = bench.bench_case(1, 2, 2, 16, 16, torch.float32, min_run_time=0.01, memory=True,
                             only=["clone", "liepos", "hf"])
