@@ -179,9 +179,12 @@ def figure(results: dict, path: Path) -> None:
     runs = results["runs"]
     fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), squeeze=False, sharey=True)
     for ax, (L, rows) in zip(axes[0], runs.items()):
-        for name, r in rows.items():
+        order = ["none", *MAPS]  # one colour per map in every panel, whatever order the runs were made in
+        for name in sorted(rows, key=lambda n: order.index(n) if n in order else len(order)):
+            r = rows[name]
             mids = [sum(int(x) for x in h.strip("[)").split(", ")) / 2 for h in r["nll"]]
-            ax.plot(mids, list(r["nll"].values()), marker="o", label=f"{name} (passkey {r['passkey']:.2f})")
+            colour = f"C{order.index(name)}" if name in order else None
+            ax.plot(mids, list(r["nll"].values()), marker="o", color=colour, label=f"{name} (passkey {r['passkey']:.2f})")
         ax.axvline(results["original"], color="grey", linestyle=":", linewidth=1)
         ax.set_title(f"L = {L} ({int(L) / results['original']:g}×), maps at factor {results['factor']:g}")
         ax.set_xlabel("position")
