@@ -250,6 +250,7 @@ def test_a_kv_cache_under_torch_compile_runs_the_eager_call_and_fills_the_cache(
     assert torch.allclose(torch.cat((first, step), 2), lp.attention(q, k, v, enc), atol=1e-12)
 
 
+@pytest.mark.slow  # the lane keeps positions under compile in the tensor-position tests
 def test_positions_as_lists_under_torch_compile_equal_eager():
     """Positions given as a list are not a tensor the op can take: the traced eager code runs, bit for bit."""
     enc = lp.rope(8)

@@ -82,6 +82,7 @@ def test_the_map_places_each_encoding_at_its_blocks_with_their_measured_shares(q
     assert T in res["config"]["eval_lens"]
 
 
+@pytest.mark.slow  # the lane keeps resume in test_explore_study
 def test_resume_skips_finished_runs_and_redoes_a_removed_one_identically(tmp_path, capsys):
     argv = ["--task", "copy", "--encodings", "rope,alibi", "--steps", "4", "--batch-size", "8", "--d-model", "16",
             "--layers", "1", "--heads", "2", "--train-len", "16", "--eval-lens", "16,32", "--eval-tokens", "256",

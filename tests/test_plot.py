@@ -54,6 +54,7 @@ def test_plot_writes_svg_for_an_svg_file(tmp_path):
     assert text.lstrip().startswith("<?xml") and "<svg" in text
 
 
+@pytest.mark.slow  # the lane keeps the plot in test_plot_writes_png_and_json
 def test_plot_passes_its_flags_to_the_figure(tmp_path):
     js = tmp_path / "s.json"
     assert cli(plot_cli, "scaling", "--factor", "4", "--base", "10000", "--out", str(tmp_path / "s.png"),
