@@ -389,7 +389,8 @@ def test_term_tables_are_zero_where_no_term_exists(name, side):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_terms_kernel_keeps_non_finite_values_where_they_belong(name, dtype, kernels_on_small_inputs):
     """A row holding an inf or a NaN takes the masks on the compiled structures too: where the torch ops stay
-    finite the kernel does, with their values; the other rows of the same call take every term."""
+    finite the kernel does, with their values; the other rows of the same call take every term; in place
+    gives the same bits."""
     enc = JORDAN[name]()
     torch.manual_seed(1)
     D = enc.content_dim
@@ -406,6 +407,9 @@ def test_terms_kernel_keeps_non_finite_values_where_they_belong(name, dtype, ker
         assert not ops[0, 1, 2].isfinite().all() and ops[0, 0].isfinite().all()
         fin = ops.isfinite()
         _close(got[fin], ops[fin])
+        y = x.clone()  # in place: the row-at-a-time loop, the same sums in the same order as out of place
+        f(y, pos, inplace=True)
+        assert torch.equal(y.isfinite(), fin) and torch.equal(y[fin], got[fin])
     assert _terms_ran()
 
 

@@ -25,6 +25,7 @@ namespace {
 
 constexpr int64_t kMaxWidth = 4096;  // the widest row taken
 constexpr int64_t kGrainElems = 32768;  // at least this many elements of x per task
+constexpr int64_t kRowwiseAboveBytes = 16 << 20;  // the terms in place row at a time above this size of x
 
 // loads and stores: half precision as float, rounded to nearest even (NaN -> quiet NaN), as torch does
 inline float ld(c10::BFloat16 v) {
@@ -178,11 +179,13 @@ inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, t
   }
 }
 
-// The rows of items [lo, hi), software-pipelined over two scratch rows: the next row is copied (and checked)
-// before the current one is summed, so the sums read a copy whose stores have left the store buffer (a read at a
-// column offset that straddles two pending stores stalls), and every row of x is read before the one before it is
-// written (in place, rows are distinct).
-template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
+// The rows of items [lo, hi). Out of place they are software-pipelined over two scratch rows: the next row is copied
+// (and checked) before the current one is summed, so the sums read a copy whose stores have left the store buffer (a
+// read at a column offset that straddles two pending stores stalls). In place on an x larger than the L3 a row is
+// copied, summed and stored back before the next is read, so its lines are still in L1 when they are written (measured
+// on one thread in float32: at (1, 32, 4096, 128) the pipelined loop is 1.1-1.2x the row-at-a-time one in place and
+// 0.97-0.99x out of place; at (1, 8, 4096, 64), L3-resident, it is the faster one in place too).
+template <typename X, typename W, typename M, typename O, int64_t DC, bool TD, bool INPLACE>
 __attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off,
                                            const M* mask, int64_t nj, int64_t D, int64_t pl, int64_t pr, const Rows g,
                                            int64_t lo, int64_t hi) {
@@ -199,6 +202,13 @@ __attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int6
   if (nj <= 4) {
     for (int64_t j = 0; j < nj; j++) o[j] = off[j];
     op = o;
+  }
+  if constexpr (INPLACE) {
+    FOR_ROWS(g, lo, hi, xo, yo, to) {
+      const U big = copy_row<X, W, DC>(xp + xo, D, rows[0]);
+      sum_row<X, W, M, O, DC, TD>(rows[0], big, yp + yo, tp + to, tj, op, mask, nj, D);
+    }
+    return;
   }
   int64_t cur = 0, pending_y = -1, pending_t = 0;
   U pending_big = 0;
@@ -230,11 +240,21 @@ void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, co
   X* yp = out.mutable_data_ptr<X>();
   const W* tp = t.const_data_ptr<W>();
   const int64_t tj = t.stride(3);
+  // in place on an x larger than the L3 (kRowwiseAboveBytes), row at a time; otherwise pipelined (terms_chunk)
+  const bool inplace = static_cast<const void*>(xp) == static_cast<const void*>(yp) &&
+                       x.numel() * static_cast<int64_t>(x.element_size()) > kRowwiseAboveBytes;
   tiled_rows(x, out, t, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
-    if (O::J > 0 && DC > 0 && tj == D)
-      terms_chunk<X, W, M, O, DC, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
-    else
-      terms_chunk<X, W, M, O, DC, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+    const bool td = O::J > 0 && DC > 0 && tj == D;
+    if (inplace) {
+      if (td)
+        terms_chunk<X, W, M, O, DC, true, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+      else
+        terms_chunk<X, W, M, O, DC, false, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+    } else if (td) {
+      terms_chunk<X, W, M, O, DC, true, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+    } else {
+      terms_chunk<X, W, M, O, DC, false, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+    }
   });
 }
 
