@@ -21,8 +21,10 @@ wider output) the compiled kernel runs in slabs of the leading axes of about :da
 Native kernels (CPU): :func:`apply_terms`, the whole transform of a Jordan-coupled encoding as a sum of
 column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
 :func:`liepos._fast._terms`), and the half-layout rotation (in place and out of place; the Inductor loop
-runs it where the native kernels do not: CUDA, no C++ compiler). Both are ``torch.library`` CPU ops
-(``torch.ops.liepos_native.terms``/``halves`` and their in-place forms ``terms_``/``halves_``, the written
+runs it where the native kernels do not: CUDA, no C++ compiler); and :func:`clear_below` / :func:`absmax`,
+which keep subnormal numbers out of the flash kernel's q and k (one pass each, where the torch ops take several
+and allocate). All are ``torch.library`` CPU ops (``torch.ops.liepos_native.terms``/``halves`` and their
+in-place forms ``terms_``/``halves_``, ``clear``, ``absmax``; the written
 tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, with the term structures of liepos's
 Jordan encodings — the offsets of blocks of size 2 and 3, alone or beside rotation planes, the widths 64 and
 128 — compiled as constants, any other structure passed at run time) whose rows run in parallel on torch's
@@ -76,7 +78,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "apply_terms", "enabled", "library", "off",
+    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "absmax", "apply_terms", "clear_below", "enabled",
+    "library", "off",
     "rotate_halves", "status",
 ]
 
@@ -556,6 +559,44 @@ def apply_terms(
     return y
 
 
+def _rows_ok(x: torch.Tensor) -> bool:
+    """clear and absmax take 4-D x of a supported dtype, at least :data:`MIN_ELEMS` elements, unit-stride rows."""
+    return (x.dim() == 4 and x.numel() >= MIN_ELEMS and x.dtype in _DTYPES and (x.stride(-1) == 1 or x.shape[-1] == 1)
+            and enabled(x.device, native=True))
+
+
+def clear_below(x: torch.Tensor, tau: float) -> torch.Tensor | None:
+    """A fresh contiguous copy of 4-D ``x`` (unit-stride rows, any other strides) with every entry of magnitude
+    below ``tau`` set to +0 (every other entry, NaN included, keeps its bits): ``x.masked_fill(x.abs() < tau,
+    0)`` in one pass (the native clear op), the comparison in float32 for float32 and half-precision x
+    (float64 for float64). Returns None when the op does not run (small input, rows not of unit stride,
+    kernels off, no compiler, another device) and the caller must use the torch ops."""
+    if not _rows_ok(x):
+        return None
+    if not tau >= 0:
+        raise ValueError(f"clear_below: tau must be at least 0, got {tau!r}")
+    ops = _ops()
+    if ops is None:
+        return None
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _ran.add(f"clear {x.dtype}")
+    ops.clear(x, float(tau), y)
+    return y
+
+
+def absmax(x: torch.Tensor) -> float | None:
+    """``max |x|`` of 4-D ``x`` (unit-stride rows) in one pass without a temporary (the native absmax op): NaN
+    when x holds a NaN, as ``float(x.abs().amax())``. None when the op does not run (small input, rows not of
+    unit stride, kernels off, no compiler, another device)."""
+    if not _rows_ok(x):
+        return None
+    ops = _ops()
+    if ops is None:
+        return None
+    _ran.add(f"absmax {x.dtype}")
+    return float(ops.absmax(x))
+
+
 def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, into: torch.Tensor) -> torch.Tensor | None:
     """The half-layout rotation of 4-D ``x`` (width 2P) into ``into`` (may be x): one native pass."""
     if not _native_ok(x, into, c, s) or c.shape != s.shape or x.shape[-1] != 2 * c.shape[-1]:
@@ -587,11 +628,18 @@ def _tile(x: torch.Tensor, y: torch.Tensor, S: int) -> int:
 def _register_fakes() -> None:
     """Fake implementations of the native ops (they write into a given tensor and return nothing), for
     torch.compile and ``torch.library.opcheck``."""
-    for op in ("terms", "terms_", "halves", "halves_"):
+    for op in ("terms", "terms_", "halves", "halves_", "clear"):
         if op not in _fakes:
             torch.library.register_fake(f"{_NAME}::{op}")(_no_output)
             _fakes.add(op)
+    if "absmax" not in _fakes:
+        torch.library.register_fake(f"{_NAME}::absmax")(_scalar_output)
+        _fakes.add("absmax")
 
 
 def _no_output(*args: Any) -> None:
     return None
+
+
+def _scalar_output(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((), dtype=torch.float64)

@@ -33,10 +33,12 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as Fn
 
+from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 
 __all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "tiles", "made"]
@@ -191,23 +193,50 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float) -> tuple[torch.Tensor, 
     delta = CLEAR_LOGIT.get(q.dtype)
     if delta is None or q.numel() == 0 or k.numel() == 0:
         return q, k
-    with torch.no_grad():
-        qm, km = float(q.detach().abs().amax()), float(k.detach().abs().amax())
+    qm, km = _absmax(q), _absmax(k)
     D = q.shape[-1]
     if not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
         return q, k
     return _below(q, delta / (2 * D * c * km)), _below(k, delta / (2 * D * c * qm))
 
 
+def _absmax(x: torch.Tensor) -> float:
+    """``max |x|``: one pass of the native absmax op where it runs, else ``abs().amax()``; NaN if x holds one."""
+    m = _kernels.absmax(x.detach())
+    if m is None:
+        with torch.no_grad():
+            m = float(x.detach().abs().amax())
+    return m
+
+
 def _below(x: torch.Tensor, tau: float) -> torch.Tensor:
-    """``x`` with its entries below ``tau`` in magnitude set to 0. Under autograd the gradient passes as
-    if nothing were cleared (``x − x = 0`` exactly): the flash backward forms every entry's gradient
-    from the other side's entries, and a raw entry that is merely small keeps its gradient."""
-    with torch.no_grad():
-        small = x.abs() < tau
-    if not x.requires_grad:
-        return x.masked_fill(small, 0)
-    return x - torch.where(small, x, 0).detach()
+    """``x`` with its entries below ``tau`` in magnitude set to 0: one pass of the native clear op
+    (:func:`liepos._kernels.clear_below`) where it runs, else ``masked_fill``. Under autograd the gradient
+    passes as if nothing were cleared: the flash backward forms every entry's gradient from the other side's
+    entries, and a raw entry that is merely small keeps its gradient."""
+    if x.requires_grad:
+        return _Cleared.apply(x, tau)
+    return _cleared_values(x, tau)
+
+
+def _cleared_values(x: torch.Tensor, tau: float) -> torch.Tensor:
+    y = _kernels.clear_below(x, tau)
+    if y is not None:
+        return y
+    a = x.abs()  # half precision compared in float32, as the native op compares it
+    return x.masked_fill((a if a.dtype in (torch.float32, torch.float64) else a.float()) < tau, 0)
+
+
+class _Cleared(torch.autograd.Function):
+    """``_cleared_values`` forward, the identity backward (the gradient of the uncleared ``x``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, tau: float) -> torch.Tensor:
+        return _cleared_values(x, tau)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return g, None
 
 
 def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float):

@@ -4,6 +4,8 @@
 //
 //   terms(x, t, offsets, masks, tile, out):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]]
 //   halves(x, c, s, tile, out):              out[k] = c x[k] - s x[k+P],  out[k+P] = s x[k] + c x[k+P]
+//   clear(x, tau, out):                      out[i] = 0 where |x[i]| < tau, else x[i] (its bits); out contiguous
+//   absmax(x) -> max_i |x[i]| as a 0-d float64 tensor (NaN when x holds a NaN)
 //
 // and their in-place forms terms_ / halves_ (out is x). x is (B, H, S, D) with any strides but the last, the
 // tables are in the work type (float, or double for double x) with stride 0 on broadcast axes. The terms' tables
@@ -11,6 +13,7 @@
 // not read it. bfloat16 and float16 are computed in float in registers and rounded as torch rounds (to nearest
 // even).
 #include <ATen/Parallel.h>
+#include <ATen/Functions.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -19,6 +22,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -400,6 +404,108 @@ void halves_inplace(at::Tensor x, const at::Tensor& c, const at::Tensor& sn, int
   halves_impl(x, c, sn, tile, x);
 }
 
+// ------------------------------------------------------------------------------------------------ clear, absmax
+// x is (B, H, S, D) with unit-stride rows and any other strides (stride 0 on a broadcast axis); out of clear is
+// contiguous. An entry below tau in magnitude becomes +0, every other entry (NaN included: |NaN| < tau is false)
+// keeps its bits, as x.masked_fill(x.abs() < tau, 0) gives them; absmax is max |x| (NaN when x holds a NaN, as
+// x.abs().amax() gives it). Half precision is compared in float.
+struct Flat {
+  int64_t H, S, D, xb, xh, xs;
+  int64_t row(int64_t r) const { return r / (H * S) * xb + r / S % H * xh + r % S * xs; }
+};
+
+Flat flat(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.dim() == 4 && (x.stride(3) == 1 || x.size(3) == 1) && x.device().is_cpu(), "liepos_native::", op,
+              ": x must be a 4-D CPU tensor with unit-stride rows, got ", x.sizes(), " strides ", x.strides());
+  return Flat{x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2)};
+}
+
+int64_t row_grain(int64_t D) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, D)); }
+
+template <typename X, typename W>
+void clear_typed(const at::Tensor& x, double tau, at::Tensor& out) {
+  const Flat f = flat(x, "clear");
+  const X* xp = x.const_data_ptr<X>();
+  X* yp = out.mutable_data_ptr<X>();
+  const W t = static_cast<W>(tau);  // compared in the work type, as torch compares a float tensor with a number
+  const int64_t rows = x.numel() / std::max<int64_t>(1, f.D);
+  at::parallel_for(0, rows, row_grain(f.D), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; r++) {
+      const X* xr = xp + f.row(r);
+      X* yr = yp + r * f.D;
+      for (int64_t d = 0; d < f.D; d++) {
+        const X v = xr[d];
+        const W a = ld(v);
+        yr[d] = (a < t && -a < t) ? X(0) : v;
+      }
+    }
+  });
+}
+
+void clear_out(const at::Tensor& x, double tau, at::Tensor out) {
+  TORCH_CHECK(out.is_contiguous() && out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type() &&
+                  out.device().is_cpu(),
+              "liepos_native::clear: out must be a contiguous CPU tensor of x's shape and dtype, got ", out.sizes(), " ",
+              out.scalar_type(), " for x ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(tau >= 0, "liepos_native::clear: tau must be at least 0, got ", tau);
+  if (x.numel() == 0) return;
+  switch (x.scalar_type()) {
+    case at::kFloat: return clear_typed<float, float>(x, tau, out);
+    case at::kDouble: return clear_typed<double, double>(x, tau, out);
+    case at::kBFloat16: return clear_typed<c10::BFloat16, float>(x, tau, out);
+    case at::kHalf: return clear_typed<c10::Half, float>(x, tau, out);
+    default: TORCH_CHECK(false, "liepos_native::clear: unsupported dtype ", x.scalar_type());
+  }
+}
+
+// |x| by its bit pattern (the sign bit cleared): ordered as the magnitudes are, above `inf` exactly for a NaN, so the
+// largest is one vectorised integer max
+template <typename X> struct MagBits;
+template <> struct MagBits<float> { using U = uint32_t; static constexpr U abs = 0x7fffffffu, inf = 0x7f800000u; };
+template <> struct MagBits<double> {
+  using U = uint64_t;
+  static constexpr U abs = 0x7fffffffffffffffull, inf = 0x7ff0000000000000ull;
+};
+template <> struct MagBits<c10::BFloat16> { using U = uint16_t; static constexpr U abs = 0x7fff, inf = 0x7f80; };
+template <> struct MagBits<c10::Half> { using U = uint16_t; static constexpr U abs = 0x7fff, inf = 0x7c00; };
+
+template <typename X>
+double absmax_typed(const at::Tensor& x) {
+  using B = MagBits<X>;
+  using U = typename B::U;
+  static_assert(sizeof(U) == sizeof(X), "MagBits: one unsigned integer per value");
+  const Flat f = flat(x, "absmax");
+  const X* xp = x.const_data_ptr<X>();
+  const U big = at::parallel_reduce(
+      0, x.numel() / std::max<int64_t>(1, f.D), row_grain(f.D), U(0),
+      [&](int64_t lo, int64_t hi, U acc) {
+        for (int64_t r = lo; r < hi; r++) {
+          const U* xr = reinterpret_cast<const U*>(xp + f.row(r));
+          for (int64_t d = 0; d < f.D; d++) acc = std::max<U>(acc, xr[d] & B::abs);
+        }
+        return acc;
+      },
+      [](U a, U b) { return std::max(a, b); });
+  if (big > B::inf) return std::numeric_limits<double>::quiet_NaN();
+  X v;
+  std::memcpy(&v, &big, sizeof(X));
+  return static_cast<double>(ld(v));
+}
+
+at::Tensor absmax(const at::Tensor& x) {
+  double m = 0;
+  if (x.numel() > 0) {
+    switch (x.scalar_type()) {
+      case at::kFloat: m = absmax_typed<float>(x); break;
+      case at::kDouble: m = absmax_typed<double>(x); break;
+      case at::kBFloat16: m = absmax_typed<c10::BFloat16>(x); break;
+      case at::kHalf: m = absmax_typed<c10::Half>(x); break;
+      default: TORCH_CHECK(false, "liepos_native::absmax: unsupported dtype ", x.scalar_type());
+    }
+  }
+  return at::scalar_tensor(m, at::TensorOptions().dtype(at::kDouble));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(liepos_native, m) {
@@ -407,6 +513,8 @@ TORCH_LIBRARY(liepos_native, m) {
   m.def("terms_(Tensor(a!) x, Tensor t, int[] offsets, Tensor masks, int tile) -> ()");
   m.def("halves(Tensor x, Tensor c, Tensor s, int tile, Tensor(a!) out) -> ()");
   m.def("halves_(Tensor(a!) x, Tensor c, Tensor s, int tile) -> ()");
+  m.def("clear(Tensor x, float tau, Tensor(a!) out) -> ()");
+  m.def("absmax(Tensor x) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
@@ -414,4 +522,6 @@ TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
   m.impl("terms_", &terms_inplace);
   m.impl("halves", &halves_out);
   m.impl("halves_", &halves_inplace);
+  m.impl("clear", &clear_out);
+  m.impl("absmax", &absmax);
 }

@@ -1,0 +1,117 @@
+"""The native clear and absmax ops, which keep subnormal numbers out of the flash kernel's inputs in one
+pass each: equal to the torch ops they replace (``x.masked_fill(x.abs() < tau, 0)`` compared in float32
+for half precision, ``x.abs().amax()``) on any strides, dtypes and values, NaN, inf, signed zeros and
+subnormals included; the re-centred attention calls them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import liepos as lp
+from liepos import _kernels
+from liepos.attention_pieces import _below, _cleared_values
+
+pytestmark = pytest.mark.skipif(_kernels._missing() is not None,
+                                reason=f"the native kernels cannot be built here: {_kernels._missing()}")
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture
+def any_size(monkeypatch):
+    monkeypatch.setattr(_kernels, "MIN_ELEMS", 0)
+    monkeypatch.setattr(_kernels, "_ran", set())
+    yield
+
+
+def _view(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """x (B, H, S, D) as a view the ops must read by its strides: unit-stride rows, any other strides."""
+    if kind == "bshd":
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    if kind == "stepped":
+        return x[:, :, ::2]
+    if kind == "expanded":
+        return x[:, :1].expand(x.shape)
+    return x
+
+
+def _values(draw_scale: float, specials: list[float], shape: tuple[int, ...], seed: int, dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * draw_scale
+    flat = x.view(-1)
+    for i, v in enumerate(specials):
+        flat[(i * 7919) % flat.numel()] = v
+    return x.to(dtype)
+
+
+SPECIALS = st.lists(st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-40, -1e-42, 2.0**-126, 3e-8]),
+                    max_size=5)
+
+
+@given(dtype=st.sampled_from(DTYPES), kind=st.sampled_from(["contiguous", "bshd", "stepped", "expanded"]),
+       scale=st.sampled_from([1e-6, 1e-3, 1.0, 1e3]), tau=st.sampled_from([0.0, 1e-7, 1e-4, 1e-3, 0.5]),
+       specials=SPECIALS, seed=st.integers(0, 2**16), S=st.integers(1, 9), D=st.sampled_from([1, 3, 16, 64]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_clear_and_absmax_equal_the_torch_ops(dtype, kind, scale, tau, specials, seed, S, D, any_size):
+    x = _view(_values(scale, specials, (2, 3, 2 * S, D), seed, dtype), kind)
+    got = _kernels.clear_below(x, tau)
+    a = x.abs()
+    want = x.masked_fill((a if dtype in (torch.float32, torch.float64) else a.float()) < tau, 0)
+    assert got is not None and got.is_contiguous() and got.dtype == dtype
+    # the same bits: NaNs where x has them, +0 where cleared, every other entry as it was
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    assert torch.equal(got.view(bits), want.contiguous().view(bits))
+    m, ref = _kernels.absmax(x), float(x.abs().amax())
+    assert m == ref or (math.isnan(m) and math.isnan(ref))
+    assert {f"clear {dtype}", f"absmax {dtype}"} <= set(_kernels.status()["native"])
+
+
+def test_the_torch_fallback_gives_the_same_values(any_size):
+    x = _values(1e-3, [math.nan, -0.0, 1e-40], (1, 2, 8, 16), 3, torch.bfloat16)
+    got = _kernels.clear_below(x, 1e-3)
+    with _kernels.off():
+        assert _kernels.clear_below(x, 1e-3) is None and _kernels.absmax(x) is None
+        fallback = _cleared_values(x, 1e-3)
+    assert torch.equal(got.isnan(), fallback.isnan()) and torch.equal(got.nan_to_num(), fallback.nan_to_num())
+
+
+def test_a_bad_threshold_is_refused_by_name(any_size):
+    with pytest.raises(ValueError, match="tau must be at least 0, got -1.0"):
+        _kernels.clear_below(torch.ones(1, 1, 2, 2), -1.0)
+
+
+def test_the_ops_pass_opcheck(any_size):
+    _kernels._ops()
+    x = torch.randn(1, 2, 5, 8)[:, :, ::2]
+    torch.library.opcheck(torch.ops.liepos_native.clear.default, (x, 0.5, torch.empty(x.shape)))
+    torch.library.opcheck(torch.ops.liepos_native.absmax.default, (x,))
+
+
+def test_the_gradient_passes_through_the_clearing(any_size):
+    x = torch.tensor([[[[1e-9, 1.0, -1e-9, 2.0]]]], requires_grad=True)
+    y = _below(x, 1e-6)
+    assert torch.equal(y.detach(), torch.tensor([[[[0.0, 1.0, 0.0, 2.0]]]]))
+    (g,) = torch.autograd.grad((y * torch.arange(4.0)).sum(), x)
+    assert torch.equal(g, torch.arange(4.0).view(1, 1, 1, 4))
+
+
+@pytest.mark.parametrize("name", ["decay", "retnet", "jordan"])
+def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
+    """At the benchmark's shape the tiles take the native ops, and give the bits of the torch ops' clearing."""
+    monkeypatch.setattr(_kernels, "_ran", set())
+    enc = lp.build(name, 64, 8) if name != "jordan" else lp.build(name, 64)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
+    pos = torch.arange(1024)
+    with torch.no_grad():
+        got = lp.attention(q, k, v, enc, positions=pos)
+        assert {"clear torch.float32", "absmax torch.float32"} <= set(_kernels.status()["native"])
+        monkeypatch.setattr(_kernels, "clear_below", lambda x, tau: None)
+        monkeypatch.setattr(_kernels, "absmax", lambda x: None)
+        want = lp.attention(q, k, v, enc, positions=pos)
+    assert torch.equal(got, want)
