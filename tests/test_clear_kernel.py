@@ -85,6 +85,14 @@ def test_a_bad_threshold_is_refused_by_name(any_size):
         _kernels.clear_below(torch.ones(1, 1, 2, 2), -1.0)
 
 
+def test_into_must_fit(any_size):
+    x = torch.ones(1, 1, 4, 4)
+    with pytest.raises(ValueError, match=r"into must be a contiguous tensor of x's shape \(1, 1, 4, 4\)"):
+        _kernels.clear_below(x, 0.5, into=torch.empty(1, 1, 4, 3))
+    out = torch.full((1, 1, 4, 4), 7.0)
+    assert _kernels.clear_below(x * 1e-3, 0.5, into=out) is out and not out.any()
+
+
 def test_the_ops_pass_opcheck(any_size):
     _kernels._ops()
     x = torch.randn(1, 2, 5, 8)[:, :, ::2]
@@ -102,7 +110,8 @@ def test_the_gradient_passes_through_the_clearing(any_size):
 
 @pytest.mark.parametrize("name", ["decay", "retnet", "jordan"])
 def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
-    """At the benchmark's shape the tiles take the native ops, and give the bits of the torch ops' clearing."""
+    """At the benchmark's shape the tiles take the native ops (each tile after the first writing its cleared q
+    and k into the buffers of the one before), and give the bits of the torch ops' clearing."""
     monkeypatch.setattr(_kernels, "_ran", set())
     enc = lp.build(name, 64, 8) if name != "jordan" else lp.build(name, 64)
     g = torch.Generator().manual_seed(0)
@@ -111,7 +120,7 @@ def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
     with torch.no_grad():
         got = lp.attention(q, k, v, enc, positions=pos)
         assert {"clear torch.float32", "absmax torch.float32"} <= set(_kernels.status()["native"])
-        monkeypatch.setattr(_kernels, "clear_below", lambda x, tau: None)
+        monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: None)
         monkeypatch.setattr(_kernels, "absmax", lambda x: None)
         want = lp.attention(q, k, v, enc, positions=pos)
     assert torch.equal(got, want)

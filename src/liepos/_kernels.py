@@ -565,12 +565,13 @@ def _rows_ok(x: torch.Tensor) -> bool:
             and enabled(x.device, native=True))
 
 
-def clear_below(x: torch.Tensor, tau: float) -> torch.Tensor | None:
+def clear_below(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -> torch.Tensor | None:
     """A fresh contiguous copy of 4-D ``x`` (unit-stride rows, any other strides) with every entry of magnitude
     below ``tau`` set to +0 (every other entry, NaN included, keeps its bits): ``x.masked_fill(x.abs() < tau,
     0)`` in one pass (the native clear op), the comparison in float32 for float32 and half-precision x
-    (float64 for float64). Returns None when the op does not run (small input, rows not of unit stride,
-    kernels off, no compiler, another device) and the caller must use the torch ops."""
+    (float64 for float64); ``into``: a contiguous tensor of x's shape and dtype to write it into (not
+    overlapping x). Returns None when the op does not run (small input, rows not of unit stride, kernels off,
+    no compiler, another device) and the caller must use the torch ops."""
     if not _rows_ok(x):
         return None
     if not tau >= 0:
@@ -578,7 +579,11 @@ def clear_below(x: torch.Tensor, tau: float) -> torch.Tensor | None:
     ops = _ops()
     if ops is None:
         return None
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if into is not None and not (into.is_contiguous() and into.shape == x.shape and into.dtype == x.dtype
+                                 and into.device == x.device):
+        raise ValueError(f"clear_below: into must be a contiguous tensor of x's shape {tuple(x.shape)} and dtype "
+                         f"{x.dtype}, got {tuple(into.shape)} {into.dtype} (contiguous: {into.is_contiguous()})")
+    y = torch.empty_like(x, memory_format=torch.contiguous_format) if into is None else into
     _ran.add(f"clear {x.dtype}")
     ops.clear(x, float(tau), y)
     return y

@@ -179,7 +179,8 @@ def _rows_unit(x: torch.Tensor) -> torch.Tensor:
 CLEAR_LOGIT = {torch.float32: 2.0**-30, torch.bfloat16: 2.0**-30, torch.float64: 2.0**-59}
 
 
-def _cleared(q: torch.Tensor, k: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _cleared(q: torch.Tensor, k: torch.Tensor, c: float,
+             scratch: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` with every entry too small for any score to see set to exactly 0.
 
     A score is ``c Σ_d q_d k_d``; an entry ``|q_d| < τ_q = δ / (2 D c ‖k‖_∞)`` moves every score by
@@ -189,6 +190,9 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float) -> tuple[torch.Tensor, 
     forms is 0 or at least ``τ_q τ_k = δ² / (4 D² c² ‖q‖_∞ ‖k‖_∞)``: the fades of re-centred tiles
     (``e^{−λ(t − p)}`` on q, ``e^{−λ(p − s)}`` on k) underflow to exact zeros, never to subnormal
     numbers, which cost x86 cores a microcode assist per operation. float16 (range 2^-14) is left as is.
+    ``scratch`` (a dict the caller keeps for the tiles of one call, whose cleared q and k die with each
+    flash call): the cleared values are written into two buffers kept there, so that a tile after the
+    first writes into pages already mapped instead of fresh ones.
     """
     delta = CLEAR_LOGIT.get(q.dtype)
     if delta is None or q.numel() == 0 or k.numel() == 0:
@@ -197,7 +201,19 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float) -> tuple[torch.Tensor, 
     D = q.shape[-1]
     if not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
         return q, k
-    return _below(q, delta / (2 * D * c * km)), _below(k, delta / (2 * D * c * qm))
+    return (_below(q, delta / (2 * D * c * km), _buffer(scratch, "q", q)),
+            _below(k, delta / (2 * D * c * qm), _buffer(scratch, "k", k)))
+
+
+def _buffer(scratch: dict | None, side: str, x: torch.Tensor) -> torch.Tensor | None:
+    """A contiguous tensor of ``x``'s shape and dtype from ``scratch``'s buffer for ``side`` (grown to the
+    largest tile asked for), or None without a scratch or under autograd (whose saved tensors must stay)."""
+    if scratch is None or x.requires_grad:
+        return None
+    buf = scratch.get((side, x.dtype, x.device))
+    if buf is None or buf.numel() < x.numel():
+        buf = scratch[(side, x.dtype, x.device)] = torch.empty(x.numel(), dtype=x.dtype, device=x.device)
+    return buf[: x.numel()].view(x.shape)
 
 
 def _absmax(x: torch.Tensor) -> float:
@@ -209,18 +225,19 @@ def _absmax(x: torch.Tensor) -> float:
     return m
 
 
-def _below(x: torch.Tensor, tau: float) -> torch.Tensor:
+def _below(x: torch.Tensor, tau: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x`` with its entries below ``tau`` in magnitude set to 0: one pass of the native clear op
     (:func:`liepos._kernels.clear_below`) where it runs, else ``masked_fill``. Under autograd the gradient
     passes as if nothing were cleared: the flash backward forms every entry's gradient from the other side's
-    entries, and a raw entry that is merely small keeps its gradient."""
+    entries, and a raw entry that is merely small keeps its gradient. ``out``: a contiguous tensor of x's
+    shape and dtype to write into (without autograd), else a fresh one."""
     if x.requires_grad:
         return _Cleared.apply(x, tau)
-    return _cleared_values(x, tau)
+    return _cleared_values(x, tau, out)
 
 
-def _cleared_values(x: torch.Tensor, tau: float) -> torch.Tensor:
-    y = _kernels.clear_below(x, tau)
+def _cleared_values(x: torch.Tensor, tau: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    y = _kernels.clear_below(x, tau, into=out)
     if y is not None:
         return y
     a = x.abs()  # half precision compared in float32, as the native op compares it
@@ -239,7 +256,7 @@ class _Cleared(torch.autograd.Function):
         return g, None
 
 
-def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float):
+def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float, scratch: dict | None = None):
     """One head count and one head size for the flash kernel: grouped keys repeated, the narrower of
     q/k and v padded with zero columns (zeros change no score and no output column), the entries of q
     and k no score can see cleared to exact zeros (:func:`_cleared`), every row of unit stride
@@ -259,7 +276,7 @@ def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: 
         v = Fn.pad(v, (0, D - Dv))  # (G, H, S, D)
     elif D < Dv:
         q, k = Fn.pad(q, (0, Dv - D)), Fn.pad(k, (0, Dv - D))  # (G, H, ·, Dv)
-    q, k = _cleared(q, k.to(q.dtype), c)
+    q, k = _cleared(q, k.to(q.dtype), c, scratch)
     return _rows_unit(q), _rows_unit(k), _rows_unit(v.to(q.dtype))
 
 
@@ -302,10 +319,11 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
         return tiles(shape, [first, *(m() for m in makers)], c, sinks)
     D, Dv, dtype = first.q.shape[-1], first.v.shape[-1], first.q.dtype
     state: list[torch.Tensor] = []  # [O (B, H, T, max(D, Dv)), L (B, H, T)] once the first tile ran
+    scratch: dict = {}  # the buffers of the tiles' cleared q and k, dead after each flash call
     p: Tile | None = first
     del first
     while p is not None:
-        _merge_into(state, shape, p, c, D, Dv)
+        _merge_into(state, shape, p, c, D, Dv, scratch)
         p = None  # this tile is let go before the next is made
         nxt = next(makers, None)
         p = None if nxt is None else nxt()
@@ -316,11 +334,13 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
     return O[..., :Dv] if Dv < D else O
 
 
-def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: int, Dv: int) -> None:
-    """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first)."""
+def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: int, Dv: int,
+                scratch: dict | None = None) -> None:
+    """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first); its
+    cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
-    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv, c), 0.0, p.causal, attn_mask=p.bias, scale=c)
+    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv, c, scratch), 0.0, p.causal, attn_mask=p.bias, scale=c)
     r = p.rows
     if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
         state += [o, Li]  # the first tile holds every row: its output is the running state, not copied
