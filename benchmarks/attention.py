@@ -115,9 +115,10 @@ def contenders(T: int, dtype: torch.dtype, flex: bool, backward: bool = False) -
 EXPECTED = {"nope": ("sdpa",), "rope": ("sdpa",), "rope_half": ("sdpa",), "xpos": ("fused",),
             "retnet": ("fused", "fused+faded"), "decay": ("fused", "fused+faded"), "alibi": ("fused+mask",),
             "jordan": ("fused",)}
-# encodings whose half-precision call attends in float32 today (polynomial parts: Jordan blocks, ALiBi's
-# slots), asserted so, and named in the path column
-HALF_IN_FLOAT32 = {"jordan", "alibi"}
+# encodings whose half-precision call attends in float32 today (the polynomial parts of Jordan blocks),
+# asserted so, and named in the path column; ALiBi's bfloat16 content is attended in bfloat16 (its slots
+# ride as the kernel's float32 mask)
+HALF_IN_FLOAT32 = {"jordan"}
 
 
 def path(name: str, T: int, dtype: torch.dtype, backward: bool) -> str:

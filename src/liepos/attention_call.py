@@ -99,6 +99,9 @@ class Call:
     finite: bool  # every key and value is finite
     simple: bool  # the fused causal kernel applies: equal, strictly increasing times, nothing else masked
     unmasked: bool  # not causal and nothing masked: every key is seen by every query
+    # the dtype the flash kernel reads the encoded content in where a path keeps the slots out of q and k
+    # (ALiBi's bias as the kernel's per-key mask): the caller's bfloat16 when only the slots needed float32
+    content_dtype: torch.dtype | None = None
 
     def cached(self) -> KVCache:
         """The call's cache, for a path that needs one (raise when the call has none)."""
@@ -307,6 +310,9 @@ def bind(x: Inputs) -> Call:
     c = (1.0 / math.sqrt(enc.content_dim) if x.scale is None else x.scale) * enc.logit_scale
     q = x.q
     wide = enc.plan.has_coupling or (x.venc is not None and x.venc.plan.has_coupling)
+    content_dtype = None
+    if q.dtype == torch.bfloat16 and wide and x.venc is None and not _content_coupled(enc):
+        content_dtype = q.dtype  # only the slots couple (ALiBi): the content may be attended in bfloat16
     if q.dtype in LOW and (wide or q.dtype == torch.float16 and not half_holds(enc, x.venc, q, k, v)):
         # polynomial (Jordan) parts cancel between F(t - o) and G(s - o): bfloat16 cannot hold the
         # encoded values; float16 overflows on large inputs times an origin's factors. Encode and attend
@@ -328,4 +334,11 @@ def bind(x: Inputs) -> Call:
     simple = (x.causal and plain_keys and finite and Sq == Sk and bool(torch.equal(qord, kord))
               and strictly_increasing(kord))
     return Call(q, k, v, enc, x.venc, qpos, kpos, qord, kord, keep, x.qdocs, kdocs, x.attn_mask, x.causal,
-                c, x.sinks, x.block_size, cache, x.k.shape[2], finite, simple, not x.causal and plain_keys)
+                c, x.sinks, x.block_size, cache, x.k.shape[2], finite, simple, not x.causal and plain_keys, content_dtype)
+
+
+def _content_coupled(enc: Encoding) -> bool:
+    """Whether a coupling pair of the encoding's plan writes a content dim (a Jordan block of the content),
+    not only slot dims (ALiBi's bias of degree one in the lag)."""
+    dst = enc.plan.dst
+    return bool((dst < enc.content_dim).any()) if dst.numel() else False

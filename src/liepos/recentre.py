@@ -182,6 +182,10 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
     ke = enc._content(call.k[:, :, first:hi], rel, "key") if bias else enc.key(call.k[:, :, first:hi], rel)
     ve = call.v[:, :, first:hi] if call.venc is None else call.venc.key(call.v[:, :, first:hi], rel)
     beta, sinks = key_bias(call, slopes, rel, tq, o) if bias and slopes is not None else (None, call.sinks)
+    if beta is not None and call.content_dtype is not None:
+        # only the slots needed float32, and they ride as the float32 mask: the flash kernel reads the
+        # content (rotations, which keep norms) in the caller's bfloat16, rounded once here
+        qe, ke, ve = qe.to(call.content_dtype), ke.to(call.content_dtype), ve.to(call.content_dtype)
     cut = lo - first
 
     def parts(hs: slice, a: int) -> list[tuple]:
