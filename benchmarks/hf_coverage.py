@@ -460,9 +460,6 @@ def _output(out: Any) -> Any:
 
 def run_one(model_type: str) -> dict[str, Any]:
     """One row: build, run unpatched, patch, run patched, compare."""
-    import torch
-    from liepos.interop import patch_model
-
     row: dict[str, Any] = {"model_type": model_type}
     try:
         model, causal, inputs, want, want_tokens, gen = _reference(model_type)
@@ -471,17 +468,29 @@ def run_one(model_type: str) -> dict[str, Any]:
         return _unrun_row(dict(row, **{"class": type(unrun.model).__name__}), unrun)
     except Exception as err:  # noqa: BLE001 - the row says what failed
         if (m := _NO_CLASS.search(str(err))) and (parent := _parent(model_type)):
-            return dict(row, status="component", parent=parent,
-                        reason=f"no model class takes a {m.group(1)} alone: a sub-config of {parent}")
+            why = f"no model class takes a {m.group(1)} alone: a sub-config of {parent}"
+            return _component_row(dict(row, status="component", parent=parent, reason=why))
         return dict(row, status="could not build", reason=_short(err))
+    return _measured(row, model, causal, inputs, want, want_tokens, gen)
+
+
+def _measured(row: dict[str, Any], model: Any, causal: bool, inputs: dict[str, Any], want: Any, want_tokens: Any,
+              gen: dict[str, Any], ran: Any = None) -> dict[str, Any]:
+    """Patch ``model``, run it on ``inputs`` (``ran``: a context manager around that forward), compare."""
+    import contextlib
+
+    import torch
+    from liepos.interop import patch_model
+
     try:
         patch_model(model)
     except Exception as err:  # noqa: BLE001
         return dict(row, status="refused", reason=_short(err))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), ran or contextlib.nullcontext():
             torch.manual_seed(3)
             got = _output(model(**inputs)).float()
+        with torch.no_grad():
             got_tokens = model.generate(inputs["input_ids"], **gen) if causal else None
     except Exception as err:  # noqa: BLE001
         return dict(row, status="failed", reason=_short(err), trace=traceback.format_exc()[-1500:])
@@ -489,6 +498,106 @@ def run_one(model_type: str) -> dict[str, Any]:
     greedy = None if want_tokens is None else bool(torch.equal(got_tokens, want_tokens))
     ok = rel <= TOL and greedy is not False
     return dict(row, status="exact" if ok else "mismatch", rel=rel, greedy=greedy)
+
+
+# ---------------------------------------------------------------------- a component inside its parent
+IN_PARENT = "exact (in parent)"
+# what encodes positions: a rope function an attention calls (apply_rotary_pos_emb, rotate_half), ALiBi;
+# a learned or fixed position embedding (a module or buffer named so)
+_ROPE_CALL = re.compile(r"rotary|rope|rotate|alibi", re.I)
+_POS_NAME = re.compile(r"pos(ition)?_?(emb|embed|embedding|bias)|relative_attention_bias", re.I)
+
+
+def _component_modules(model: Any, config_class: type) -> list[tuple[str, Any]]:
+    """The modules of ``model`` built from a config of ``config_class``: those whose ``config`` is one, and
+    their descendants that hold no config of another class (a nested sub-config's modules are its own)."""
+    found: list[tuple[str, Any]] = []
+
+    def visit(name: str, module: Any, inside: bool) -> None:
+        own = getattr(module, "config", None)
+        mine = isinstance(own, config_class) or (inside and not _is_config(own))
+        if mine:
+            found.append((name, module))
+        for child, sub in module.named_children():
+            visit(f"{name}.{child}" if name else child, sub, mine)
+
+    visit("", model, False)
+    return found
+
+
+def _rope_calls(module: Any) -> list[str]:
+    """The module-level functions of its modeling file that the module's forward calls to encode positions."""
+    import inspect
+
+    forward = inspect.unwrap(getattr(type(module), "forward", None) or (lambda: None))
+    code, env = getattr(forward, "__code__", None), getattr(forward, "__globals__", {})
+    names = code.co_names if code is not None else ()
+    return [n for n in names if _ROPE_CALL.search(n) and callable(env.get(n))]
+
+
+def in_parent(model: Any, config_class: type, ran: set[int]) -> tuple[bool, str]:
+    """Whether a patched, exact parent ``model`` is exact *of the component* of ``config_class``, and what says so.
+
+    True only when modules of the component ran in the compared forward (``ran``: the ids of the modules
+    that did) and either (a) its rope is liepos': every module of it whose forward calls a rope function
+    carries liepos' patched forward and ran, every rotary module of it records positions for liepos, and
+    it has no position embedding or ALiBi left upstream's; or (b) it encodes no positions at all (no
+    rotary module, no rope call, no position embedding): nothing of it could have stayed upstream's."""
+    mods = _component_modules(model, config_class)
+    if not mods:
+        return False, f"the parent {type(model).__name__} builds no module from a {config_class.__name__}"
+    where = mods[0][0] or type(model).__name__
+    if not any(id(m) in ran for _, m in mods):
+        return False, f"none of its modules ({where}) ran in the parent's forward on the inputs compared"
+    rotary = [n for n, m in mods if type(m).__name__.endswith("RotaryEmbedding") or "inv_freq" in m._buffers]
+    calls = [(n, m) for n, m in mods if _rope_calls(m) and n not in rotary]
+    embeds = [n for n, m in mods if _POS_NAME.search(n.rpartition(".")[2]) and n not in rotary]
+    embeds += [f"{n}.{b}" for n, m in mods for b in m._buffers if _POS_NAME.search(b) and n not in rotary]
+    if not (rotary or calls or embeds):
+        return True, f"it encodes no positions (no rope, ALiBi or position embedding); {where} ran inside the exact parent"
+    patched = [n for n, m in calls if "_liepos" in m.__dict__ and id(m) in ran]
+    upstream = [n for n, m in calls if n not in patched] + embeds
+    upstream += [n for n, m in mods if n in rotary and "_liepos_positions" not in m.__dict__]
+    if upstream or not patched:
+        return False, (f"its positions stay upstream's in {', '.join(upstream[:4])}" if upstream else
+                       "liepos patched none of its attention modules")
+    more = f" and {len(patched) - 4} more" if len(patched) > 4 else ""
+    return True, f"liepos patched its attention {', '.join(patched[:4])}{more}, each of which ran"
+
+
+def _component_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A component's row: its parent built, patched and compared, with the component's modules watched;
+    exact (in parent) only where :func:`in_parent` says it is true of the component."""
+    import contextlib
+
+    from transformers import CONFIG_MAPPING
+
+    parent = row["parent"]
+    try:
+        model, causal, inputs, want, want_tokens, gen = _reference(parent)
+    except Exception as err:  # noqa: BLE001 - the parent's own row says why
+        return dict(row, reason=f"{row['reason']}; the parent does not build or run ({_short(err)[:160]})")
+    ran: set[int] = set()
+
+    @contextlib.contextmanager
+    def watching() -> Any:
+        mods = _component_modules(model, CONFIG_MAPPING[row["model_type"]])
+        handles = [m.register_forward_hook(lambda mod, *_: ran.add(id(mod))) for _, m in mods]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    measured = _measured({"model_type": parent}, model, causal, inputs, want, want_tokens, gen, ran=watching())
+    if measured["status"] != "exact":
+        return dict(row, reason=f"{row['reason']}; the parent {parent} is {measured['status']} here")
+    ok, why = in_parent(model, CONFIG_MAPPING[row["model_type"]], ran)
+    figures = {k: measured[k] for k in ("rel", "greedy")}
+    if not ok:
+        return dict(row, reason=f"{row['reason']}; not exact of it: {why}")
+    return dict(row, **figures, status=IN_PARENT, **{"class": type(model).__name__},
+                reason=f"a sub-config of {parent}, measured in its exact {type(model).__name__}: {why}")
 
 
 def _short(err: BaseException) -> str:
@@ -551,7 +660,14 @@ class Pool:
             self.proc.join(10)
 
 
-STATUSES = ("exact", "refused", "mismatch", "failed", "not measured", "component", "could not build")
+STATUSES = ("exact", IN_PARENT, "refused", "mismatch", "failed", "not measured", "component", "could not build")
+
+
+def summary(counts: dict[str, int], bold: bool = False) -> str:
+    """The counts, the rows exact in their parent counted among the exact (and said how many)."""
+    b = "**" if bold else ""
+    head = f"{b}{counts['exact'] + counts[IN_PARENT]} exact{b} ({counts[IN_PARENT]} of them components exact in their parent)"
+    return ", ".join([head] + [f"{b}{counts[s]} {s}{b}" for s in STATUSES[2:]])
 
 
 def write(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
@@ -564,7 +680,7 @@ def write(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         f"`{meta['command']}` — transformers {meta['transformers']}, torch {meta['torch']}, "
         f"{meta['date']}, {meta['seconds']:.0f} s on a shared machine ({meta['machine']}).",
         "",
-        f"{len(rows)} model types: " + ", ".join(f"**{counts[s]} {s}**" for s in STATUSES) + ".",
+        f"{len(rows)} model types: {summary(counts, bold=True)}.",
         "",
         f"exact: max|Δlogit|/max|logit| ≤ {TOL:g} on {SEQ} tokens (hidden states for models without an LM head) "
         f"and, for causal LMs, the same {NEW} greedy tokens; tiny random models, nothing downloaded.",
@@ -632,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["command"] = full["command"].split(" (")[0] + f" (rows {' '.join(again)} rerun with --only … --update)"
     write(rows, out, dict(meta, seconds=time.time() - t0))
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    print(", ".join(f"{n} {s}" for s, n in counts.items()), f"({time.time() - t0:.0f} s)", flush=True)
+    print(summary(counts), f"({time.time() - t0:.0f} s)", flush=True)
     return 0
 
 
