@@ -110,12 +110,20 @@ EXTRA: dict[str, dict[str, Any]] = {
     # one layer per stack, one cycle each: num_hidden_layers = per stack · H_cycles · (L_cycles + 1)
     "hrm_text": dict(num_layers_per_stack=1, H_cycles=1, L_cycles=1, L_bp_cycles=[1]),
     # the sparse-attention indexer's sizes (no defaults)
+    # the thinker's M-RoPE index reads vision_start_token_id, which its config class lacks and the
+    # checkpoints' thinker_config carries (upstream's default of the other omni configs)
+    "qwen2_5_omni_thinker": dict(vision_start_token_id=151652),
+    "qwen3_omni_moe_thinker": dict(vision_start_token_id=151652),
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
                            indexer_compress_ratio=4),
 }
 # parameters a family initialises to zero that would make its scores position-free (ZAYA's key temperature
 # multiplies every key by 0: uniform attention, whatever the rope): set to random values so the rope is exercised
 NONZERO: dict[str, tuple[str, ...]] = {"zaya": ("qk_norm.temp",)}
+# omni configs that no model class runs (their for-generation class only generates): the row is the
+# thinker's for-conditional-generation model built from the shrunk ``thinker_config``, the text model
+# inside it the one that carries the rope
+THINKER = ("qwen2_5_omni", "qwen3_omni_moe")
 # per-layer lists of the full-size config, dropped before shrinking (rebuilt for the new depth)
 _PER_LAYER = ("layer_types", "no_rope_layers", "mlp_only_layers", "sliding_window_pattern", "block_types",
               "layers_block_type", "attn_layer_indices", "moe_layer_freq", "mlp_layer_types", "kv_source_layers",
@@ -270,6 +278,8 @@ def _model_class(config: Any, causal: bool) -> Any:
 
 def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
     """A tiny random model of ``model_type`` and whether it is a causal LM (greedy decoding compared)."""
+    import importlib
+
     import torch
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -281,9 +291,16 @@ def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
     except Exception:  # noqa: BLE001 - a validator that reads sub-configs: the defaults, shrunk below
         first = cls()
     config = _shrunk(first, small, EXTRA.get(model_type, {}))
-    config._attn_implementation = "eager"
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    model = _model_class(config, causal).from_config(config)
+    if model_type in THINKER:  # no model class runs the top config: its thinker's, which holds the text model
+        config, causal = config.thinker_config, True
+        modeling = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+        thinker = getattr(modeling, type(config).__name__.replace("Config", "ForConditionalGeneration"))
+        model_class: Any = lambda c: thinker(c)  # noqa: E731 - a PreTrainedModel: no auto from_config
+    else:
+        model_class = _model_class(config, causal).from_config
+    config._attn_implementation = "eager"
+    model = model_class(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(NONZERO.get(model_type, ())):
