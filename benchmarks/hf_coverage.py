@@ -112,6 +112,11 @@ EXTRA: dict[str, dict[str, Any]] = {
     # the sparse-attention indexer's sizes (no defaults)
     # the thinker's M-RoPE index reads vision_start_token_id, which its config class lacks and the
     # checkpoints' thinker_config carries (upstream's default of the other omni configs)
+    # Dots3's vision tower derives its per-layer expert counts (per_layer_config) from pyramid_num_routed,
+    # 42 layers by default: one dense and one sparse layer for the shrunk depth
+    # (and its adapters' widths those of the tiny tower and text model)
+    "dots3_note_vision_encoder": dict(pyramid_num_routed=[-1, 4], adapter_in_dim=64, adapter_out_dim=64),
+    "dots3_note_audio_encoder": dict(adapter_out_dim=64),
     "qwen2_5_omni_thinker": dict(vision_start_token_id=151652),
     "qwen3_omni_moe_thinker": dict(vision_start_token_id=151652),
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
