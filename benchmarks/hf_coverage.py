@@ -117,6 +117,8 @@ EXTRA: dict[str, dict[str, Any]] = {
     # (and its adapters' widths those of the tiny tower and text model)
     "dots3_note_vision_encoder": dict(pyramid_num_routed=[-1, 4], adapter_in_dim=64, adapter_out_dim=64),
     "dots3_note_audio_encoder": dict(adapter_out_dim=64),
+    # T5Gemma 2's top config hands its dropout_rate to the encoder's text config; the encoder alone reads it there
+    "t5gemma2_text": dict(dropout_rate=0.0),
     "qwen2_5_omni_thinker": dict(vision_start_token_id=151652),
     "qwen3_omni_moe_thinker": dict(vision_start_token_id=151652),
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
@@ -428,7 +430,14 @@ _NO_CLASS = re.compile(r"no model class of \S+ takes a (\w+)")
 
 
 def _parent(model_type: str) -> str | None:
-    """The model type whose config holds ``model_type``'s config as a sub-config (at any depth)."""
+    """The model type whose config holds ``model_type``'s config as a sub-config (at any depth): the shortest name."""
+    found = _parents(model_type)
+    return found[0] if found else None
+
+
+def _parents(model_type: str) -> list[str]:
+    """The model types whose configs hold ``model_type``'s config as a sub-config (at any depth), shortest name first
+    (those of its own modeling package before others)."""
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -442,7 +451,7 @@ def _parent(model_type: str) -> str | None:
     found = [t for t in CONFIG_MAPPING_NAMES if t != model_type and CONFIG_MAPPING[t].__module__.rsplit(".", 2)[-2] == package
              and holds(CONFIG_MAPPING[t])]
     found += [t for t in CONFIG_MAPPING_NAMES if t != model_type and t not in found and holds(CONFIG_MAPPING[t])]
-    return min(found[:8], key=len) if found else None
+    return sorted(found[:8], key=len)
 
 
 def _unrun_row(row: dict[str, Any], unrun: _Unrun) -> dict[str, Any]:
@@ -588,23 +597,34 @@ def in_parent(model: Any, config_class: type, ran: set[int]) -> tuple[bool, str]
 
 
 def _component_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A component's row: its parent built, patched and compared, with the component's modules watched;
-    exact (in parent) only where :func:`in_parent` says it is true of the component."""
+    """A component's row: its parents (the one named first, then up to two more whose configs hold it) built,
+    patched and compared, with the component's modules watched; exact (in parent) in the first parent where
+    :func:`in_parent` says it is true of the component, else the named parent's reason."""
+    first: dict[str, Any] | None = None
+    for parent in [row["parent"]] + [p for p in _parents(row["model_type"]) if p != row["parent"]][:2]:
+        got = _in_one_parent(row, parent)
+        if got["status"] == IN_PARENT:
+            return got
+        first = first or got
+    return first or row
+
+
+def _in_one_parent(row: dict[str, Any], parent: str) -> dict[str, Any]:
+    """The component ``row`` measured inside ``parent`` (see :func:`_component_row`)."""
     import contextlib
 
     from transformers import CONFIG_MAPPING
 
-    parent = row["parent"]
     try:
         model, causal, inputs, want, want_tokens, gen = _reference(parent)
     except Exception as err:  # noqa: BLE001 - the parent's own row says why
-        return dict(row, reason=f"{row['reason']}; the parent does not build or run ({_short(err)[:160]})")
+        return dict(row, reason=f"{row['reason']}; the parent {parent} does not build or run ({_short(err)[:160]})")
     ran: set[int] = set()
+    cls = CONFIG_MAPPING[row["model_type"]]
 
     @contextlib.contextmanager
     def watching() -> Any:
-        mods = _component_modules(model, CONFIG_MAPPING[row["model_type"]])
-        handles = [m.register_forward_hook(lambda mod, *_: ran.add(id(mod))) for _, m in mods]
+        handles = [m.register_forward_hook(lambda mod, *_: ran.add(id(mod))) for _, m in _component_modules(model, cls)]
         try:
             yield
         finally:
@@ -614,12 +634,12 @@ def _component_row(row: dict[str, Any]) -> dict[str, Any]:
     measured = _measured({"model_type": parent}, model, causal, inputs, want, want_tokens, gen, ran=watching())
     if measured["status"] != "exact":
         return dict(row, reason=f"{row['reason']}; the parent {parent} is {measured['status']} here")
-    ok, why = in_parent(model, CONFIG_MAPPING[row["model_type"]], ran)
-    figures = {k: measured[k] for k in ("rel", "greedy")}
+    ok, why = in_parent(model, cls, ran)
     if not ok:
-        return dict(row, reason=f"{row['reason']}; not exact of it: {why}")
-    return dict(row, **figures, status=IN_PARENT, **{"class": type(model).__name__},
-                reason=f"a sub-config of {parent}, measured in its exact {type(model).__name__}: {why}")
+        return dict(row, reason=f"{row['reason']}; not exact of it in {parent}: {why}")
+    return dict(row, rel=measured["rel"], greedy=measured["greedy"], status=IN_PARENT, parent=parent,
+                reason=f"a sub-config of {parent}, measured in its exact {type(model).__name__}: {why}",
+                **{"class": type(model).__name__})
 
 
 def _short(err: BaseException) -> str:

@@ -56,9 +56,17 @@ def test_the_coverage_rows_of_components():
     row = cov.run_one("mllama_text_model")
     assert row["status"] == cov.IN_PARENT and row["rel"] <= cov.TOL and row["greedy"] is True, row
     assert "patched its attention" in row["reason"], row
-    # T5Gemma 2's encoder text model keeps upstream's rope inside its exact parent: still a component
+    # T5Gemma 2's encoder text model keeps upstream's rope inside t5gemma2 (whose text config is the decoder's);
+    # inside its other parent, the encoder alone, liepos patches it: exact there, and named so
     row = cov.run_one("t5gemma2_text")
-    assert row["status"] == "component" and "stay upstream's" in row["reason"], row
+    assert (row["status"], row["parent"]) == (cov.IN_PARENT, "t5gemma2_encoder"), row
+    assert "text_model.layers.0.self_attn" in row["reason"], row
+    model, cls, ran = _watched(cov, "t5gemma2", "t5gemma2_text", patch=True)
+    ok, why = cov.in_parent(model, cls, ran)
+    assert not ok and "encoder.text_model.layers.0.self_attn" in why, why
+    # Dia's encoder: its rotary module is not hooked by liepos (it records no positions for liepos): a component
+    row = cov.run_one("dia_encoder")
+    assert row["status"] == "component" and "encoder.rotary_emb" in row["reason"], row
     # a vision tower that the token-only forward never runs: still a component
     row = cov.run_one("idefics_vision")
     assert row["status"] == "component", row
