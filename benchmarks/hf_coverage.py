@@ -119,6 +119,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     "dots3_note_audio_encoder": dict(adapter_out_dim=64),
     # T5Gemma 2's top config hands its dropout_rate to the encoder's text config; the encoder alone reads it there
     "t5gemma2_text": dict(dropout_rate=0.0),
+    # Granite 4 Vision's projector injects vision layers into LLM layers by a map with no default: the shrunk depths'
+    "granite4_vision": dict(deepstack_layer_map=[[0, 0], [1, 1]], spatial_target_layers=[0, 1, 0, 1],
+                            downsample_rate="1/2"),
     "qwen2_5_omni_thinker": dict(vision_start_token_id=151652),
     "qwen3_omni_moe_thinker": dict(vision_start_token_id=151652),
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
@@ -127,6 +130,9 @@ EXTRA: dict[str, dict[str, Any]] = {
 # parameters a family initialises to zero that would make its scores position-free (ZAYA's key temperature
 # multiplies every key by 0: uniform attention, whatever the rope): set to random values so the rope is exercised
 NONZERO: dict[str, tuple[str, ...]] = {"zaya": ("qk_norm.temp",)}
+# conditioning a decoder's layers read beside the tokens, that its composite computes and passes on (Voxtral
+# Realtime's time embedding, ``t_cond``): a random one of the hidden width, the same both runs
+CONDITIONS: dict[str, tuple[str, ...]] = {"voxtral_realtime_text": ("t_cond",)}
 # omni configs that no model class runs (their for-generation class only generates): the row is the
 # thinker's for-conditional-generation model built from the shrunk ``thinker_config``, the text model
 # inside it the one that carries the rope
@@ -272,11 +278,17 @@ def _model_class(config: Any, causal: bool) -> Any:
 
     if causal:
         return AutoModelForCausalLM
-    if config.model_type in MODEL_MAPPING_NAMES:
-        return AutoModel
     modeling = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    import transformers
+
+    name = MODEL_MAPPING_NAMES.get(config.model_type)
+    if name is not None and hasattr(transformers, name):
+        return AutoModel  # (a class the auto mapping names but transformers does not export: the module's own)
     own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
            and hasattr(c, "from_config") and c.__module__ == modeling.__name__]
+    if not own:  # a PreTrainedModel of the module (no auto from_config) that the package does not export
+        own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
+               and hasattr(c, "_from_config") and c.__module__ == modeling.__name__ and "PreTrained" not in c.__name__]
     own.sort(key=lambda c: (not c.__name__.endswith("ForCausalLM"), not c.__name__.endswith("Model"), c.__name__))
     if not own:
         raise ValueError(f"no model class of {modeling.__name__} takes a {type(config).__name__}")
@@ -305,7 +317,8 @@ def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
         thinker = getattr(modeling, type(config).__name__.replace("Config", "ForConditionalGeneration"))
         model_class: Any = lambda c: thinker(c)  # noqa: E731 - a PreTrainedModel: no auto from_config
     else:
-        model_class = _model_class(config, causal).from_config
+        found = _model_class(config, causal)
+        model_class = getattr(found, "from_config", None) or found  # the auto class, else the PreTrainedModel itself
     config._attn_implementation = "eager"
     model = model_class(config)
     with torch.no_grad():
@@ -368,8 +381,11 @@ def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
     layers = len(getattr(c, "target_layer_ids", None) or [0])  # a drafter's context: hidden states of these layers
     widths = {"noise_embeds": hidden, "context_hidden_states": hidden * layers}
     fixed = {n: rand(1, SEQ, w) for n, w in widths.items() if n in params}
+    conditions = {n: rand(1, 1, hidden) for n in CONDITIONS.get(c.model_type, ())}  # through **kwargs to every layer
+    fixed |= conditions
     decoder = [x] + ([x[..., None].expand(1, SEQ, depth).contiguous()] if depth else [])
     found = [_inputs(model, x)] + ([fixed] if fixed and "input_ids" not in params else [])
+    found += [{**_inputs(model, x), **conditions}] if conditions else []
     for name, values in options.items():
         if name not in params:
             continue
