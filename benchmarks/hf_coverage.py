@@ -122,6 +122,10 @@ EXTRA: dict[str, dict[str, Any]] = {
     # Granite 4 Vision's projector injects vision layers into LLM layers by a map with no default: the shrunk depths'
     "granite4_vision": dict(deepstack_layer_map=[[0, 0], [1, 1]], spatial_target_layers=[0, 1, 0, 1],
                             downsample_rate="1/2"),
+    # ESMFold2's atom transformers (a config class without a model type of its own) pack 3 · 2 spatial and 10 UID
+    # rotary pairs into half a head: a head of 32
+    # (their output the token width, which the single inputs carry beside 2 · 33 residue types and one flag)
+    "EsmFold2AtomEncoderConfig": dict(head_dim=32, output_dim=64), "esmfold2": dict(single_inputs_size=64 + 67),
     "qwen2_5_omni_thinker": dict(vision_start_token_id=151652),
     "qwen3_omni_moe_thinker": dict(vision_start_token_id=151652),
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
@@ -232,7 +236,8 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
     """``config`` with ``small`` (and ``extra``) over every sub-config that has those fields."""
     for name, sub in list(vars(config).items()):  # vars: per-layer attributes raise on getattr
         if _is_config(sub):  # text_config, vision_config, encoder, decoder, ...
-            setattr(config, name, _shrunk(sub, small, EXTRA.get(sub.model_type, {})))  # its own row's facts too
+            facts = EXTRA.get(sub.model_type) or EXTRA.get(type(sub).__name__, {})  # its own row's (or class's) facts
+            setattr(config, name, _shrunk(sub, small, facts))
     d = config.to_dict()
     for key in _PER_LAYER:
         d.pop(key, None)
