@@ -284,11 +284,14 @@ def _model_class(config: Any, causal: bool) -> Any:
     if causal:
         return AutoModelForCausalLM
     modeling = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
-    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
 
-    name = MODEL_MAPPING_NAMES.get(config.model_type)
-    if name is not None and hasattr(transformers, name):
-        return AutoModel  # (a class the auto mapping names but transformers does not export: the module's own)
+    if config.model_type in MODEL_MAPPING_NAMES and type(config) in MODEL_MAPPING:
+        try:  # the auto class, where it resolves (a class the package does not export, a config class the
+            MODEL_MAPPING[type(config)]  # auto mapping does not key as AutoModel does: the module's own, below)
+            return AutoModel
+        except (KeyError, ValueError):
+            pass
     own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
            and hasattr(c, "from_config") and c.__module__ == modeling.__name__]
     if not own:  # a PreTrainedModel of the module (no auto from_config) that the package does not export
