@@ -294,9 +294,9 @@ def _model_class(config: Any, causal: bool) -> Any:
             pass
     own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
            and hasattr(c, "from_config") and c.__module__ == modeling.__name__]
-    if not own:  # a PreTrainedModel of the module (no auto from_config) that the package does not export
-        own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
-               and hasattr(c, "_from_config") and c.__module__ == modeling.__name__ and "PreTrained" not in c.__name__]
+    name = MODEL_MAPPING_NAMES.get(config.model_type)
+    if not own and name is not None:  # the model class the auto mapping names, where AutoModel does not resolve it
+        own = [c for c in [getattr(modeling, name, None)] if isinstance(c, type) and hasattr(c, "_from_config")]
     own.sort(key=lambda c: (not c.__name__.endswith("ForCausalLM"), not c.__name__.endswith("Model"), c.__name__))
     if not own:
         raise ValueError(f"no model class of {modeling.__name__} takes a {type(config).__name__}")
@@ -394,6 +394,12 @@ def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
     decoder = [x] + ([x[..., None].expand(1, SEQ, depth).contiguous()] if depth else [])
     found = [_inputs(model, x)] + ([fixed] if fixed and "input_ids" not in params else [])
     found += [{**_inputs(model, x), **conditions}] if conditions else []
+    if {"hidden_states", "grid_thw"} <= set(params):  # a patch tower: flattened patches of one 4 × 6 grid
+        merge = _size(c, "spatial_merge_size", default=1)
+        width = (_size(c, "in_channels", "num_channels", default=3) * _size(c, "temporal_patch_size", default=1)
+                 * _size(c, "patch_size", default=14) ** 2)
+        h, w = 2 * merge, 3 * merge
+        found.append({"hidden_states": rand(h * w, width), "grid_thw": torch.tensor([[1, h, w]])})
     for name, values in options.items():
         if name not in params:
             continue

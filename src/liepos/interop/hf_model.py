@@ -54,6 +54,8 @@ from liepos.interop.hf_packed import documents
 from liepos.interop.hf_raw import raw_attention
 from liepos.interop.hf_state import Layer, Length, Positions
 from liepos.interop.hf_verify import patch_family, unnumber_layers
+from liepos.interop.hf_vision import patch_vision, vision_rope
+from liepos.interop.hf_vision import release as release_vision
 from liepos.interop.rope_types import times_logit
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -397,6 +399,12 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
             f"encoding must be a liepos.Encoding, a dict of them by layer type, or None, got {type(encoding).__name__}"
         )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    tower = vision_rope(model, config) if family_of(getattr(config, "model_type", None)) is None else None
+    if tower is not None:  # a vision tower's rope over (h, w) patch pairs: probed, proven, patched
+        if encoding is not None:
+            raise ValueError(f"{type(model).__name__} is a vision tower whose rope reads (h, w) patch positions: "
+                             "patch_model patches it with the encoding its rotary module means only (encoding=None)")
+        return patch_vision(model, config, tower)
     try:  # a refusal leaves the model as it was, the layer numbers the family check gave included
         return _patch(model, config, encoding, precision)
     except BaseException:
@@ -463,6 +471,7 @@ def unpatch_model(model: Any) -> Any:
                 m.__dict__.pop("forward", None)
                 m.__dict__.pop(attr)
     model.__dict__.pop("_liepos_positions", None)
+    release_vision(model)
     unnumber_layers(model)
     restore(model)  # the attention implementation each config named before
     release(model)  # the modeling files' own functions back once no patched model needs them
