@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -394,12 +395,18 @@ def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
     decoder = [x] + ([x[..., None].expand(1, SEQ, depth).contiguous()] if depth else [])
     found = [_inputs(model, x)] + ([fixed] if fixed and "input_ids" not in params else [])
     found += [{**_inputs(model, x), **conditions}] if conditions else []
-    if {"hidden_states", "grid_thw"} <= set(params):  # a patch tower: flattened patches of one 4 × 6 grid
-        merge = _size(c, "spatial_merge_size", default=1)
-        width = (_size(c, "in_channels", "num_channels", default=3) * _size(c, "temporal_patch_size", default=1)
-                 * _size(c, "patch_size", default=14) ** 2)
+    grid = next((n for n in ("grid_thw", "image_grid_thw") if n in params), None)
+    patches = next((n for n in ("hidden_states", "pixel_values") if n in params), None)
+    if grid and patches:  # a patch tower: the flattened patches of one (2 · merge) × (3 · merge) grid
+        kernel = getattr(c, "merge_kernel_size", None)  # Kimi's (h, w) merge kernel
+        merge = int(max(kernel)) if isinstance(kernel, list | tuple) else _size(c, "spatial_merge_size", "merge_size", default=1)
+        channels, size = _size(c, "in_channels", "num_channels", default=3), _size(c, "patch_size", default=14)
+        embed = next((m for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv3d)), None)
+        width = (embed.in_features if isinstance(embed, torch.nn.Linear) else  # the patch embedding's input width
+                 embed.in_channels * math.prod(embed.kernel_size) if embed is not None else channels * size**2)
         h, w = 2 * merge, 3 * merge
-        found.append({"hidden_states": rand(h * w, width), "grid_thw": torch.tensor([[1, h, w]])})
+        meta = {grid: torch.tensor([[1, h, w]])} | ({"merge_sizes": torch.tensor([merge])} if "merge_sizes" in params else {})
+        found += [{patches: p, **meta} for p in (rand(h * w, width), rand(1, h * w, width), rand(h * w, channels, size, size))]
     for name, values in options.items():
         if name not in params:
             continue

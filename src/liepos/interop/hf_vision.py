@@ -49,7 +49,8 @@ _ZERO = 1e-5
 _TIMES = (1, 2, 3, 5, 4093)
 _EPS32 = 2.0**-24
 # the attention running now in a patched tower (its encoding), None elsewhere
-_ACTIVE: contextvars.ContextVar[Encoding | None] = contextvars.ContextVar("liepos_vision", default=None)
+# (its encoding, whether upstream's apply was proven to broadcast over a batch of q, k the same way)
+_ACTIVE: contextvars.ContextVar[tuple[Encoding, bool] | None] = contextvars.ContextVar("liepos_vision", default=None)
 _USERS: dict[str, weakref.WeakSet] = {}
 
 
@@ -164,6 +165,20 @@ def _encoding(vr: VisionRope, config: Any) -> Encoding:
                     layout=layout, name=name)
 
 
+def _batched(vr: VisionRope, config: Any) -> bool:
+    """Whether upstream's apply on q, k ``(batch, patches, heads, d)`` is its apply on each batch row (it broadcasts
+    cos and sin over a leading batch dim): then a batched attention's q and k are rotated as unbatched ones."""
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(2, 6, 2, vr.head_dim, generator=gen) for _ in range(2))
+    cos, sin = vr.rotary(config)(q, torch.randint(0, 9, (6, 2), generator=gen))
+    try:
+        batch = vr.apply(q, k, cos, sin)
+    except (RuntimeError, ValueError, IndexError):
+        return False
+    rows = [vr.apply(q[b], k[b], cos, sin) for b in range(2)]
+    return all(torch.equal(batch[i][b], rows[b][i]) for i in range(2) for b in range(2))
+
+
 def _prove(vr: VisionRope, config: Any, enc: Encoding) -> str | None:
     """None when ``enc`` gives upstream's scores at random (h, w) pairs, else what did not match."""
     gen = torch.Generator().manual_seed(0)
@@ -210,18 +225,20 @@ def _attention_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _dispatcher(upstream: Any) -> Any:
     def apply(q: Any, k: Any, cos: Any, sin: Any) -> Any:
-        enc = _ACTIVE.get()
-        if enc is None:
+        state = _ACTIVE.get()
+        if state is None:
             return upstream(q, k, cos, sin)
+        enc, batched = state
         d = q.shape[-1]
-        if cos.shape[-1] != d + 2 or q.dim() != 3 or q.shape[0] != cos.shape[0]:
+        if cos.shape[-1] != d + 2 or q.shape[-3] != cos.shape[0] or not (q.dim() == 3 or (q.dim() == 4 and batched)):
             raise RuntimeError(f"a patched vision attention got q {tuple(q.shape)} and cos {tuple(cos.shape)}: "
-                               "not (patches, heads, head_dim) with the (h, w) pairs beside cos")
+                               "not (patches, heads, head_dim) (or batched, where the proof showed upstream's apply "
+                               "broadcasts over a batch) with the (h, w) pairs beside cos")
         pos = cos[..., d:].to(torch.float64)  # (N, 2)
 
-        def rotate(x: Any, side: Any) -> Any:  # (N, H, d) -> (1, H, N, d) and back
-            out = side(x.to(torch.float32).transpose(0, 1)[None], pos)
-            return out[0].transpose(0, 1).to(x.dtype)
+        def rotate(x: Any, side: Any) -> Any:  # (…, N, H, d) -> (B, H, N, d) and back
+            y = x.to(torch.float32).reshape(-1, *x.shape[-3:]).transpose(1, 2)
+            return side(y, pos).transpose(1, 2).reshape(x.shape).to(x.dtype)
 
         return rotate(q, enc.query), rotate(k, enc.key)
 
@@ -233,9 +250,10 @@ def patch_vision(model: Any, config: Any, vr: VisionRope) -> Any:
     """Patch the tower ``model`` (see the module docstring), or raise a ValueError saying why not."""
     if not vr.attention:
         raise _refuse(config.model_type, f"no attention module of {type(model).__name__} calls {VISION_APPLY}")
+    batched = False
     try:
         enc = _encoding(vr, config)
-        why = _prove(vr, config, enc)
+        why, batched = _prove(vr, config, enc), _batched(vr, config)
     except Exception as err:  # noqa: BLE001 - upstream's code failing on a probe is a refusal
         why = f"probing {vr.modeling.__name__}.{VISION_APPLY}: {type(err).__name__}: {err}"
     if why is not None:
@@ -245,7 +263,7 @@ def patch_vision(model: Any, config: Any, vr: VisionRope) -> Any:
             m._liepos_vision = None
             m.forward = _rotary_forward.__get__(m, type(m))
         elif type(m).__name__ in vr.attention:
-            m._liepos_vision = enc
+            m._liepos_vision = (enc, batched)
             m.forward = _attention_forward.__get__(m, type(m))
     name = vr.modeling.__name__
     users = _USERS.setdefault(name, weakref.WeakSet())
