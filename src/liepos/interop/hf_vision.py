@@ -59,7 +59,7 @@ class VisionRope:
     """A tower's patch rope: its modeling module, rotary class, upstream's apply, head dim and attention classes."""
 
     modeling: Any
-    rotary: type
+    rotary: Any
     apply: Any
     head_dim: int
     attention: tuple[str, ...]
@@ -258,7 +258,8 @@ def patch_vision(model: Any, config: Any, vr: VisionRope) -> Any:
         why = f"probing {vr.modeling.__name__}.{VISION_APPLY}: {type(err).__name__}: {err}"
     if why is not None:
         raise _refuse(config.model_type, why)
-    for m in model.modules():
+    modules: list[Any] = list(model.modules())
+    for m in modules:
         if isinstance(m, vr.rotary) and "_liepos_vision" not in m.__dict__:
             m._liepos_vision = None
             m.forward = _rotary_forward.__get__(m, type(m))
@@ -285,7 +286,7 @@ def release(model: Any) -> None:
         users.discard(model)
         if not list(users):
             mod = importlib.import_module(name)
-            fn = getattr(mod, VISION_APPLY, None)
-            if hasattr(fn, "_liepos_upstream"):
-                setattr(mod, VISION_APPLY, fn._liepos_upstream)
+            upstream = getattr(getattr(mod, VISION_APPLY, None), "_liepos_upstream", None)
+            if upstream is not None:
+                setattr(mod, VISION_APPLY, upstream)
             del _USERS[name]
