@@ -22,11 +22,21 @@ config means: a table family, or one verified against its modeling code), and co
   tiny random features of what the forward takes instead or beside them (audio features either way
   round, a waveform, latents, pixels, a time series, embeddings; ``_candidates``); the first that runs
   unpatched is the one the patched model gets, and a forward that samples is seeded alike both times;
-* **component**: a sub-config type with no model class of its own (``blt_local_decoder``): only its parent
-  builds it; the row names the parent and the parent row's result; never counted as exact;
+* **exact (in parent)**: a sub-config type with no model class of its own (``mllama_text_model``), measured
+  inside a parent that builds it (the shortest-named model type whose config holds it, then up to two
+  more): the parent patched is exact as above, *and* it is true of the component (``in_parent``): modules
+  built from the component's config class ran in the compared forward, and either every one of them whose
+  forward calls a rope function carries liepos' patched forward (every rotary module of it records its
+  positions for liepos, no position embedding of it left upstream's), or none of them encodes positions at
+  all. The row gives the parent's figures and names the patched attention modules; the summary counts these
+  among the exact and says how many;
+* **component**: such a sub-config type for which that is not shown (a tower whose rope stays upstream's,
+  modules the token-only forward never runs, a parent that is not exact): the row says which and why;
 * **could not build**: the tiny config or the model raised (the exception).
 
-The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
+A patch tower (a forward taking ``hidden_states`` or ``pixel_values`` with ``grid_thw``) gets the flattened
+patches of one image grid of (2 · merge) × (3 · merge) patches. The omni configs (``THINKER``) are built as
+their thinker's for-conditional-generation model. The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
 config's validator rejects the combination (a width that must equal another, grouped-query attention
 refused, a list-valued field), the field it names is set to agree and the config built again.
 
