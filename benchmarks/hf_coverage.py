@@ -656,6 +656,9 @@ def _component_row(row: dict[str, Any]) -> dict[str, Any]:
     return first or row
 
 
+_UNBUILT: dict[str, Exception] = {}  # parents that did not build or run, by model type
+
+
 def _in_one_parent(row: dict[str, Any], parent: str) -> dict[str, Any]:
     """The component ``row`` measured inside ``parent`` (see :func:`_component_row`)."""
     import contextlib
@@ -663,8 +666,11 @@ def _in_one_parent(row: dict[str, Any], parent: str) -> dict[str, Any]:
     from transformers import CONFIG_MAPPING
 
     try:
+        if parent in _UNBUILT:
+            raise _UNBUILT[parent]
         model, causal, inputs, want, want_tokens, gen = _reference(parent)
     except Exception as err:  # noqa: BLE001 - the parent's own row says why
+        _UNBUILT[parent] = err  # the next component of this parent (in this worker) does not build it again
         return dict(row, reason=f"{row['reason']}; the parent {parent} does not build or run ({_short(err)[:160]})")
     ran: set[int] = set()
     cls = CONFIG_MAPPING[row["model_type"]]
