@@ -285,8 +285,9 @@ def _attempts(model_type: str) -> list[dict[str, Any]]:
     return [small, mha, derived, dict(derived, num_key_value_heads=small["num_attention_heads"]), mrope, half]
 
 
-def _model_class(config: Any, causal: bool) -> Any:
-    """The auto class for ``config``, else the modeling module's own class whose config_class it is."""
+def _model_class(config: Any, causal: bool, alone: bool = False) -> Any:
+    """The auto class for ``config``, else the modeling module's own class whose config_class it is
+    (``alone``: a model class of the modeling module that the auto mapping does not name, see ``ALONE``)."""
     import importlib
 
     from transformers import AutoModel, AutoModelForCausalLM
@@ -308,13 +309,16 @@ def _model_class(config: Any, causal: bool) -> Any:
     name = MODEL_MAPPING_NAMES.get(config.model_type)
     if not own and name is not None:  # the model class the auto mapping names, where AutoModel does not resolve it
         own = [c for c in [getattr(modeling, name, None)] if isinstance(c, type) and hasattr(c, "_from_config")]
+    if not own and alone:
+        own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
+               and hasattr(c, "_from_config") and c.__module__ == modeling.__name__ and "PreTrained" not in c.__name__]
     own.sort(key=lambda c: (not c.__name__.endswith("ForCausalLM"), not c.__name__.endswith("Model"), c.__name__))
     if not own:
         raise ValueError(f"no model class of {modeling.__name__} takes a {type(config).__name__}")
     return own[0]
 
 
-def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
+def build(model_type: str, small: dict[str, Any], alone: bool = False) -> tuple[Any, bool]:
     """A tiny random model of ``model_type`` and whether it is a causal LM (greedy decoding compared)."""
     import importlib
 
@@ -336,7 +340,7 @@ def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
         thinker = getattr(modeling, type(config).__name__.replace("Config", "ForConditionalGeneration"))
         model_class: Any = lambda c: thinker(c)  # noqa: E731 - a PreTrainedModel: no auto from_config
     else:
-        found = _model_class(config, causal)
+        found = _model_class(config, causal, alone)
         model_class = getattr(found, "from_config", None) or found  # the auto class, else the PreTrainedModel itself
     config._attn_implementation = "eager"
     model = model_class(config)
@@ -416,7 +420,12 @@ def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
                  embed.in_channels * math.prod(embed.kernel_size) if embed is not None else channels * size**2)
         h, w = 2 * merge, 3 * merge
         meta = {grid: torch.tensor([[1, h, w]])} | ({"merge_sizes": torch.tensor([merge])} if "merge_sizes" in params else {})
-        found += [{patches: p, **meta} for p in (rand(h * w, width), rand(1, h * w, width), rand(h * w, channels, size, size))]
+        images = (rand(1, channels, h * size, w * size), rand(1, h * size, w * size, channels),  # whole images
+                  rand(h * size, w * size, channels))
+        found += [{patches: p, **meta} for p in (rand(h * w, width), rand(1, h * w, width), rand(h * w, channels, size, size),
+                                                 *images)]
+        # merged tokens of merge × merge patches each, the grid in tokens (Inkling 2)
+        found.append({patches: rand(6, merge * size, merge * size, channels), grid: torch.tensor([[1, 2, 3]])})
     for name, values in options.items():
         if name not in params:
             continue
@@ -444,7 +453,7 @@ class _Unrun(Exception):
         self.model, self.error = model, error
 
 
-def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any]]:
+def _reference(model_type: str, alone: bool = False) -> tuple[Any, bool, Any, Any, Any, dict[str, Any]]:
     """The first attempt that builds and runs unpatched: (model, causal, inputs, output, greedy tokens, gen).
 
     Raises the first build error, or :class:`_Unrun` (the first model that built) when every model
@@ -457,7 +466,7 @@ def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any
     unrun: _Unrun | None = None
     for small in _attempts(model_type):
         try:
-            model, causal = build(model_type, small)
+            model, causal = build(model_type, small, alone)
         except Exception as err:  # noqa: BLE001 - the next attempt; the first error is the row's reason
             first = first or err
             continue
@@ -545,11 +554,41 @@ def run_one(model_type: str) -> dict[str, Any]:
     except _Unrun as unrun:
         return _unrun_row(dict(row, **{"class": type(unrun.model).__name__}), unrun)
     except Exception as err:  # noqa: BLE001 - the row says what failed
-        if (m := _NO_CLASS.search(str(err))) and (parent := _parent(model_type)):
+        if not (m := _NO_CLASS.search(str(err))):
+            return dict(row, status="could not build", reason=_short(err))
+        if parent := _parent(model_type):
             why = f"no model class takes a {m.group(1)} alone: a sub-config of {parent}"
-            return _component_row(dict(row, status="component", parent=parent, reason=why))
-        return dict(row, status="could not build", reason=_short(err))
+            done = _component_row(dict(row, status="component", parent=parent, reason=why))
+            return done if done["status"] != "component" else _alone_row(done)
+        return _alone_row(dict(row, status="could not build", reason=_short(err)))
     return _measured(row, model, causal, inputs, want, want_tokens, gen)
+
+
+def _alone_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A type no auto class takes, built with its modeling module's own model class (``_model_class(alone=True)``)
+    and measured as any row; kept as it was (a component, could not build) where that does not build or run,
+    where patch_model refuses it, or where the unpatched output is not finite (nothing to compare)."""
+    import torch
+
+    try:
+        model, causal, inputs, want, want_tokens, gen = _reference(row["model_type"], alone=True)
+    except _Unrun as unrun:  # built, not run: a top-level type gets patch_model's word on it, a component stays one
+        if row["status"] == "component":
+            return row
+        return _unrun_row({"model_type": row["model_type"], "class": type(unrun.model).__name__}, unrun)
+    except Exception:  # noqa: BLE001 - the row as it was says why
+        return row
+    if not bool(torch.isfinite(want).all()):
+        return dict(row, reason=f"{row['reason']}; built alone ({type(model).__name__}) its unpatched output is not finite")
+    alone = dict(row, **{"class": type(model).__name__})
+    for key in ("parent", "reason"):
+        alone.pop(key, None)
+    measured = _measured(alone, model, causal, inputs, want, want_tokens, gen)
+    if measured["status"] == "refused" and row["status"] == "component":
+        return dict(row, reason=f"{row['reason']}; built alone ({type(model).__name__}) patch_model refuses it: "
+                                f"{measured['reason'][:200]}")
+    return dict(measured, reason=f"no auto class takes it: built with its modeling module's {type(model).__name__}"
+                + (f"; {measured['reason']}" if measured.get("reason") else ""))
 
 
 def _measured(row: dict[str, Any], model: Any, causal: bool, inputs: dict[str, Any], want: Any, want_tokens: Any,

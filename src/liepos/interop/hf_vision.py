@@ -32,6 +32,7 @@ import contextvars
 import importlib
 import inspect
 import math
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -246,10 +247,28 @@ def _dispatcher(upstream: Any) -> Any:
     return apply
 
 
+def _joins(model: Any, vr: VisionRope) -> str | None:
+    """The class whose forward runs the rotary module and concatenates its output with other cos and sin
+    (MLCD's class token, ``torch.cat([class_pos_emb.cos(), position_embeddings[0]])``), else None."""
+    for m in model.modules():
+        if any(isinstance(c, vr.rotary) for c in m.children()):
+            try:
+                src = inspect.getsource(inspect.unwrap(type(m).forward))
+            except (OSError, TypeError):
+                return f"{type(m).__name__} (no source to read)"
+            if re.search(r"cat\([^\n]*(position_embeddings|rotary_pos_emb|\.cos\(\))", src):
+                return type(m).__name__
+    return None
+
+
 def patch_vision(model: Any, config: Any, vr: VisionRope) -> Any:
     """Patch the tower ``model`` (see the module docstring), or raise a ValueError saying why not."""
     if not vr.attention:
         raise _refuse(config.model_type, f"no attention module of {type(model).__name__} calls {VISION_APPLY}")
+    joined = _joins(model, vr)
+    if joined:
+        raise _refuse(config.model_type, f"{joined} joins other angles to its rotary module's cos and sin (a class "
+                                         "token's own), which are not at a patch's (h, w) pair")
     batched = False
     try:
         enc = _encoding(vr, config)
