@@ -64,9 +64,13 @@ def test_the_coverage_rows_of_components():
     model, cls, ran = _watched(cov, "t5gemma2", "t5gemma2_text", patch=True)
     ok, why = cov.in_parent(model, cls, ran)
     assert not ok and "encoder.text_model.layers.0.self_attn" in why, why
-    # Dia's encoder: its rotary module is not hooked by liepos (it records no positions for liepos): a component
+    # Dia's encoder inside Dia: its rotary module is not hooked by liepos (it records no positions for liepos), so
+    # the parent does not show it; built alone with its modeling module's DiaEncoder it is measured itself
+    model, cls, ran = _watched(cov, "dia", "dia_encoder", patch=True)
+    ok, why = cov.in_parent(model, cls, ran)
+    assert not ok and "encoder.rotary_emb" in why, why
     row = cov.run_one("dia_encoder")
-    assert row["status"] == "component" and "encoder.rotary_emb" in row["reason"], row
+    assert row["status"] == "exact" and "built with its modeling module's DiaEncoder" in row["reason"], row
     # a vision tower that the token-only forward never runs: still a component
     row = cov.run_one("idefics_vision")
     assert row["status"] == "component", row
