@@ -36,7 +36,11 @@ config means: a table family, or one verified against its modeling code), and co
 
 A patch tower (a forward taking ``hidden_states`` or ``pixel_values`` with ``grid_thw``) gets the flattened
 patches of one image grid of (2 · merge) × (3 · merge) patches. The omni configs (``THINKER``) are built as
-their thinker's for-conditional-generation model. The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
+their thinker's for-conditional-generation model. A type no auto class takes is built with its modeling
+module's own model class where its parent does not show it exact (or it has no parent): a component whose
+own class patch_model refuses, or whose unpatched output is not finite, stays a component.
+
+The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
 config's validator rejects the combination (a width that must equal another, grouped-query attention
 refused, a list-valued field), the field it names is set to agree and the config built again.
 
