@@ -362,7 +362,9 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     The families are the rows of :data:`liepos.interop.families.FAMILIES` with an attention class (the
     Llama-shaped families, the MLA families, Llama 4 text, Qwen2-VL M-RoPE; ALiBi: Bloom, MPT, Falcon).
     A family outside the table is probed in its modeling code and proven on the spot
-    (:mod:`liepos.interop.hf_verify`); any other model is refused with the reason.
+    (:mod:`liepos.interop.hf_verify`); a vision tower whose rotary module reads (h, w) patch pairs and whose
+    attention calls ``apply_rotary_pos_emb_vision`` likewise (:mod:`liepos.interop.hf_vision`); any other
+    model is refused with the reason.
 
     * ``encoding=None``: what the config means (:func:`liepos.interop.read_hf`, ``precision``
       passed on), so the patched model computes what the unpatched one does; the temperature is
