@@ -22,9 +22,23 @@ config means: a table family, or one verified against its modeling code), and co
   tiny random features of what the forward takes instead or beside them (audio features either way
   round, a waveform, latents, pixels, a time series, embeddings; ``_candidates``); the first that runs
   unpatched is the one the patched model gets, and a forward that samples is seeded alike both times;
-* **component**: a sub-config type with no model class of its own (``blt_local_decoder``): only its parent
-  builds it; the row names the parent and the parent row's result; never counted as exact;
+* **exact (in parent)**: a sub-config type with no model class of its own (``mllama_text_model``), measured
+  inside a parent that builds it (the shortest-named model type whose config holds it, then up to two
+  more): the parent patched is exact as above, *and* it is true of the component (``in_parent``): modules
+  built from the component's config class ran in the compared forward, and either every one of them whose
+  forward calls a rope function carries liepos' patched forward (every rotary module of it records its
+  positions for liepos, no position embedding of it left upstream's), or none of them encodes positions at
+  all. The row gives the parent's figures and names the patched attention modules; the summary counts these
+  among the exact and says how many;
+* **component**: such a sub-config type for which that is not shown (a tower whose rope stays upstream's,
+  modules the token-only forward never runs, a parent that is not exact): the row says which and why;
 * **could not build**: the tiny config or the model raised (the exception).
+
+A patch tower (a forward taking ``hidden_states`` or ``pixel_values`` with ``grid_thw``) gets the flattened
+patches of one image grid of (2 · merge) × (3 · merge) patches. The omni configs (``THINKER``) are built as
+their thinker's for-conditional-generation model. A type no auto class takes is built with its modeling
+module's own model class where its parent does not show it exact (or it has no parent): a component whose
+own class patch_model refuses, or whose unpatched output is not finite, stays a component.
 
 The tiny config is ``SMALL`` at every level (sub-configs, encoder and decoder included); where a
 config's validator rejects the combination (a width that must equal another, grouped-query attention
@@ -38,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -110,12 +125,37 @@ EXTRA: dict[str, dict[str, Any]] = {
     # one layer per stack, one cycle each: num_hidden_layers = per stack · H_cycles · (L_cycles + 1)
     "hrm_text": dict(num_layers_per_stack=1, H_cycles=1, L_cycles=1, L_bp_cycles=[1]),
     # the sparse-attention indexer's sizes (no defaults)
+    # the thinker's M-RoPE index reads vision_start_token_id, which its config class lacks and the
+    # checkpoints' thinker_config carries (upstream's default of the other omni configs)
+    # Dots3's vision tower derives its per-layer expert counts (per_layer_config) from pyramid_num_routed,
+    # 42 layers by default: one dense and one sparse layer for the shrunk depth
+    # (and its adapters' widths those of the tiny tower and text model)
+    "dots3_note_vision_encoder": dict(pyramid_num_routed=[-1, 4], adapter_in_dim=64, adapter_out_dim=64),
+    "dots3_note_audio_encoder": dict(adapter_out_dim=64),
+    # T5Gemma 2's top config hands its dropout_rate to the encoder's text config; the encoder alone reads it there
+    "t5gemma2_text": dict(dropout_rate=0.0),
+    # Granite 4 Vision's projector injects vision layers into LLM layers by a map with no default: the shrunk depths'
+    "granite4_vision": dict(deepstack_layer_map=[[0, 0], [1, 1]], spatial_target_layers=[0, 1, 0, 1],
+                            downsample_rate="1/2"),
+    # ESMFold2's atom transformers (a config class without a model type of its own) pack 3 · 2 spatial and 10 UID
+    # rotary pairs into half a head: a head of 32
+    # (their output the token width, which the single inputs carry beside 2 · 33 residue types and one flag)
+    "EsmFold2AtomEncoderConfig": dict(head_dim=32, output_dim=64), "esmfold2": dict(single_inputs_size=64 + 67),
+    "qwen2_5_omni_thinker": dict(vision_start_token_id=151652),
+    "qwen3_omni_moe_thinker": dict(vision_start_token_id=151652),
     "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16,
                            indexer_compress_ratio=4),
 }
 # parameters a family initialises to zero that would make its scores position-free (ZAYA's key temperature
 # multiplies every key by 0: uniform attention, whatever the rope): set to random values so the rope is exercised
 NONZERO: dict[str, tuple[str, ...]] = {"zaya": ("qk_norm.temp",)}
+# conditioning a decoder's layers read beside the tokens, that its composite computes and passes on (Voxtral
+# Realtime's time embedding, ``t_cond``): a random one of the hidden width, the same both runs
+CONDITIONS: dict[str, tuple[str, ...]] = {"voxtral_realtime_text": ("t_cond",)}
+# omni configs that no model class runs (their for-generation class only generates): the row is the
+# thinker's for-conditional-generation model built from the shrunk ``thinker_config``, the text model
+# inside it the one that carries the rope
+THINKER = ("qwen2_5_omni", "qwen3_omni_moe")
 # per-layer lists of the full-size config, dropped before shrinking (rebuilt for the new depth)
 _PER_LAYER = ("layer_types", "no_rope_layers", "mlp_only_layers", "sliding_window_pattern", "block_types",
               "layers_block_type", "attn_layer_indices", "moe_layer_freq", "mlp_layer_types", "kv_source_layers",
@@ -211,7 +251,8 @@ def _shrunk(config: Any, small: dict[str, Any], extra: dict[str, Any]) -> Any:
     """``config`` with ``small`` (and ``extra``) over every sub-config that has those fields."""
     for name, sub in list(vars(config).items()):  # vars: per-layer attributes raise on getattr
         if _is_config(sub):  # text_config, vision_config, encoder, decoder, ...
-            setattr(config, name, _shrunk(sub, small, EXTRA.get(sub.model_type, {})))  # its own row's facts too
+            facts = EXTRA.get(sub.model_type) or EXTRA.get(type(sub).__name__, {})  # its own row's (or class's) facts
+            setattr(config, name, _shrunk(sub, small, facts))
     d = config.to_dict()
     for key in _PER_LAYER:
         d.pop(key, None)
@@ -248,8 +289,9 @@ def _attempts(model_type: str) -> list[dict[str, Any]]:
     return [small, mha, derived, dict(derived, num_key_value_heads=small["num_attention_heads"]), mrope, half]
 
 
-def _model_class(config: Any, causal: bool) -> Any:
-    """The auto class for ``config``, else the modeling module's own class whose config_class it is."""
+def _model_class(config: Any, causal: bool, alone: bool = False) -> Any:
+    """The auto class for ``config``, else the modeling module's own class whose config_class it is
+    (``alone``: a model class of the modeling module that the auto mapping does not name, see ``ALONE``)."""
     import importlib
 
     from transformers import AutoModel, AutoModelForCausalLM
@@ -257,19 +299,33 @@ def _model_class(config: Any, causal: bool) -> Any:
 
     if causal:
         return AutoModelForCausalLM
-    if config.model_type in MODEL_MAPPING_NAMES:
-        return AutoModel
     modeling = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    if config.model_type in MODEL_MAPPING_NAMES and type(config) in MODEL_MAPPING:
+        try:  # the auto class, where it resolves (a class the package does not export, a config class the
+            MODEL_MAPPING[type(config)]  # auto mapping does not key as AutoModel does: the module's own, below)
+            return AutoModel
+        except (KeyError, ValueError):
+            pass
     own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
            and hasattr(c, "from_config") and c.__module__ == modeling.__name__]
+    name = MODEL_MAPPING_NAMES.get(config.model_type)
+    if not own and name is not None:  # the model class the auto mapping names, where AutoModel does not resolve it
+        own = [c for c in [getattr(modeling, name, None)] if isinstance(c, type) and hasattr(c, "_from_config")]
+    if not own and alone:
+        own = [c for c in vars(modeling).values() if isinstance(c, type) and getattr(c, "config_class", None) is type(config)
+               and hasattr(c, "_from_config") and c.__module__ == modeling.__name__ and "PreTrained" not in c.__name__]
     own.sort(key=lambda c: (not c.__name__.endswith("ForCausalLM"), not c.__name__.endswith("Model"), c.__name__))
     if not own:
         raise ValueError(f"no model class of {modeling.__name__} takes a {type(config).__name__}")
     return own[0]
 
 
-def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
+def build(model_type: str, small: dict[str, Any], alone: bool = False) -> tuple[Any, bool]:
     """A tiny random model of ``model_type`` and whether it is a causal LM (greedy decoding compared)."""
+    import importlib
+
     import torch
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -281,9 +337,17 @@ def build(model_type: str, small: dict[str, Any]) -> tuple[Any, bool]:
     except Exception:  # noqa: BLE001 - a validator that reads sub-configs: the defaults, shrunk below
         first = cls()
     config = _shrunk(first, small, EXTRA.get(model_type, {}))
-    config._attn_implementation = "eager"
     causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    model = _model_class(config, causal).from_config(config)
+    if model_type in THINKER:  # no model class runs the top config: its thinker's, which holds the text model
+        config, causal = config.thinker_config, True
+        modeling = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+        thinker = getattr(modeling, type(config).__name__.replace("Config", "ForConditionalGeneration"))
+        model_class: Any = lambda c: thinker(c)  # noqa: E731 - a PreTrainedModel: no auto from_config
+    else:
+        found = _model_class(config, causal, alone)
+        model_class = getattr(found, "from_config", None) or found  # the auto class, else the PreTrainedModel itself
+    config._attn_implementation = "eager"
+    model = model_class(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(NONZERO.get(model_type, ())):
@@ -344,8 +408,28 @@ def _candidates(model: Any, x: Any) -> list[dict[str, Any]]:
     layers = len(getattr(c, "target_layer_ids", None) or [0])  # a drafter's context: hidden states of these layers
     widths = {"noise_embeds": hidden, "context_hidden_states": hidden * layers}
     fixed = {n: rand(1, SEQ, w) for n, w in widths.items() if n in params}
+    conditions = {n: rand(1, 1, hidden) for n in CONDITIONS.get(c.model_type, ())}  # through **kwargs to every layer
+    fixed |= conditions
     decoder = [x] + ([x[..., None].expand(1, SEQ, depth).contiguous()] if depth else [])
     found = [_inputs(model, x)] + ([fixed] if fixed and "input_ids" not in params else [])
+    found += [{**_inputs(model, x), **conditions}] if conditions else []
+    grid = next((n for n in ("grid_thw", "image_grid_thw") if n in params), None)
+    patches = next((n for n in ("hidden_states", "pixel_values") if n in params), None)
+    if grid and patches:  # a patch tower: the flattened patches of one (2 · merge) × (3 · merge) grid
+        kernel = getattr(c, "merge_kernel_size", None)  # Kimi's (h, w) merge kernel
+        merge = int(max(kernel)) if isinstance(kernel, list | tuple) else _size(c, "spatial_merge_size", "merge_size", default=1)
+        channels, size = _size(c, "in_channels", "num_channels", default=3), _size(c, "patch_size", default=14)
+        embed = next((m for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv3d)), None)
+        width = (embed.in_features if isinstance(embed, torch.nn.Linear) else  # the patch embedding's input width
+                 embed.in_channels * math.prod(embed.kernel_size) if embed is not None else channels * size**2)
+        h, w = 2 * merge, 3 * merge
+        meta = {grid: torch.tensor([[1, h, w]])} | ({"merge_sizes": torch.tensor([merge])} if "merge_sizes" in params else {})
+        images = (rand(1, channels, h * size, w * size), rand(1, h * size, w * size, channels),  # whole images
+                  rand(h * size, w * size, channels))
+        found += [{patches: p, **meta} for p in (rand(h * w, width), rand(1, h * w, width), rand(h * w, channels, size, size),
+                                                 *images)]
+        # merged tokens of merge × merge patches each, the grid in tokens (Inkling 2)
+        found.append({patches: rand(6, merge * size, merge * size, channels), grid: torch.tensor([[1, 2, 3]])})
     for name, values in options.items():
         if name not in params:
             continue
@@ -373,7 +457,7 @@ class _Unrun(Exception):
         self.model, self.error = model, error
 
 
-def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any]]:
+def _reference(model_type: str, alone: bool = False) -> tuple[Any, bool, Any, Any, Any, dict[str, Any]]:
     """The first attempt that builds and runs unpatched: (model, causal, inputs, output, greedy tokens, gen).
 
     Raises the first build error, or :class:`_Unrun` (the first model that built) when every model
@@ -386,7 +470,7 @@ def _reference(model_type: str) -> tuple[Any, bool, Any, Any, Any, dict[str, Any
     unrun: _Unrun | None = None
     for small in _attempts(model_type):
         try:
-            model, causal = build(model_type, small)
+            model, causal = build(model_type, small, alone)
         except Exception as err:  # noqa: BLE001 - the next attempt; the first error is the row's reason
             first = first or err
             continue
@@ -406,7 +490,14 @@ _NO_CLASS = re.compile(r"no model class of \S+ takes a (\w+)")
 
 
 def _parent(model_type: str) -> str | None:
-    """The model type whose config holds ``model_type``'s config as a sub-config (at any depth)."""
+    """The model type whose config holds ``model_type``'s config as a sub-config (at any depth): the shortest name."""
+    found = _parents(model_type)
+    return found[0] if found else None
+
+
+def _parents(model_type: str) -> list[str]:
+    """The model types whose configs hold ``model_type``'s config as a sub-config (at any depth), shortest name first
+    (those of its own modeling package before others)."""
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -420,7 +511,7 @@ def _parent(model_type: str) -> str | None:
     found = [t for t in CONFIG_MAPPING_NAMES if t != model_type and CONFIG_MAPPING[t].__module__.rsplit(".", 2)[-2] == package
              and holds(CONFIG_MAPPING[t])]
     found += [t for t in CONFIG_MAPPING_NAMES if t != model_type and t not in found and holds(CONFIG_MAPPING[t])]
-    return min(found[:8], key=len) if found else None
+    return sorted(found[:8], key=len)
 
 
 def _unrun_row(row: dict[str, Any], unrun: _Unrun) -> dict[str, Any]:
@@ -460,9 +551,6 @@ def _output(out: Any) -> Any:
 
 def run_one(model_type: str) -> dict[str, Any]:
     """One row: build, run unpatched, patch, run patched, compare."""
-    import torch
-    from liepos.interop import patch_model
-
     row: dict[str, Any] = {"model_type": model_type}
     try:
         model, causal, inputs, want, want_tokens, gen = _reference(model_type)
@@ -470,18 +558,60 @@ def run_one(model_type: str) -> dict[str, Any]:
     except _Unrun as unrun:
         return _unrun_row(dict(row, **{"class": type(unrun.model).__name__}), unrun)
     except Exception as err:  # noqa: BLE001 - the row says what failed
-        if (m := _NO_CLASS.search(str(err))) and (parent := _parent(model_type)):
-            return dict(row, status="component", parent=parent,
-                        reason=f"no model class takes a {m.group(1)} alone: a sub-config of {parent}")
-        return dict(row, status="could not build", reason=_short(err))
+        if not (m := _NO_CLASS.search(str(err))):
+            return dict(row, status="could not build", reason=_short(err))
+        if parent := _parent(model_type):
+            why = f"no model class takes a {m.group(1)} alone: a sub-config of {parent}"
+            done = _component_row(dict(row, status="component", parent=parent, reason=why))
+            return done if done["status"] != "component" else _alone_row(done)
+        return _alone_row(dict(row, status="could not build", reason=_short(err)))
+    return _measured(row, model, causal, inputs, want, want_tokens, gen)
+
+
+def _alone_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A type no auto class takes, built with its modeling module's own model class (``_model_class(alone=True)``)
+    and measured as any row; kept as it was (a component, could not build) where that does not build or run,
+    where patch_model refuses it, or where the unpatched output is not finite (nothing to compare)."""
+    import torch
+
+    try:
+        model, causal, inputs, want, want_tokens, gen = _reference(row["model_type"], alone=True)
+    except _Unrun as unrun:  # built, not run: a top-level type gets patch_model's word on it, a component stays one
+        if row["status"] == "component":
+            return row
+        return _unrun_row({"model_type": row["model_type"], "class": type(unrun.model).__name__}, unrun)
+    except Exception:  # noqa: BLE001 - the row as it was says why
+        return row
+    if not bool(torch.isfinite(want).all()):
+        return dict(row, reason=f"{row['reason']}; built alone ({type(model).__name__}) its unpatched output is not finite")
+    alone = dict(row, **{"class": type(model).__name__})
+    for key in ("parent", "reason"):
+        alone.pop(key, None)
+    measured = _measured(alone, model, causal, inputs, want, want_tokens, gen)
+    if measured["status"] == "refused" and row["status"] == "component":
+        return dict(row, reason=f"{row['reason']}; built alone ({type(model).__name__}) patch_model refuses it: "
+                                f"{measured['reason'][:200]}")
+    return dict(measured, reason=f"no auto class takes it: built with its modeling module's {type(model).__name__}"
+                + (f"; {measured['reason']}" if measured.get("reason") else ""))
+
+
+def _measured(row: dict[str, Any], model: Any, causal: bool, inputs: dict[str, Any], want: Any, want_tokens: Any,
+              gen: dict[str, Any], ran: Any = None) -> dict[str, Any]:
+    """Patch ``model``, run it on ``inputs`` (``ran``: a context manager around that forward), compare."""
+    import contextlib
+
+    import torch
+    from liepos.interop import patch_model
+
     try:
         patch_model(model)
     except Exception as err:  # noqa: BLE001
         return dict(row, status="refused", reason=_short(err))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), ran or contextlib.nullcontext():
             torch.manual_seed(3)
             got = _output(model(**inputs)).float()
+        with torch.no_grad():
             got_tokens = model.generate(inputs["input_ids"], **gen) if causal else None
     except Exception as err:  # noqa: BLE001
         return dict(row, status="failed", reason=_short(err), trace=traceback.format_exc()[-1500:])
@@ -489,6 +619,123 @@ def run_one(model_type: str) -> dict[str, Any]:
     greedy = None if want_tokens is None else bool(torch.equal(got_tokens, want_tokens))
     ok = rel <= TOL and greedy is not False
     return dict(row, status="exact" if ok else "mismatch", rel=rel, greedy=greedy)
+
+
+# ---------------------------------------------------------------------- a component inside its parent
+IN_PARENT = "exact (in parent)"
+# what encodes positions: a rope function an attention calls (apply_rotary_pos_emb, rotate_half), ALiBi;
+# a learned or fixed position embedding (a module or buffer named so)
+_ROPE_CALL = re.compile(r"rotary|rope|rotate|alibi", re.I)
+_POS_NAME = re.compile(r"pos(ition)?_?(emb|embed|embedding|bias)|relative_attention_bias", re.I)
+
+
+def _component_modules(model: Any, config_class: type) -> list[tuple[str, Any]]:
+    """The modules of ``model`` built from a config of ``config_class``: those whose ``config`` is one, and
+    their descendants that hold no config of another class (a nested sub-config's modules are its own)."""
+    found: list[tuple[str, Any]] = []
+
+    def visit(name: str, module: Any, inside: bool) -> None:
+        own = getattr(module, "config", None)
+        mine = isinstance(own, config_class) or (inside and not _is_config(own))
+        if mine:
+            found.append((name, module))
+        for child, sub in module.named_children():
+            visit(f"{name}.{child}" if name else child, sub, mine)
+
+    visit("", model, False)
+    return found
+
+
+def _rope_calls(module: Any) -> list[str]:
+    """The module-level functions of its modeling file that the module's forward calls to encode positions."""
+    import inspect
+
+    forward = inspect.unwrap(getattr(type(module), "forward", None) or (lambda: None))
+    code, env = getattr(forward, "__code__", None), getattr(forward, "__globals__", {})
+    names = code.co_names if code is not None else ()
+    return [n for n in names if _ROPE_CALL.search(n) and callable(env.get(n))]
+
+
+def in_parent(model: Any, config_class: type, ran: set[int]) -> tuple[bool, str]:
+    """Whether a patched, exact parent ``model`` is exact *of the component* of ``config_class``, and what says so.
+
+    True only when modules of the component ran in the compared forward (``ran``: the ids of the modules
+    that did) and either (a) its rope is liepos': every module of it whose forward calls a rope function
+    carries liepos' patched forward and ran, every rotary module of it records positions for liepos, and
+    it has no position embedding or ALiBi left upstream's; or (b) it encodes no positions at all (no
+    rotary module, no rope call, no position embedding): nothing of it could have stayed upstream's."""
+    mods = _component_modules(model, config_class)
+    if not mods:
+        return False, f"the parent {type(model).__name__} builds no module from a {config_class.__name__}"
+    where = mods[0][0] or type(model).__name__
+    if not any(id(m) in ran for _, m in mods):
+        return False, f"none of its modules ({where}) ran in the parent's forward on the inputs compared"
+    rotary = [n for n, m in mods if type(m).__name__.endswith("RotaryEmbedding") or "inv_freq" in m._buffers]
+    calls = [(n, m) for n, m in mods if _rope_calls(m) and n not in rotary]
+    embeds = [n for n, m in mods if _POS_NAME.search(n.rpartition(".")[2]) and n not in rotary]
+    embeds += [f"{n}.{b}" for n, m in mods for b in m._buffers if _POS_NAME.search(b) and n not in rotary]
+    if not (rotary or calls or embeds):
+        return True, f"it encodes no positions (no rope, ALiBi or position embedding); {where} ran inside the exact parent"
+    patched = [n for n, m in calls if "_liepos" in m.__dict__ and id(m) in ran]
+    upstream = [n for n, m in calls if n not in patched] + embeds
+    upstream += [n for n, m in mods if n in rotary and "_liepos_positions" not in m.__dict__]
+    if upstream or not patched:
+        return False, (f"its positions stay upstream's in {', '.join(upstream[:4])}" if upstream else
+                       "liepos patched none of its attention modules")
+    more = f" and {len(patched) - 4} more" if len(patched) > 4 else ""
+    return True, f"liepos patched its attention {', '.join(patched[:4])}{more}, each of which ran"
+
+
+def _component_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A component's row: its parents (the one named first, then up to two more whose configs hold it) built,
+    patched and compared, with the component's modules watched; exact (in parent) in the first parent where
+    :func:`in_parent` says it is true of the component, else the named parent's reason."""
+    first: dict[str, Any] | None = None
+    for parent in [row["parent"]] + [p for p in _parents(row["model_type"]) if p != row["parent"]][:2]:
+        got = _in_one_parent(row, parent)
+        if got["status"] == IN_PARENT:
+            return got
+        first = first or got
+    return first or row
+
+
+_UNBUILT: dict[str, Exception] = {}  # parents that did not build or run, by model type
+
+
+def _in_one_parent(row: dict[str, Any], parent: str) -> dict[str, Any]:
+    """The component ``row`` measured inside ``parent`` (see :func:`_component_row`)."""
+    import contextlib
+
+    from transformers import CONFIG_MAPPING
+
+    try:
+        if parent in _UNBUILT:
+            raise _UNBUILT[parent]
+        model, causal, inputs, want, want_tokens, gen = _reference(parent)
+    except Exception as err:  # noqa: BLE001 - the parent's own row says why
+        _UNBUILT[parent] = err  # the next component of this parent (in this worker) does not build it again
+        return dict(row, reason=f"{row['reason']}; the parent {parent} does not build or run ({_short(err)[:160]})")
+    ran: set[int] = set()
+    cls = CONFIG_MAPPING[row["model_type"]]
+
+    @contextlib.contextmanager
+    def watching() -> Any:
+        handles = [m.register_forward_hook(lambda mod, *_: ran.add(id(mod))) for _, m in _component_modules(model, cls)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    measured = _measured({"model_type": parent}, model, causal, inputs, want, want_tokens, gen, ran=watching())
+    if measured["status"] != "exact":
+        return dict(row, reason=f"{row['reason']}; the parent {parent} is {measured['status']} here")
+    ok, why = in_parent(model, cls, ran)
+    if not ok:
+        return dict(row, reason=f"{row['reason']}; not exact of it in {parent}: {why}")
+    return dict(row, rel=measured["rel"], greedy=measured["greedy"], status=IN_PARENT, parent=parent,
+                reason=f"a sub-config of {parent}, measured in its exact {type(model).__name__}: {why}",
+                **{"class": type(model).__name__})
 
 
 def _short(err: BaseException) -> str:
@@ -551,7 +798,14 @@ class Pool:
             self.proc.join(10)
 
 
-STATUSES = ("exact", "refused", "mismatch", "failed", "not measured", "component", "could not build")
+STATUSES = ("exact", IN_PARENT, "refused", "mismatch", "failed", "not measured", "component", "could not build")
+
+
+def summary(counts: dict[str, int], bold: bool = False) -> str:
+    """The counts, the rows exact in their parent counted among the exact (and said how many)."""
+    b = "**" if bold else ""
+    head = f"{b}{counts['exact'] + counts[IN_PARENT]} exact{b} ({counts[IN_PARENT]} of them components exact in their parent)"
+    return ", ".join([head] + [f"{b}{counts[s]} {s}{b}" for s in STATUSES[2:]])
 
 
 def write(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
@@ -564,7 +818,7 @@ def write(rows: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         f"`{meta['command']}` — transformers {meta['transformers']}, torch {meta['torch']}, "
         f"{meta['date']}, {meta['seconds']:.0f} s on a shared machine ({meta['machine']}).",
         "",
-        f"{len(rows)} model types: " + ", ".join(f"**{counts[s]} {s}**" for s in STATUSES) + ".",
+        f"{len(rows)} model types: {summary(counts, bold=True)}.",
         "",
         f"exact: max|Δlogit|/max|logit| ≤ {TOL:g} on {SEQ} tokens (hidden states for models without an LM head) "
         f"and, for causal LMs, the same {NEW} greedy tokens; tiny random models, nothing downloaded.",
@@ -632,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         meta["command"] = full["command"].split(" (")[0] + f" (rows {' '.join(again)} rerun with --only … --update)"
     write(rows, out, dict(meta, seconds=time.time() - t0))
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    print(", ".join(f"{n} {s}" for s, n in counts.items()), f"({time.time() - t0:.0f} s)", flush=True)
+    print(summary(counts), f"({time.time() - t0:.0f} s)", flush=True)
     return 0
 
 

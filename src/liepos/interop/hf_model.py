@@ -54,6 +54,8 @@ from liepos.interop.hf_packed import documents
 from liepos.interop.hf_raw import raw_attention
 from liepos.interop.hf_state import Layer, Length, Positions
 from liepos.interop.hf_verify import patch_family, unnumber_layers
+from liepos.interop.hf_vision import patch_vision, vision_rope
+from liepos.interop.hf_vision import release as release_vision
 from liepos.interop.rope_types import times_logit
 
 __all__ = ["patch_model", "unpatch_model", "SUPPORTED_FAMILIES"]
@@ -360,7 +362,9 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
     The families are the rows of :data:`liepos.interop.families.FAMILIES` with an attention class (the
     Llama-shaped families, the MLA families, Llama 4 text, Qwen2-VL M-RoPE; ALiBi: Bloom, MPT, Falcon).
     A family outside the table is probed in its modeling code and proven on the spot
-    (:mod:`liepos.interop.hf_verify`); any other model is refused with the reason.
+    (:mod:`liepos.interop.hf_verify`); a vision tower whose rotary module reads (h, w) patch pairs and whose
+    attention calls ``apply_rotary_pos_emb_vision`` likewise (:mod:`liepos.interop.hf_vision`); any other
+    model is refused with the reason.
 
     * ``encoding=None``: what the config means (:func:`liepos.interop.read_hf`, ``precision``
       passed on), so the patched model computes what the unpatched one does; the temperature is
@@ -397,6 +401,12 @@ def patch_model(model: Any, encoding: Encoding | Mapping[str, Encoding] | None =
             f"encoding must be a liepos.Encoding, a dict of them by layer type, or None, got {type(encoding).__name__}"
         )
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    tower = vision_rope(model, config) if family_of(getattr(config, "model_type", None)) is None else None
+    if tower is not None:  # a vision tower's rope over (h, w) patch pairs: probed, proven, patched
+        if encoding is not None:
+            raise ValueError(f"{type(model).__name__} is a vision tower whose rope reads (h, w) patch positions: "
+                             "patch_model patches it with the encoding its rotary module means only (encoding=None)")
+        return patch_vision(model, config, tower)
     try:  # a refusal leaves the model as it was, the layer numbers the family check gave included
         return _patch(model, config, encoding, precision)
     except BaseException:
@@ -463,6 +473,7 @@ def unpatch_model(model: Any) -> Any:
                 m.__dict__.pop("forward", None)
                 m.__dict__.pop(attr)
     model.__dict__.pop("_liepos_positions", None)
+    release_vision(model)
     unnumber_layers(model)
     restore(model)  # the attention implementation each config named before
     release(model)  # the modeling files' own functions back once no patched model needs them

@@ -466,8 +466,8 @@ def _patch_positions(up: Upstream, layer_type: str | None) -> str | None:
     calls = f", and its attention calls {', '.join(vision)}" if vision else ""
     return (f"its rotary module {up.rotary.__name__} reads one (h, w) position pair per patch (position_ids of shape "
             f"(patches, 2), cos of shape {tuple(cos.shape)}){calls}: a 2-D rope over image patches, whose positions "
-            "the vision model computes from its grid, which patch_model does not reproduce (it patches a "
-            "rope over token positions)")
+            "the vision model computes from its grid; patch_model patches such a tower only where its attention "
+            "calls apply_rotary_pos_emb_vision (liepos.interop.hf_vision)")
 
 
 def slices_query(up: Upstream, layer_type: str | None, s: Structure) -> bool:
