@@ -175,6 +175,10 @@ ALLOWED = {
     ("liepos.interop.hf_raw", "__dict__"),
     ("liepos.interop.hf_attention", "__dict__"),
     ("liepos.interop.hf_decode", "__dict__"),
+    # a patched vision tower's attention modules carry their encoding under ``_liepos_vision`` and their
+    # patched forward in the instance ``__dict__``, both taken back by unpatch_model
+    ("liepos.interop.hf_vision", "_liepos_vision"),
+    ("liepos.interop.hf_vision", "__dict__"),
 }
 
 
