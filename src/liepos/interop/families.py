@@ -108,6 +108,10 @@ _INDEXED = (
 _HY_V4_VL = ("HunYuan-V4-VL's M-RoPE interleaves its three position axes across the frequencies "
              "(recomposition_frequencies), which liepos does not reproduce yet")
 _OWN = "the family computes attention itself, not through ALL_ATTENTION_FUNCTIONS"
+_DEEPSEEK_V4 = ("DeepSeek-V4's compressed attention layers read the 'compress' rope, apart from the 'main' rope of its "
+                "sliding layers, and their compressors and indexer rotate compressed keys at positions of their own: "
+                "a patch of the attention's rope alone differs from upstream by 1.1 of max|logit| on a tiny model, so "
+                "liepos does not reproduce it yet")
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _rope("llama", "LlamaAttention"),
@@ -144,6 +148,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     *(_rope(t, attention, module, layout="interleaved" if apply == _INTERLEAVE else "half", softmax_mscale=True,
             apply=apply, upstream_inside=(indexer,)) for t, attention, module, indexer, apply in _INDEXED),
     Family("hy_v4_vl_text", positions="refused", why=_HY_V4_VL),
+    Family("deepseek_v4", positions="refused", why=_DEEPSEEK_V4),
     Family("bloom", "bloom", ("BloomAttention",), positions="alibi"),
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),
