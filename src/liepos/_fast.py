@@ -582,10 +582,13 @@ class TableCache:
 
     Keys are ``(device, dtype, encoding version, side, window start, window end)``; a window is a
     power-of-two range of integer positions, so prefill and every later decode step share entries and
-    the number of entries never grows with the length.
+    the number of entries never grows with the length. The entry bound is generous (256: one re-centred
+    attention call of a decay or Jordan encoding holds a dozen windows, one per tile size and side, and a
+    model or a benchmark alternates several encodings; at 32 they evicted each other every call and the
+    tables were rebuilt each time); the byte bound is what limits memory.
     """
 
-    def __init__(self, max_entries: int = 32, max_bytes: int = 512 << 20) -> None:
+    def __init__(self, max_entries: int = 256, max_bytes: int = 512 << 20) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._d: OrderedDict[tuple, Any] = OrderedDict()  # FastTables, or another entry with nbytes()
         self._lock = threading.Lock()
