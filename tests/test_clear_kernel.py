@@ -91,6 +91,9 @@ def test_into_must_fit(any_size):
         _kernels.clear_below(x, 0.5, into=torch.empty(1, 1, 4, 3))
     out = torch.full((1, 1, 4, 4), 7.0)
     assert _kernels.clear_below(x * 1e-3, 0.5, into=out) is out and not out.any()
+    wide = torch.ones(1, 1, 4, 8)  # x: its first four columns; into: its first 16 elements, in x's rows
+    with pytest.raises(ValueError, match="into overlaps x"):
+        _kernels.clear_below(wide[..., :4], 0.5, into=wide.view(-1)[:16].view(1, 1, 4, 4))
 
 
 def test_the_ops_pass_opcheck(any_size):

@@ -565,6 +565,20 @@ def _rows_ok(x: torch.Tensor) -> bool:
             and enabled(x.device, native=True))
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[first, last)`` a non-empty tensor's elements span in memory."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0)
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two non-empty tensors' spans of memory intersect."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
 def clear_below(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -> torch.Tensor | None:
     """A fresh contiguous copy of 4-D ``x`` (unit-stride rows, any other strides) with every entry of magnitude
     below ``tau`` set to +0 (every other entry, NaN included, keeps its bits): ``x.masked_fill(x.abs() < tau,
@@ -583,6 +597,8 @@ def clear_below(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -
                                  and into.device == x.device):
         raise ValueError(f"clear_below: into must be a contiguous tensor of x's shape {tuple(x.shape)} and dtype "
                          f"{x.dtype}, got {tuple(into.shape)} {into.dtype} (contiguous: {into.is_contiguous()})")
+    if into is not None and _overlap(x, into):
+        raise ValueError("clear_below: into overlaps x (the op reads x while it writes into)")
     y = torch.empty_like(x, memory_format=torch.contiguous_format) if into is None else into
     _ran.add(f"clear {x.dtype}")
     ops.clear(x, float(tau), y)

@@ -138,6 +138,14 @@ template <> struct Bits<double> {
   using type = uint64_t;
   static constexpr uint64_t abs = 0x7fffffffffffffffull, inf = 0x7ff0000000000000ull;
 };
+template <> struct Bits<c10::BFloat16> {  // half precision by its own bits (absmax reads x as stored)
+  using type = uint16_t;
+  static constexpr uint16_t abs = 0x7fff, inf = 0x7f80;
+};
+template <> struct Bits<c10::Half> {
+  using type = uint16_t;
+  static constexpr uint16_t abs = 0x7fff, inf = 0x7c00;
+};
 
 // a row of x into the scratch row xpad, in the work type; returns the largest |x| of the row as an integer, at
 // least Bits::inf when the row holds an inf or a NaN
@@ -186,9 +194,9 @@ inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, t
 // The rows of items [lo, hi). Out of place they are software-pipelined over two scratch rows: the next row is copied
 // (and checked) before the current one is summed, so the sums read a copy whose stores have left the store buffer (a
 // read at a column offset that straddles two pending stores stalls). In place on an x larger than the L3 a row is
-// copied, summed and stored back before the next is read, so its lines are still in L1 when they are written (measured
-// on one thread in float32: at (1, 32, 4096, 128) the pipelined loop is 1.1-1.2x the row-at-a-time one in place and
-// 0.97-0.99x out of place; at (1, 8, 4096, 64), L3-resident, it is the faster one in place too).
+// copied, summed and stored back before the next is read, so its lines are still in L1 when they are written: there
+// the pipelined loop, whose store of a row trails the read of the next, was the slower one (the performance guide
+// gives the figures); L3-resident, it is the faster one in place too.
 template <typename X, typename W, typename M, typename O, int64_t DC, bool TD, bool INPLACE>
 __attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off,
                                            const M* mask, int64_t nj, int64_t D, int64_t pl, int64_t pr, const Rows g,
@@ -458,22 +466,13 @@ void clear_out(const at::Tensor& x, double tau, at::Tensor out) {
   }
 }
 
-// |x| by its bit pattern (the sign bit cleared): ordered as the magnitudes are, above `inf` exactly for a NaN, so the
-// largest is one vectorised integer max
-template <typename X> struct MagBits;
-template <> struct MagBits<float> { using U = uint32_t; static constexpr U abs = 0x7fffffffu, inf = 0x7f800000u; };
-template <> struct MagBits<double> {
-  using U = uint64_t;
-  static constexpr U abs = 0x7fffffffffffffffull, inf = 0x7ff0000000000000ull;
-};
-template <> struct MagBits<c10::BFloat16> { using U = uint16_t; static constexpr U abs = 0x7fff, inf = 0x7f80; };
-template <> struct MagBits<c10::Half> { using U = uint16_t; static constexpr U abs = 0x7fff, inf = 0x7c00; };
-
+// the largest |x| by its bit pattern (Bits: the sign bit cleared, ordered as the magnitudes are, above `inf`
+// exactly for a NaN): one vectorised integer max
 template <typename X>
 double absmax_typed(const at::Tensor& x) {
-  using B = MagBits<X>;
-  using U = typename B::U;
-  static_assert(sizeof(U) == sizeof(X), "MagBits: one unsigned integer per value");
+  using B = Bits<X>;
+  using U = typename B::type;
+  static_assert(sizeof(U) == sizeof(X), "Bits: one unsigned integer per value");
   const Flat f = flat(x, "absmax");
   const X* xp = x.const_data_ptr<X>();
   const U big = at::parallel_reduce(
