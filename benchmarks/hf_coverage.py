@@ -89,9 +89,16 @@ _MLA = dict(num_key_value_heads=4, head_dim=8, kv_lora_rank=16, q_lora_rank=32, 
 _ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 EXTRA: dict[str, dict[str, Any]] = {
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
-    **{t: _MLA for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_v4", "glm4_moe_lite", "glm_moe_dsa",
+    **{t: _MLA for t in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa",
                          "longcat_flash", "minicpm3", "mistral4", "mistral_large4", "mistral_large4_text", "youtu",
                          "kimi_k25")},
+    # [nope | rope] heads of 32 dims (8 rotated); one layer of each attention type, with compression rates and a
+    # sliding window short enough that the test sequence fills windows of each and slides past the window
+    "deepseek_v4": dict(num_key_value_heads=1, head_dim=32, partial_rotary_factor=0.25, q_lora_rank=32, o_groups=2,
+                        o_lora_rank=16, num_hidden_layers=3, sliding_window=8,
+                        layer_types=["sliding_attention", "compressed_sparse_attention",
+                                     "heavily_compressed_attention"],
+                        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}),
     "mistral4": dict(_MLA, head_dim=16),  # its rotary module reads head_dim = qk_nope + qk_rope
     "dots1": dict(n_shared_experts=1),
     "dbrx": dict(attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},

@@ -60,15 +60,22 @@ EXTRA = {
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
     **{t: MLA for t in MLA_ROWS},
     "bailing_hybrid": dict(MLA, layer_types=["linear_attention", "full_attention"]),  # one attending layer
+    # [nope | rope] heads, one layer of each attention type, windows the input fills (tests/test_hf_deepseek_v4.py)
+    "deepseek_v4": dict(num_key_value_heads=1, head_dim=32, partial_rotary_factor=0.25, q_lora_rank=32, o_groups=2,
+                        o_lora_rank=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        num_hidden_layers=3, sliding_window=8, index_topk=4,
+                        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+                        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}),
     "llama4_text": dict(interleave_moe_layer_step=2, num_local_experts=2, intermediate_size_mlp=128,
                         no_rope_layers=[1, 0], attention_chunk_size=48),
 }
-EAGER = {"gemma2", "gemma3_text", "gpt_oss", "hy_v4"}  # families without an sdpa path (for their extra terms)
+EAGER = {"gemma2", "gemma3_text", "gpt_oss", "hy_v4", "deepseek_v4"}  # families without an sdpa path (for their extra terms)
 SCALED = {
     "phi3": LONGROPE,
     **{t: dict(YARN, mscale=1.0, mscale_all_dim=1.0) for t in ("deepseek_v3", *MLA_ROWS)},
     "gpt_oss": dict(YARN, truncate=False, beta_fast=32.0, beta_slow=1.0),
     "gemma3_text": {"full_attention": dict(YARN), "sliding_attention": {"rope_type": "default"}},
+    "deepseek_v4": {"main": {"rope_type": "default"}, "compress": dict(YARN)},
 }
 # the causal LMs (mistral_large4_text, a multimodal model's text half, is tested below; mistral4, whose config carries
 # llama_4_scaling_beta, in tests/test_hf_query_temperature.py)

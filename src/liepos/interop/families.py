@@ -28,6 +28,15 @@ written here once:
   head, or with ``splits_rotary`` the rotated dims; table rows read them from the attention module);
 * ``axis_of``: a verified M-RoPE row (``axes`` > 1): the position axis each rotation plane turns with,
   in the order of the rotary module's frequencies (probed one axis at a time, then proven);
+* ``rope_last``: the rotated dims are the head's last ones, its NoPE dims first (DeepSeek-V4 lays a head
+  out as ``[nope | rope]`` and passes the whole head to the rope; its rotary module reads ``head_dim``, not
+  ``qk_rope_head_dim``);
+* ``rope_key``: the attention's attribute that names its entry of a nested ``rope_parameters`` whose keys
+  are not layer types (DeepSeek-V4's ``rope_layer_type``: ``"main"`` or ``"compress"``);
+* ``inner_rotary``: rotary modules inside the attention (compressors, an indexer) rotate tensors at
+  positions of their own, so each rope call rotates at the positions of the rotary call that made its
+  ``cos``, and a call with that ``sin`` negated rotates back (DeepSeek-V4 un-rotates the attention's
+  output at the query's position);
 * ``upstream_inside``: sub-modules of the attention that rotate with upstream's rope, the dispatchers
   inactive in their forward (a sparse-attention indexer calling the attention's own rope function);
 * ``verified``: the row was probed from the modeling code and proven (:mod:`liepos.interop.hf_verify`),
@@ -65,6 +74,9 @@ class Family:
     rotary_dims: int = 0
     axis_of: tuple[int, ...] = ()
     upstream_inside: tuple[str, ...] = ()
+    rope_last: bool = False
+    rope_key: str = ""
+    inner_rotary: bool = False
     verified: bool = False
 
     @property
@@ -108,10 +120,8 @@ _INDEXED = (
 _HY_V4_VL = ("HunYuan-V4-VL's M-RoPE interleaves its three position axes across the frequencies "
              "(recomposition_frequencies), which liepos does not reproduce yet")
 _OWN = "the family computes attention itself, not through ALL_ATTENTION_FUNCTIONS"
-_DEEPSEEK_V4 = ("DeepSeek-V4's compressed attention layers read the 'compress' rope, apart from the 'main' rope of its "
-                "sliding layers, and their compressors and indexer rotate compressed keys at positions of their own: "
-                "a patch of the attention's rope alone differs from upstream by 1.1 of max|logit| on a tiny model, so "
-                "liepos does not reproduce it yet")
+_DEEPSEEK_V4 = ("DeepSeek-V4's attention adds per-head sinks and its compressors and indexer rotate compressed keys "
+                "and queries with the rope inside the attention, so the cached keys are rotated ones")
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _rope("llama", "LlamaAttention"),
@@ -148,7 +158,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     *(_rope(t, attention, module, layout="interleaved" if apply == _INTERLEAVE else "half", softmax_mscale=True,
             apply=apply, upstream_inside=(indexer,)) for t, attention, module, indexer, apply in _INDEXED),
     Family("hy_v4_vl_text", positions="refused", why=_HY_V4_VL),
-    Family("deepseek_v4", positions="refused", why=_DEEPSEEK_V4),
+    # [nope | rope] heads, interleaved pairs; sliding layers read the "main" rope, compressed ones "compress", and
+    # the compressors' and indexer's rotary modules rotate compressed keys at their windows' positions
+    _rope("deepseek_v4", "DeepseekV4Attention", layout="interleaved", default_partial=True, rope_last=True,
+          rope_key="rope_layer_type", inner_rotary=True, raw_keys=False, why=_DEEPSEEK_V4),
     Family("bloom", "bloom", ("BloomAttention",), positions="alibi"),
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),

@@ -167,13 +167,15 @@ def _dict_layer_head_dim(src: ConfigSource, layer_type: str, default: Any) -> An
     return default
 
 
-def _head_dim(src: ConfigSource, layer_type: str | None, override: int | None) -> int:
+def _head_dim(src: ConfigSource, layer_type: str | None, override: int | None, family: Family | None = None) -> int:
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) or override < 1:
             raise ValueError(f"head_dim must be a positive int, got {override!r}")
         return override
     view = src.layer_view(layer_type)
-    hd = src.get("qk_rope_head_dim", obj=view) or src.get("head_dim", obj=view)
+    # an MLA rope rotates the decoupled slice; a [nope | rope] head (rope_last) is passed to the rope whole
+    rope_slice = None if family is not None and family.rope_last else src.get("qk_rope_head_dim", obj=view)
+    hd = rope_slice or src.get("head_dim", obj=view)
     if src.is_dict and layer_type is not None:
         hd = _dict_layer_head_dim(src, layer_type, hd)
     if hd is None:
@@ -196,7 +198,8 @@ class HFRope:
 
     * ``encoding``: the rotation (planes then NoPE dims) in the family's layout; its
       ``logit_scale`` is the rope's ``attention_factor²`` when the whole head rotates, else 1;
-    * ``rotary_dim``: the rotated dims (the first ones of the head);
+    * ``rotary_dim``: the number of rotated dims (the first ones of the head; the last ones in a family
+      with ``rope_last``: :attr:`rotated`);
     * ``rotary_scale``: ``attention_factor²``, the factor transformers applies to the rotated
       dims' part of qᵀk only (it multiplies cos and sin);
     * ``softmax_multiplier``: a model-level factor on the softmax scale (DeepSeek's
@@ -216,6 +219,13 @@ class HFRope:
     family: Family | None
     rope_type: str | None = None
     query_temperature: tuple[str, float, int] | None = None
+
+    @property
+    def rotated(self) -> slice:
+        """The rotated dims of the head: the first ``rotary_dim``, or the last with the family's ``rope_last``."""
+        if self.family is not None and self.family.rope_last:
+            return slice(self.encoding.content_dim - self.rotary_dim, self.encoding.content_dim)
+        return slice(0, self.rotary_dim)
 
     @property
     def exact_encoding(self) -> bool:
@@ -242,6 +252,19 @@ def _layout(enc: Encoding, src: ConfigSource, family: Family | None) -> Encoding
     if layout == "half" or (layout == "rope_interleave" and not src.get("rope_interleave", False)):
         return enc
     return enc.replace(layout="interleaved")
+
+
+def _planes_last(e: Encoding, length: int | None) -> Encoding:
+    """``e`` with its real (NoPE) blocks before its rotation planes, each group in its order: in the
+    interleaved layout the head reads ``[nope | (2k, 2k + 1) pairs]`` (module level, so encodings pickle)."""
+    g = e.generator
+    if g.basis is not None or g.num_axes is not None:
+        raise ValueError(f"{e!r}: only a rope of one position axis in its canonical basis moves its planes last")
+    order = [i for i, c in enumerate(g.complex) if not c] + [i for i, c in enumerate(g.complex) if c]
+    idx = torch.tensor(order)
+    moved = Generator(g.rates[..., idx], g.freqs[..., idx], [g.sizes[i] for i in order],
+                      complex=[g.complex[i] for i in order], allow_growth=g.allow_growth)
+    return e.replace(generator=moved)
 
 
 def _reversed(e: Encoding, length: int | None) -> Encoding:
@@ -381,7 +404,7 @@ def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head
     dicts, nested = rope_dicts(src)
 
     def read(lt: str | None, params: dict[str, Any] | None, axes: bool = True) -> HFRope:
-        hd = _head_dim(src, lt, head_dim)
+        hd = _head_dim(src, lt, head_dim, family)
         if params is None:
             return HFRope(nope_encoding(hd, "hf:nope" + ("" if lt is None else f"[{lt}]")), 0, 1.0, 1.0, family)
         where = "" if lt is None else f" for layer type {lt!r}"
@@ -409,6 +432,8 @@ def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head
         temperature = enc.logit_scale
         if rotated < hd and temperature != 1.0:
             enc = times_logit(enc, 1.0 / temperature)  # the factor belongs to the rotated dims only
+        if family is not None and family.rope_last and rotated < hd:
+            enc = scaling.map_spectrum(enc, _planes_last)  # [nope | rope]: the NoPE dims first
         return HFRope(_layout(enc, src, family), rotated, temperature, _softmax_multiplier(params, family), family,
                       _rope_type(params, where))
 
@@ -432,7 +457,7 @@ def _as_encoding(r: HFRope, softmax_mscale: bool | None) -> Encoding:
         # transformers multiplies only the rotated dims (the first ones of the head) by
         # attention_factor² (it scales cos and sin): a per-dim temperature on the query, D = diag(query_scale)
         D = torch.ones(enc.content_dim, dtype=torch.float64)
-        D[: r.rotary_dim] = r.rotary_scale
+        D[r.rotated] = r.rotary_scale
         enc = enc.replace(query_scale=D)
     use = (r.family is not None and r.family.softmax_mscale) if softmax_mscale is None else bool(softmax_mscale)
     if use and r.softmax_multiplier != 1.0:

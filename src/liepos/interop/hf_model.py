@@ -236,7 +236,12 @@ def _text_rotary(module: Any, config: Any) -> bool:
 
 def _rotary_forward(self: Any, x: Any, position_ids: Any = None, *args: Any, **kwargs: Any) -> Any:
     out = type(self).forward(self, x, position_ids, *args, **kwargs)  # upstream's length update first
-    self._liepos_positions.record(position_ids, self)
+    positions: Positions = self._liepos_positions
+    inner = "_liepos_inner" in self.__dict__
+    if not inner:  # the model's positions of this forward
+        positions.record(position_ids, self)
+    if positions.tagged:  # each rope call rotates at the positions of the rotary call that made its cos
+        positions.tag(out, position_ids, kwargs.get("layer_type", args[0] if args else None), inner)
     return out
 
 
@@ -264,12 +269,18 @@ def _layer_type(module: Any, config: Any) -> Any:
     return lt
 
 
-def _layer_read(read: Any, module: Any, config: Any) -> Any:
+def _rope_label(module: Any, family: Family, config: Any) -> Any:
+    """The key of the module's rope parameters: the family's ``rope_key`` attribute, else the layer type."""
+    return getattr(module, family.rope_key) if family.rope_key else _layer_type(module, config)
+
+
+def _layer_read(read: Any, module: Any, family: Family, config: Any) -> Any:
     if not isinstance(read, Mapping):
         return read
-    lt = _layer_type(module, config)
+    lt = _rope_label(module, family, config)
     if lt not in read:
-        raise ValueError(f"layer {module.layer_idx} has layer type {lt!r} but the encodings are given for {sorted(read)}")
+        what = f"its {family.rope_key} is" if family.rope_key else "has layer type"
+        raise ValueError(f"layer {module.layer_idx} {what} {lt!r} but the encodings are given for {sorted(read)}")
     return read[lt]
 
 
@@ -282,7 +293,7 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: Posit
         gain: torch.Tensor | float = math.sqrt(enc.logit_scale)
         if not item.exact_encoding:  # the temperature on the rotated dims only, as upstream
             g = torch.ones(enc.content_dim, dtype=torch.float64)
-            g[: item.rotary_dim] = math.sqrt(item.rotary_scale)
+            g[item.rotated] = math.sqrt(item.rotary_scale)
             gain = g[:rotated]
         if enc.logit_scale != 1.0:  # the gain carries it, on the dims upstream scales
             enc = times_logit(enc, 1.0 / enc.logit_scale)
@@ -316,6 +327,12 @@ def _state(item: Any, module: Any, family: Family, config: Any, positions: Posit
         if attributes and nested:  # upstream reads the layer type's own, else the shared one
             attributes = (f"{_layer_type(module, config)}_max_seq_len_cached",) + attributes
         length, encoded = Length(enc, attributes), True
+        if family.inner_rotary:
+            raise NotImplementedError(
+                f"{family.model_type}: a {item.rope_type} rope from the config, but the rotary modules inside its "
+                "attention (compressors, indexer) each recompute their frequencies at lengths of their own, which "
+                "liepos does not follow; fixed ropes (default, linear, yarn, llama3, ...) patch this family exactly"
+            )
     own = _own_forward(family, config) is not None
     if own:  # an ALiBi family's attention: liepos.attention, raw keys
         encoded, gain = False, 1.0
@@ -352,6 +369,8 @@ def _rotated_dims(module: Any, family: Family, config: Any) -> int:
         return family.rotary_dims
     if family.splits_rotary:
         return int(module.rotary_ndims)
+    if family.rope_last:  # the whole [nope | rope] head reaches the rope
+        return int(module.head_dim)
     return int(getattr(config, "qk_rope_head_dim", None) or getattr(module, "head_dim", None) or module.head_size)
 
 
@@ -425,19 +444,25 @@ def _patch(model: Any, config: Any, encoding: Any, precision: str) -> Any:
     states: dict[Any, Layer] = {}  # one state per (encoding, rotated dims): layers share its tables
 
     def state(m: Any) -> Layer:
-        item = _layer_read(read, m, config)
+        item = _layer_read(read, m, family, config)
         key = (id(item), _rotated_dims(m, family, config))
         if key not in states:
             states[key] = _state(item, m, family, config, positions)
-        return dataclasses.replace(states[key], call={})
+        label = _rope_label(m, family, config) if family.inner_rotary else None
+        return dataclasses.replace(states[key], call={}, label=label)
 
     plan = [(m, state(m)) for m in modules]
     lengths = _lengths(states.values(), model, config, family)
     if _own_forward(family, config) is None:  # everything validated: now the model changes
         _hook_in(family, model, plan)
+    # rotary modules inside an attention (compressors, indexers) rotate at positions of their own
+    inner = {id(r) for m, _ in plan for r in m.modules() if family.inner_rotary and _text_rotary(r, config)}
+    positions.tagged = family.inner_rotary
     for m in model.modules():
         if _text_rotary(m, config) and "_liepos_positions" not in m.__dict__:
             m._liepos_positions = positions
+            if id(m) in inner:
+                m._liepos_inner = True
             m.forward = _rotary_forward.__get__(m, type(m))
     model.__dict__["_liepos_positions"] = positions
     positions.lengths[:] = lengths.values()  # a repatched model follows only its new encodings
@@ -468,6 +493,7 @@ def unpatch_model(model: Any) -> Any:
     again once no patched model needs them."""
     for m in model.modules():
         m.__dict__.pop("_liepos_twice", None)
+        m.__dict__.pop("_liepos_inner", None)
         for attr in ("_liepos", "_liepos_positions", "_liepos_block"):
             if attr in m.__dict__:
                 m.__dict__.pop("forward", None)

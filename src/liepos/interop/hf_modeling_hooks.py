@@ -34,6 +34,9 @@ def _rope_dispatcher(upstream: Any) -> Any:
         module = ACTIVE.get()
         if module is None:
             return upstream(q, k, *args, **kwargs)
+        if module._liepos.family.inner_rotary:  # positions from the rotary call that made this cos
+            sin = args[0] if args else kwargs["sin"]
+            return module._liepos.rotate_tagged(q, k, sin, kwargs.get("unsqueeze_dim", args[1] if len(args) > 1 else 1))
         if one_tensor(upstream):
             return rotate_one(module._liepos, q, args, kwargs, seq_first=sin_first(upstream) or None)
         return module._liepos.rotate(q, k)

@@ -3,6 +3,8 @@ forward's positions every layer reads, and how the family hands the layer q and 
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +17,21 @@ from liepos.interop.hf_decode import checked_step_matrix
 from liepos.interop.hf_packed import check_row, restarted
 from liepos.tables import check_range
 
-__all__ = ["Positions", "Length", "Layer", "LOW"]
+__all__ = ["Positions", "Length", "Layer", "Tag", "LOW"]
 
 LOW = (torch.float16, torch.bfloat16)  # computed in float32, as liepos' apply does
+_SERIALS = itertools.count()
+
+
+@dataclass(eq=False)
+class Tag:
+    """What one rotary call made: its ``cos`` and ``sin``, the ``position_ids`` it read, its layer type."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    ids: torch.Tensor
+    label: Any
+    serial: int = field(default_factory=lambda: next(_SERIALS))  # a table key no other tag shares
 
 
 @dataclass
@@ -30,6 +44,25 @@ class Positions:
     ids: torch.Tensor | None = None
     tables: dict[Any, Any] = field(default_factory=dict)
     lengths: list[Length] = field(default_factory=list)  # the length-dependent ropes, one per layer type
+    # a family whose rotary modules also run inside the attention (inner_rotary): the recent rotary calls,
+    # the model's (one per rope label) apart from the inner ones, so that a deep model's inner calls never
+    # push out the model's own
+    tagged: bool = False
+    outer: deque[Tag] = field(default_factory=lambda: deque(maxlen=8))
+    inner: deque[Tag] = field(default_factory=lambda: deque(maxlen=8))
+
+    def tag(self, out: Any, ids: Any, label: Any, inner: bool) -> None:
+        """Remember the ``(cos, sin)`` a rotary call returned, with the positions it read."""
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(ids, torch.Tensor):
+            (self.inner if inner else self.outer).append(Tag(out[0], out[1], ids, label))
+
+    def tag_of(self, cos: Any) -> Tag | None:
+        """The remembered rotary call that returned this very ``cos`` tensor (None: no patched rotary made it)."""
+        for tags in (self.inner, self.outer):
+            for t in reversed(tags):
+                if t.cos is cos:
+                    return t
+        return None
 
     def record(self, ids: torch.Tensor | None, rotary: Any = None) -> None:
         self.ids = ids
@@ -117,6 +150,7 @@ class Layer:
     sided: bool = True
     # the registered attention implementation the layer's config names (None: the modeling file's hooks)
     implementation: str | None = None
+    label: Any = None  # an inner_rotary family: the rope label of the layer's attention ("main", "compress")
 
     def __post_init__(self) -> None:
         self.sided = not self.encoding.generator.is_orthogonal
@@ -174,7 +208,52 @@ class Layer:
             q, k = q.transpose(1, 2), k.transpose(1, 2)  # back to (B, S, H, D)
         return q, k
 
-    def _encode(self, x: torch.Tensor, pos: torch.Tensor, side: str) -> torch.Tensor:
+    def rotate_tagged(self, x: torch.Tensor, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> torch.Tensor:
+        """The rope call ``apply(x, cos, sin)`` of an ``inner_rotary`` family: ``x`` rotated at the positions of
+        the rotary call that made ``cos`` (the attention's own, a compressor's window positions, an indexer's),
+        back at the negated positions when ``sin`` is that call's sin negated (an output rotated back)."""
+        name = self.family.model_type
+        if self.encoded and self.sided:
+            raise NotImplementedError(f"{name}: the rope is applied per tensor, which does not say query from key, "
+                                      f"and {self.encoding!r} encodes them differently")
+        if unsqueeze_dim != 1:
+            raise NotImplementedError(f"{name}: a rope call with unsqueeze_dim={unsqueeze_dim!r}; liepos rotates "
+                                      "(batch, heads, seq, dim) tensors here (unsqueeze_dim=1)")
+        tag = self.positions.tag_of(cos)
+        if tag is None:
+            raise RuntimeError(f"{name}: a rope call whose cos no patched rotary module of the model returned, so its "
+                               "positions are unknown")
+        if sin is tag.sin:
+            sign = 1.0
+        elif isinstance(sin, torch.Tensor) and sin.shape == tag.sin.shape and torch.equal(sin, -tag.sin):
+            sign = -1.0  # the rotation back
+        else:
+            raise RuntimeError(f"{name}: a rope call whose sin is neither the sin its rotary call returned with its "
+                               "cos nor that sin negated")
+        if self.label is not None and tag.label is not None and tag.label != self.label:
+            raise RuntimeError(f"{name}: layer {self.label!r} rope called with the cos of the {tag.label!r} rope")
+        if x.dim() != 4:
+            raise ValueError(f"{name}: the rope call rotates a tensor of shape {tuple(x.shape)}, not (batch, heads, "
+                             "seq, dim)")
+        C, d = self.encoding.content_dim, x.shape[-1]
+        planes = 2 * sum(1 for c in self.encoding.generator.complex if c)
+        if 2 * cos.shape[-1] != planes:
+            raise ValueError(f"{name}: the rope call's cos rotates {2 * cos.shape[-1]} dims, the encoding {planes}")
+        pos = self._converted(tag.ids, x.device) * sign  # (1|B, S) float64
+        if pos.shape[-1] != x.shape[-2]:
+            raise ValueError(f"{name}: a rope call on {x.shape[-2]} tokens with the cos of {pos.shape[-1]} positions")
+        key = ("tag", tag.serial, sign)
+        if d == C:
+            return self._encode(x, pos, "query", key)
+        if not self.family.rope_last or d < planes:
+            raise ValueError(f"{name}: the rope call rotates {d} dims per head, the encoding has {C}")
+        # a head of another width (an indexer's): its last dims are the rope's, the NoPE dims before them stay
+        if d > C:  # (…, d) = (…, d − C) NoPE ‖ (…, C) encoded
+            return torch.cat((x[..., : d - C], self._encode(x[..., d - C:], pos, "query", key)), dim=-1)
+        wide = torch.cat((x.new_zeros(*x.shape[:-1], C - d), x), dim=-1)  # (…, d) -> (…, C): zeros before
+        return self._encode(wide, pos, "query", key)[..., C - d:]
+
+    def _encode(self, x: torch.Tensor, pos: torch.Tensor, side: str, tag: tuple[Any, ...] = ()) -> torch.Tensor:
         if self.pad:
             x = torch.cat((x, x.new_zeros(*x.shape[:-1], self.pad)), dim=-1)  # (…, rot) -> (…, rot + pad)
         enc = self.encoding if self.length is None else self.length.current
@@ -185,7 +264,7 @@ class Layer:
             out = getattr(enc, side)(x, pos)
         else:
             side = side if self.sided else "query"  # a rotation: F and G are the same tables
-            key = (id(enc), side, x.dtype, x.device, tuple(pos.shape))
+            key = (id(enc), side, x.dtype, x.device, tuple(pos.shape)) + tag  # tag: positions of their own
             m = None
             if pos.numel() == 1 and x.dtype not in LOW and x.shape[-1] == enc.dim:  # a decode step: one matmul
                 m = self.positions.matrix(key, enc, pos, side, x)
