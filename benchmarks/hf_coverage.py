@@ -355,10 +355,15 @@ def build(model_type: str, small: dict[str, Any], alone: bool = False) -> tuple[
         model_class = getattr(found, "from_config", None) or found  # the auto class, else the PreTrainedModel itself
     config._attn_implementation = "eager"
     model = model_class(config)
+    g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(NONZERO.get(model_type, ())):
                 param.copy_(torch.rand(param.shape) + 0.5)
+            elif param.is_floating_point() and param.numel() and not bool(param.abs().max() < 1e3):
+                # a parameter the class's init leaves as torch.empty's memory (Qwen3-Omni's talker experts,
+                # built alone): random, so the unpatched output would be non-finite or not, run to run
+                param.copy_(0.02 * torch.randn(param.shape, generator=g))
     return model.eval(), causal
 
 
