@@ -162,6 +162,7 @@ ALLOWED = {
     # so that unpatching restores it
     ("liepos.interop.hf_model", "_liepos_positions"),
     ("liepos.interop.hf_model", "_liepos_block"),
+    ("liepos.interop.hf_model", "_liepos_inner"),  # a rotary module inside an attention (DeepSeek-V4's compressors)
     ("liepos.interop.hf_model", "_liepos"),
     # a config's attention implementation, written per config as transformers' set_attn_implementation
     # writes it (without recursing into sub-configs), and written back by unpatch_model
