@@ -6,7 +6,8 @@ to its queries and keys, in the layout the family stores::
 
     enc.query(q, positions) == q·cos + rotate_half(q)·sin      (cos, sin without attention_scaling)
 
-with partial rotary as rotation planes followed by NoPE dims, and the rope's temperature in
+with partial rotary as rotation planes followed by NoPE dims (NoPE dims first where the family's heads
+are ``[nope | rope]``: DeepSeek-V4), and the rope's temperature in
 ``enc.logit_scale`` (``attention_factor²``, since the model multiplies cos and sin by it).
 Every ``rope_type`` of ``transformers.modeling_rope_utils`` is a row of :data:`ROPE_TYPES`
 (required keys, optional keys, builder: :mod:`liepos.interop.rope_types`); the formulas are
@@ -196,7 +197,8 @@ def _head_dim(src: ConfigSource, layer_type: str | None, override: int | None, f
 class HFRope:
     """Everything :func:`read_hf` reads from a config about one layer type.
 
-    * ``encoding``: the rotation (planes then NoPE dims) in the family's layout; its
+    * ``encoding``: the rotation (planes then NoPE dims, or NoPE dims then planes with the family's
+      ``rope_last``) in the family's layout; its
       ``logit_scale`` is the rope's ``attention_factor²`` when the whole head rotates, else 1;
     * ``rotary_dim``: the number of rotated dims (the first ones of the head; the last ones in a family
       with ``rope_last``: :attr:`rotated`);
