@@ -139,3 +139,27 @@ def test_a_v4_rope_call_of_unknown_positions_is_refused():
     finally:
         ACTIVE.reset(token)
     unpatch_model(model)
+
+
+def test_v4_training_gradients_are_upstream_s():
+    """The loss and every parameter's gradient of a training step equal upstream's to rounding (the MoE gates'
+    gradients, of order 1e-9, are rounding themselves: the bound is relative to the largest gradient too)."""
+    config, model = _tiny()
+    model.train()
+    ids = torch.randint(3, 128, (2, 40), generator=torch.Generator().manual_seed(1))
+
+    def step():
+        model.zero_grad()
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        return out.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    want_loss, want = step()
+    patch_model(model)
+    got_loss, got = step()
+    unpatch_model(model)
+    assert abs(float(got_loss - want_loss)) <= 1e-5 * abs(float(want_loss))
+    assert got.keys() == want.keys()
+    top = max(float(g.abs().max()) for g in want.values())
+    for name, g in want.items():
+        assert float((got[name] - g).abs().max()) <= 1e-5 * top + 1e-4 * float(g.abs().max()), name
