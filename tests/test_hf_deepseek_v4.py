@@ -163,3 +163,34 @@ def test_v4_training_gradients_are_upstream_s():
     top = max(float(g.abs().max()) for g in want.values())
     for name, g in want.items():
         assert float((got[name] - g).abs().max()) <= 1e-5 * top + 1e-4 * float(g.abs().max()), name
+
+
+# the rope keys of a DeepSeek-V4-Flash-style config.json: flat, which the config class nests at construction
+FLASH_JSON = {"model_type": "deepseek_v4", "hidden_size": 4096, "num_attention_heads": 64, "head_dim": 512,
+              "qk_rope_head_dim": 64, "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
+              "max_position_embeddings": 1048576,
+              "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                               "beta_fast": 32, "beta_slow": 1}}
+
+
+def test_a_v4_config_json_is_read_through_its_config_class():
+    """Read as it stands, the flat dict would be one yarn rope over all 512 dims; its config class says 64 rotated
+    dims, a plain "main" rope and a yarn "compress" rope without a temperature, and so does from_hf."""
+    from_dict = from_hf(FLASH_JSON)
+    config = transformers.AutoConfig.for_model("deepseek_v4", **{k: v for k, v in FLASH_JSON.items()
+                                                                 if k != "model_type"})
+    from_object = from_hf(config)
+    assert sorted(from_dict) == ["compress", "main"]
+    x = torch.randn(1, 1, 3, 512, dtype=torch.float64)
+    for label, enc in from_dict.items():
+        assert enc.generator.complex.count(True) == 32  # 64 rotated dims, the last of the head
+        assert torch.equal(enc.query(x, [0, 7, 70000]), from_object[label].query(x, [0, 7, 70000]))
+        assert enc.query_scale is None and enc.logit_scale == 1.0  # V4 sets the yarn attention factor to 1
+
+
+def test_a_v4_config_json_without_transformers_is_refused(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # importing it raises ImportError
+    with pytest.raises(ValueError, match="derives the rope parameters .* transformers is not installed"):
+        from_hf(FLASH_JSON)

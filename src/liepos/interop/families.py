@@ -37,6 +37,9 @@ written here once:
   positions of their own, so each rope call rotates at the positions of the rotary call that made its
   ``cos``, and a call with that ``sin`` negated rotates back (DeepSeek-V4 un-rotates the attention's
   output at the query's position);
+* ``derived_rope``: the family's config class derives its rope parameters at construction (DeepSeek-V4
+  nests ``"main"`` / ``"compress"`` from flat keys and a ``partial_rotary_factor`` from
+  ``qk_rope_head_dim``), so a ``config.json`` dict is read through that class, never as it stands;
 * ``upstream_inside``: sub-modules of the attention that rotate with upstream's rope, the dispatchers
   inactive in their forward (a sparse-attention indexer calling the attention's own rope function);
 * ``verified``: the row was probed from the modeling code and proven (:mod:`liepos.interop.hf_verify`),
@@ -77,6 +80,7 @@ class Family:
     rope_last: bool = False
     rope_key: str = ""
     inner_rotary: bool = False
+    derived_rope: bool = False
     verified: bool = False
 
     @property
@@ -161,7 +165,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # [nope | rope] heads, interleaved pairs; sliding layers read the "main" rope, compressed ones "compress", and
     # the compressors' and indexer's rotary modules rotate compressed keys at their windows' positions
     _rope("deepseek_v4", "DeepseekV4Attention", layout="interleaved", default_partial=True, rope_last=True,
-          rope_key="rope_layer_type", inner_rotary=True, raw_keys=False, why=_DEEPSEEK_V4),
+          rope_key="rope_layer_type", inner_rotary=True, derived_rope=True, raw_keys=False, why=_DEEPSEEK_V4),
     Family("bloom", "bloom", ("BloomAttention",), positions="alibi"),
     Family("mpt", "mpt", ("MptAttention",), positions="alibi"),
     Family("gpt2", positions="absolute"),

@@ -387,7 +387,10 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     ignore = frozenset((ignore_keys,) if isinstance(ignore_keys, str) else ignore_keys)
     src = ConfigSource(config)
-    kind, family = _checked_family(src, family_of(src.get("model_type")) if family is None else family, ignore)
+    row = family_of(src.get("model_type")) if family is None else family
+    if row is not None and row.derived_rope and isinstance(config, Mapping):
+        src = ConfigSource(_through_class(config, row))
+    kind, family = _checked_family(src, row, ignore)
     if kind == "alibi":
         if family is None:  # only a family row says a model uses ALiBi
             raise ValueError("a config read as ALiBi needs its family row (liepos.interop.families)")
@@ -399,6 +402,23 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
 
         prove(src.obj, family.model_type, out, layer_type)  # the reading equals upstream's rope, or a ValueError
     return out
+
+
+def _through_class(config: Mapping[str, Any], family: Family) -> Any:
+    """A ``config.json`` dict of a ``derived_rope`` family built into its transformers config class."""
+    what = (f"model_type {family.model_type!r}: its config class derives the rope parameters from the config.json's "
+            "keys at construction, so liepos reads the dict through that class")
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        raise ValueError(f"{what}, and transformers is not installed: install it, or pass the config object") from None
+    if family.model_type not in CONFIG_MAPPING:
+        raise ValueError(f"{what}, which this transformers does not have") from None
+    cls = CONFIG_MAPPING[family.model_type]
+    try:
+        return cls(**{k: v for k, v in config.items() if k != "model_type"})
+    except Exception as err:  # noqa: BLE001 - transformers' own validation, quoted
+        raise ValueError(f"{what}; {cls.__name__} refuses it: {err}") from None
 
 
 def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head_dim: int | None,
