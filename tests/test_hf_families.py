@@ -20,6 +20,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 import liepos as lp  # noqa: E402
 from liepos.interop import from_hf, patch_model, read_hf, unpatch_model  # noqa: E402
 from liepos.interop.families import FAMILIES  # noqa: E402
+from test_hf_deepseek_v4 import TINY as V4_TINY  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 pytestmark = [pytest.mark.upstream, pytest.mark.latest]
@@ -60,12 +61,7 @@ EXTRA = {
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
     **{t: MLA for t in MLA_ROWS},
     "bailing_hybrid": dict(MLA, layer_types=["linear_attention", "full_attention"]),  # one attending layer
-    # [nope | rope] heads, one layer of each attention type, windows the input fills (tests/test_hf_deepseek_v4.py)
-    "deepseek_v4": dict(num_key_value_heads=1, head_dim=32, partial_rotary_factor=0.25, q_lora_rank=32, o_groups=2,
-                        o_lora_rank=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                        num_hidden_layers=3, sliding_window=8, index_topk=4,
-                        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
-                        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}),
+    "deepseek_v4": V4_TINY,  # [nope | rope] heads, one layer of each attention type, windows the input fills
     "llama4_text": dict(interleave_moe_layer_step=2, num_local_experts=2, intermediate_size_mlp=128,
                         no_rope_layers=[1, 0], attention_chunk_size=48),
 }

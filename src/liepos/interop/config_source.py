@@ -14,7 +14,7 @@ from typing import Any
 
 from liepos.interop.rope_types import ALL_KEYS
 
-__all__ = ["ConfigSource", "source_labels", "rope_dicts", "merge_top"]
+__all__ = ["ConfigSource", "source_labels", "rope_dicts", "merge_top", "config_object"]
 
 
 class ConfigSource:
@@ -112,3 +112,20 @@ def merge_top(
             )
         return
     params[key] = top
+
+
+def config_object(config: Mapping[str, Any], model_type: str) -> Any:
+    """A ``config.json`` dict built into transformers' config class of ``model_type``; a ValueError says why
+    not (transformers is not installed, has no such model type, or its config class refuses the dict)."""
+    try:
+        import transformers
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        raise ValueError("transformers is not installed") from None
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"transformers {transformers.__version__} has no such model type")
+    cls = CONFIG_MAPPING[model_type]
+    try:
+        return cls(**{k: v for k, v in config.items() if k != "model_type"})
+    except Exception as err:  # noqa: BLE001 - transformers' own validation, quoted
+        raise ValueError(f"{cls.__name__} refuses the config: {err}") from None

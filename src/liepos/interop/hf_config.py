@@ -38,7 +38,7 @@ from liepos._checks import check_real
 from liepos.encoding import Encoding
 from liepos.generator import Generator
 from liepos.interop.config_alibi import config_alibi, position_kind
-from liepos.interop.config_source import ConfigSource, merge_top, rope_dicts, source_labels
+from liepos.interop.config_source import ConfigSource, config_object, merge_top, rope_dicts, source_labels
 from liepos.interop.families import Family, family_of
 from liepos.interop.rope_types import (COMMON_KEYS, ROPE_TYPES, RopeContext, RopeType, half_rope, nope_encoding,
                                        times_logit)
@@ -406,19 +406,12 @@ def read_hf(config: Any, *, layer_type: str | None = None, precision: str = "pre
 
 def _through_class(config: Mapping[str, Any], family: Family) -> Any:
     """A ``config.json`` dict of a ``derived_rope`` family built into its transformers config class."""
-    what = (f"model_type {family.model_type!r}: its config class derives the rope parameters from the config.json's "
-            "keys at construction, so liepos reads the dict through that class")
     try:
-        from transformers import CONFIG_MAPPING
-    except ImportError:
-        raise ValueError(f"{what}, and transformers is not installed: install it, or pass the config object") from None
-    if family.model_type not in CONFIG_MAPPING:
-        raise ValueError(f"{what}, which this transformers does not have") from None
-    cls = CONFIG_MAPPING[family.model_type]
-    try:
-        return cls(**{k: v for k, v in config.items() if k != "model_type"})
-    except Exception as err:  # noqa: BLE001 - transformers' own validation, quoted
-        raise ValueError(f"{what}; {cls.__name__} refuses it: {err}") from None
+        return config_object(config, family.model_type)
+    except ValueError as err:
+        raise ValueError(f"model_type {family.model_type!r}: its config class derives the rope parameters from the "
+                         f"config.json's keys at construction, so liepos reads the dict through that class, and "
+                         f"{err}: install transformers or pass the config object") from None
 
 
 def _read_layers(src: ConfigSource, layer_type: str | None, precision: str, head_dim: int | None,

@@ -236,7 +236,7 @@ class Layer:
             raise ValueError(f"{name}: the rope call rotates a tensor of shape {tuple(x.shape)}, not (batch, heads, "
                              "seq, dim)")
         C, d = self.encoding.content_dim, x.shape[-1]
-        planes = 2 * sum(1 for c in self.encoding.generator.complex if c)
+        planes = 2 * self.encoding.generator.complex.count(True)  # the rotated dims
         if 2 * cos.shape[-1] != planes:
             raise ValueError(f"{name}: the rope call's cos rotates {2 * cos.shape[-1]} dims, the encoding {planes}")
         pos = self._converted(tag.ids, x.device) * sign  # (1|B, S) float64

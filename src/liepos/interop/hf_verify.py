@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from liepos.diagnosis.probes import Probe
+from liepos.interop.config_source import config_object
 from liepos.interop.families import FAMILIES, Family
 
 __all__ = ["Upstream", "Structure", "upstream_of", "verified_family", "patch_family", "unnumber_layers", "prove",
@@ -148,17 +149,16 @@ def _config_object(config: Any, model_type: str) -> Any:
     """The transformers config of ``config`` (a dict is built into its config class)."""
     from transformers import CONFIG_MAPPING
 
-    if model_type not in CONFIG_MAPPING:
-        import transformers
-
-        raise ValueError(_refusal(model_type, f"transformers {transformers.__version__} has no such model type"))
     if not isinstance(config, Mapping):
+        if model_type not in CONFIG_MAPPING:
+            import transformers
+
+            raise ValueError(_refusal(model_type, f"transformers {transformers.__version__} has no such model type"))
         return config
-    cls = CONFIG_MAPPING[model_type]
     try:
-        return cls(**{k: v for k, v in config.items() if k != "model_type"})
-    except Exception as err:  # noqa: BLE001 - transformers' own validation, quoted
-        raise ValueError(_refusal(model_type, f"{cls.__name__} refuses the config: {err}")) from None
+        return config_object(config, model_type)
+    except ValueError as err:
+        raise ValueError(_refusal(model_type, str(err))) from None
 
 
 def _text_rotaries(modeling: Any) -> list[str]:
