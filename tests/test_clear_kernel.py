@@ -113,8 +113,8 @@ def test_the_gradient_passes_through_the_clearing(any_size):
 
 @pytest.mark.parametrize("name", ["decay", "retnet", "jordan"])
 def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
-    """At the benchmark's shape the tiles take the native ops (each tile after the first writing its cleared q
-    and k into the buffers of the one before), and give the bits of the torch ops' clearing."""
+    """At the benchmark's shape the tiles take the native ops (each tile clearing its own encoded q and k in
+    place), and give the bits of the torch ops' clearing."""
     monkeypatch.setattr(_kernels, "_ran", set())
     enc = lp.build(name, 64, 8) if name != "jordan" else lp.build(name, 64)
     g = torch.Generator().manual_seed(0)
@@ -122,7 +122,7 @@ def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
     pos = torch.arange(1024)
     with torch.no_grad():
         got = lp.attention(q, k, v, enc, positions=pos)
-        assert {"clear torch.float32", "absmax torch.float32"} <= set(_kernels.status()["native"])
+        assert {"clear_ torch.float32", "absmax torch.float32"} <= set(_kernels.status()["native"])
         monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: None)
         monkeypatch.setattr(_kernels, "absmax", lambda x: None)
         want = lp.attention(q, k, v, enc, positions=pos)

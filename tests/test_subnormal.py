@@ -104,7 +104,7 @@ def test_no_subnormal_with_a_gradient(flash_inputs):
 
 def test_the_count_sees_the_fades_without_clearing(flash_inputs, monkeypatch):
     """Without the clearing the far tiles' fades underflow to subnormal numbers: the count above can fail."""
-    monkeypatch.setattr(attention_pieces, "_cleared", lambda q, k, c, scratch=None: (q, k))
+    monkeypatch.setattr(attention_pieces, "_cleared", lambda q, k, c, scratch=None, owned=False: (q, k))
     _run("decay", torch.float32, 2048, 0)
     assert sum(s["q"] + s["k"] for s in flash_inputs) > 0
 

@@ -37,6 +37,7 @@ Everything else here is plain PyTorch on strided views: the same ``FastTables`` 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import threading
@@ -425,6 +426,11 @@ def transform(
         if ft.slot_vals is not None and not conj:
             out[..., ft.content :].copy_(_as4(ft.slot_vals).expand(*x.shape[:-1], -1))
         return out
+    if _native_runs(x, out, ft, conj, inplace):  # half precision read and written directly, float32 in registers
+        _couple(out, ft.coupling, conj, lambda t: t)
+        if ft.slot_vals is not None and not conj:
+            out[..., ft.content :].copy_(_as4(ft.slot_vals).expand(*x.shape[:-1], -1))
+        return out
     # half precision: float32 scratch over a few heads at a time, cast back once
     B, H, S, _ = x.shape
     step = max(1, min(H, _CHUNK_ELEMS // max(1, S * width)))
@@ -440,6 +446,37 @@ def transform(
                 ws[..., ft.content :].copy_(pick(ft.slot_vals).expand(1, h1 - h0, S, -1))
             out[b : b + 1, h0:h1].copy_(ws)
     return out
+
+
+def _native_runs(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool, inplace: bool) -> bool:
+    """``out[..., :content] = D x`` (``Dᵀ x`` when ``conj``) run by run through the native kernels, for half
+    precision ``x`` and ``out`` of x's dtype: real runs and rotation planes (:func:`liepos._kernels.multiply`),
+    half-layout planes (:func:`liepos._kernels.rotate_halves`). False, with nothing written, when the first run
+    that needs a kernel cannot take it (the caller takes the float32 scratch); a later run that cannot (its
+    tables, not the machine, differ) goes through a float32 scratch of its columns."""
+    if ft.coupling is not None or out.dtype != x.dtype:
+        return False
+    first = True
+    for r in ft.runs:
+        xs, os = x[..., r.lo : r.hi], out[..., r.lo : r.hi]
+        if r.kind == "copy":
+            if not inplace:
+                os.copy_(xs)
+            continue
+        if r.kind == "halves":
+            cs, sn = r.tab
+            done = _kernels.rotate_halves(xs, _as4(cs), _as4(-sn if conj else sn), into=os) is not None
+        else:
+            done = _kernels.multiply(xs, r.tab, os, conj=conj) is not None
+        if not done:
+            if first:
+                return False
+            ws = torch.empty(xs.shape, dtype=ft.dtype, device=x.device)  # (B, H, S, w): this run's float32 scratch
+            _runs(xs.to(ft.dtype), ws, dataclasses.replace(ft, runs=[dataclasses.replace(r, lo=0, hi=r.hi - r.lo)]),
+                  conj, False)
+            os.copy_(ws)
+        first = False
+    return True
 
 
 def _transposed_terms(ft: FastTables):

@@ -18,13 +18,15 @@ without a full-size temporary, so where the native kernel does not run (or ``int
 wider output) the compiled kernel runs in slabs of the leading axes of about :data:`SLAB_BYTES`
 (L3-resident), writing a fresh slab that a ``copy_`` puts where it belongs.
 
-Native kernels (CPU): :func:`apply_terms`, the whole transform of a Jordan-coupled encoding as a sum of
-column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
+Native kernels (CPU): :func:`multiply`, a run of real factors or of interleaved rotation planes (complex
+factors) in one pass, half precision read and written directly; :func:`merge`, a flash tile's output merged
+into the running output of its rows by their log-sum-exps; :func:`apply_terms`, the whole transform of a
+Jordan-coupled encoding as a sum of column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
 :func:`liepos._fast._terms`), and the half-layout rotation (in place and out of place; the Inductor loop
 runs it where the native kernels do not: CUDA, no C++ compiler); and :func:`clear_below` / :func:`absmax`,
 which keep subnormal numbers out of the flash kernel's q and k (one pass each, where the torch ops take several
 and allocate). All are ``torch.library`` CPU ops (``torch.ops.liepos_native.terms``/``halves`` and their
-in-place forms ``terms_``/``halves_``, ``clear``, ``absmax``; the written
+in-place forms ``terms_``/``halves_``, ``scale``/``planes`` (in place when ``out`` is ``x``), ``clear``, ``absmax``; the written
 tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, with the term structures of liepos's
 Jordan encodings — the offsets of blocks of size 2 and 3, alone or beside rotation planes, the widths 64 and
 128 — compiled as constants, any other structure passed at run time) whose rows run in parallel on torch's
@@ -79,7 +81,7 @@ import torch
 
 __all__ = [
     "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "absmax", "apply_terms", "clear_below", "enabled",
-    "library", "off",
+    "library", "merge", "multiply", "off",
     "rotate_halves", "status",
 ]
 
@@ -559,10 +561,77 @@ def apply_terms(
     return y
 
 
+def multiply(x: torch.Tensor, t: torch.Tensor, into: torch.Tensor, conj: bool = False) -> torch.Tensor | None:
+    """``into = t · x`` in one pass (the native scale op), or for a complex ``t`` the interleaved rotation
+    planes ``into[2i] + i·into[2i+1] = t[i] · (x[2i] + i·x[2i+1])`` (the native planes op; ``conj``: by
+    ``conj(t[i])``), half precision computed in float32 in registers.
+
+    ``x``: (B, H, S, W) with unit-stride rows; ``t``: a table broadcastable to ``(B, H, S, W)`` (real, of the
+    work dtype) or to ``(B, H, S, W / 2)`` (complex, of the work dtype's complex type), its last axis
+    contiguous; ``into``: x itself or a tensor of x's shape and dtype not overlapping it. Returns None when
+    the kernel does not run (small input, kernels off, no compiler, another device, a table of another
+    dtype) and the caller must use the torch ops."""
+    pairs = t.is_complex()
+    if pairs and t.is_conj():  # a lazy conjugate: its own values, the conjugation done here
+        t, conj = t.conj(), not conj
+    tr = torch.view_as_real(t).flatten(-2) if pairs and t.stride(-1) == 1 else t  # (…, S, W/2) -> (…, S, W)
+    while tr.dim() < 4:
+        tr = tr.unsqueeze(0)
+    if tr.is_complex() or not _native_ok(x, into, tr) or (pairs and x.shape[-1] % 2):
+        return None
+    if into.data_ptr() != x.data_ptr() and _overlap(x, into):
+        return None
+    try:
+        tr = tr.expand(x.shape)  # (B|1, H|1, S, W) -> (B, H, S, W), stride 0 where broadcast
+    except RuntimeError:
+        return None
+    ops = _ops()
+    if ops is None:
+        return None
+    name = "planes" if pairs else "scale"
+    _ran.add(f"{name} {x.dtype}")
+    if pairs:
+        ops.planes(x, tr, conj, _tile(x, into, x.shape[2]), into)
+    else:
+        ops.scale(x, tr, _tile(x, into, x.shape[2]), into)
+    return into
+
+
+def merge(O: torch.Tensor, L: torch.Tensor, o: torch.Tensor, Li: torch.Tensor, first: bool) -> bool:
+    """One tile's output ``o`` and log-sum-exp ``Li`` merged into the running ``(O, L)`` of its rows in one
+    pass (the native merge op): ``L' = log(e^L + e^{Li})``, ``O' = O + e^{Li − L'} (o − O)`` per row (a row
+    with ``Li = −inf`` unchanged); ``first``: ``O = o``, ``L = Li``. ``O``, ``o``: (N0, N1, N2, N3, D) views
+    with unit-stride rows; ``L``, ``Li``: (N0, N1, N2, N3); ``O``, ``L``, ``Li`` float32 (or float64), ``o``
+    of that type or half precision. Returns False when the op does not run (small input, kernels off, no
+    compiler, another device or layout) and the caller must use the torch ops."""
+    if not (O.dim() == 5 and o.shape == O.shape and L.dim() == 4 and Li.shape == L.shape == O.shape[:4]
+            and O.numel() >= MIN_ELEMS and O.stride(-1) == 1 and o.stride(-1) == 1 and O.dtype == L.dtype == Li.dtype
+            and O.dtype in (torch.float32, torch.float64) and o.dtype in _DTYPES
+            and (o.dtype == O.dtype or O.dtype == torch.float32)
+            and enabled(O.device, native=True) and o.device == O.device):
+        return False
+    if _overlap(O, o) or _overlap(L, Li) or _overlap(O, L):
+        return False
+    ops = _ops()
+    if ops is None:
+        return False
+    _ran.add(f"merge {o.dtype}")
+    ops.merge(O, L, o, Li, first)
+    return True
+
+
 def _rows_ok(x: torch.Tensor) -> bool:
     """clear and absmax take 4-D x of a supported dtype, at least :data:`MIN_ELEMS` elements, unit-stride rows."""
     return (x.dim() == 4 and x.numel() >= MIN_ELEMS and x.dtype in _DTYPES and (x.stride(-1) == 1 or x.shape[-1] == 1)
             and enabled(x.device, native=True))
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Whether ``x``'s elements are distinct places of memory laid out without gaps in some order of its axes (a
+    permutation of a contiguous tensor): an in-place pass over its rows writes every element once."""
+    strides, shape = x.stride(), x.shape
+    order = sorted(range(x.dim()), key=lambda i: (-strides[i], -shape[i]))
+    return x.permute(order).is_contiguous()
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -584,8 +653,9 @@ def clear_below(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -
     below ``tau`` set to +0 (every other entry, NaN included, keeps its bits): ``x.masked_fill(x.abs() < tau,
     0)`` in one pass (the native clear op), the comparison in float32 for float32 and half-precision x
     (float64 for float64); ``into``: a contiguous tensor of x's shape and dtype to write it into (not
-    overlapping x). Returns None when the op does not run (small input, rows not of unit stride, kernels off,
-    no compiler, another device) and the caller must use the torch ops."""
+    overlapping x), or x itself (cleared in place: its elements distinct, any order of its axes). Returns
+    None when the op does not run (small input, rows not of unit stride, kernels off, no compiler, another
+    device) and the caller must use the torch ops."""
     if not _rows_ok(x):
         return None
     if not tau >= 0:
@@ -593,11 +663,18 @@ def clear_below(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -
     ops = _ops()
     if ops is None:
         return None
+    if into is x:  # in place: rows of any strides, none overlapping another
+        if not _dense(x):
+            raise ValueError(f"clear_below: in place needs x's elements to be distinct, got strides {x.stride()} "
+                             f"for shape {tuple(x.shape)}")
+        _ran.add(f"clear_ {x.dtype}")
+        ops.clear_(x, float(tau))
+        return x
     if into is not None and not (into.is_contiguous() and into.shape == x.shape and into.dtype == x.dtype
                                  and into.device == x.device):
         raise ValueError(f"clear_below: into must be a contiguous tensor of x's shape {tuple(x.shape)} and dtype "
                          f"{x.dtype}, got {tuple(into.shape)} {into.dtype} (contiguous: {into.is_contiguous()})")
-    if into is not None and _overlap(x, into):
+    if into is not None and into is not x and _overlap(x, into):
         raise ValueError("clear_below: into overlaps x (the op reads x while it writes into)")
     y = torch.empty_like(x, memory_format=torch.contiguous_format) if into is None else into
     _ran.add(f"clear {x.dtype}")

@@ -20,12 +20,22 @@ from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.masks import strictly_increasing
 
-__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "expand_batch", "key_times", "half_holds", "in_float32"]
+__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "expand_batch", "key_times", "half_holds", "in_float32",
+           "row_norms"]
 
 # the half-precision dtypes of an attention call, whose working dtype is float32
 LOW = (torch.float16, torch.bfloat16)
 # the largest factor an origin's budget lets a float16 encoding apply, e^{log(max)/3} (origin_budget's limit)
 HALF_GROWTH = math.exp(math.log(torch.finfo(torch.float16).max) / 3)
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """``‖x[…, i, :]‖`` of every row, without a gradient: in float32 for float32 and half precision (read as
+    stored, no float32 copy of x), in float32 for float64 as well (the bounds built on it leave room for that)."""
+    x = x.detach()
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
+    return x.float().norm(dim=-1)
 
 
 def half_holds(enc: Encoding, venc: Encoding | None, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

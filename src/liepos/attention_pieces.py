@@ -41,7 +41,7 @@ import torch.nn.functional as Fn
 from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 
-__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "tiles", "made"]
+__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "tiles", "made", "fresh"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -102,6 +102,13 @@ class Tile:
     causal: bool
     first: bool = False  # streamed (:func:`made`): no earlier tile holds these rows; written, not merged
     bias: torch.Tensor | None = None  # (B·count, H, 1, S), q's type (float32 for half): added to key s's scores
+    owned: bool = False  # q and k were written for this tile alone (:func:`fresh`): cleared in place when streamed
+
+
+def fresh(x: torch.Tensor, *sources: torch.Tensor) -> bool:
+    """Whether ``x`` shares no memory with ``sources`` (an encoding's output, not its input or a view of it)."""
+    p = x.untyped_storage().data_ptr()
+    return all(s.untyped_storage().data_ptr() != p for s in sources)
 
 
 def _sink_rows(sinks: torch.Tensor, work: torch.dtype) -> torch.Tensor:
@@ -179,8 +186,8 @@ def _rows_unit(x: torch.Tensor) -> torch.Tensor:
 CLEAR_LOGIT = {torch.float32: 2.0**-30, torch.bfloat16: 2.0**-30, torch.float64: 2.0**-59}
 
 
-def _cleared(q: torch.Tensor, k: torch.Tensor, c: float,
-             scratch: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _cleared(q: torch.Tensor, k: torch.Tensor, c: float, scratch: dict | None = None,
+             owned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` with every entry too small for any score to see set to exactly 0.
 
     A score is ``c Σ_d q_d k_d``; an entry ``|q_d| < τ_q = δ / (2 D c ‖k‖_∞)`` moves every score by
@@ -192,7 +199,8 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float,
     numbers, which cost x86 cores a microcode assist per operation. float16 (range 2^-14) is left as is.
     ``scratch`` (a dict the caller keeps for the tiles of one call, whose cleared q and k die with each
     flash call): the cleared values are written into two buffers kept there, so that a tile after the
-    first writes into pages already mapped instead of fresh ones.
+    first writes into pages already mapped instead of fresh ones. ``owned`` (with a scratch): q and k are
+    this tile's own (:attr:`Tile.owned`) and cleared in place, no copy written at all.
     """
     delta = CLEAR_LOGIT.get(q.dtype)
     if delta is None or q.numel() == 0 or k.numel() == 0:
@@ -201,8 +209,11 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float,
     D = q.shape[-1]
     if not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
         return q, k
-    return (_below(q, delta / (2 * D * c * km), _buffer(scratch, "q", q)),
-            _below(k, delta / (2 * D * c * qm), _buffer(scratch, "k", k)))
+    tq, tk = delta / (2 * D * c * km), delta / (2 * D * c * qm)
+    if owned and scratch is not None and not (q.requires_grad or k.requires_grad):
+        if _kernels.clear_below(q, tq, into=q) is not None and _kernels.clear_below(k, tk, into=k) is not None:
+            return q, k
+    return _below(q, tq, _buffer(scratch, "q", q)), _below(k, tk, _buffer(scratch, "k", k))
 
 
 def _buffer(scratch: dict | None, side: str, x: torch.Tensor) -> torch.Tensor | None:
@@ -256,7 +267,8 @@ class _Cleared(torch.autograd.Function):
         return g, None
 
 
-def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float, scratch: dict | None = None):
+def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float, scratch: dict | None = None,
+         owned: bool = False):
     """One head count and one head size for the flash kernel: grouped keys repeated, the narrower of
     q/k and v padded with zero columns (zeros change no score and no output column), the entries of q
     and k no score can see cleared to exact zeros (:func:`_cleared`), every row of unit stride
@@ -276,7 +288,7 @@ def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: 
         v = Fn.pad(v, (0, D - Dv))  # (G, H, S, D)
     elif D < Dv:
         q, k = Fn.pad(q, (0, Dv - D)), Fn.pad(k, (0, Dv - D))  # (G, H, ·, Dv)
-    q, k = _cleared(q, k.to(q.dtype), c, scratch)
+    q, k = _cleared(q, k.to(q.dtype), c, scratch, owned)
     return _rows_unit(q), _rows_unit(k), _rows_unit(v.to(q.dtype))
 
 
@@ -340,7 +352,7 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
-    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv, c, scratch), 0.0, p.causal, attn_mask=p.bias, scale=c)
+    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned), 0.0, p.causal, attn_mask=p.bias, scale=c)
     r = p.rows
     if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
         state += [o, Li]  # the first tile holds every row: its output is the running state, not copied
@@ -351,6 +363,8 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
                   torch.empty((B, H, T), dtype=Li.dtype, device=o.device)]
     O, L = state
     lv, Ls = r.view(L), r.scatter(Li)  # (B, H, count, w)
+    if _kernels.merge(r.view(O), lv, r.scatter(o), Ls, p.first):  # one pass over the rows, o read as it is
+        return
     if p.first:
         r.view(O).copy_(r.scatter(o))
         lv.copy_(Ls)

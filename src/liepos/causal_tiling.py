@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from liepos.attention_call import Call
-from liepos.attention_pieces import Rows, Tile, made
+from liepos.attention_pieces import Rows, Tile, fresh, made
 from liepos.origin_budget import allowed
 
 __all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "FLASH_ROWS", "DIAGONAL_EXPONENT"]
@@ -119,13 +119,13 @@ def tiled(call: Call, b) -> torch.Tensor | None:
 
     def diagonal(rows: Rows, o: int) -> Tile:
         rel = ramp[: rows.width] - o  # the block's times from its origin
-        return Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True,
-                    first=True)
+        qe, ke = enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel)
+        return Tile(rows, qe, ke, rows.gather(v), True, first=True, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v))
 
     def between(rq: Rows, rk: Rows) -> Tile:
         qe = enc._query_after(rq.gather(q), ramp[: rq.width])  # t − p ≥ 0
         ke = enc.key(rk.gather(k), ramp[: rk.width] - rk.width)  # s − p < 0
-        return Tile(rq, qe, ke, rk.gather(v), False)
+        return Tile(rq, qe, ke, rk.gather(v), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v))
 
     makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]
     return made((B, H, T), makers, call.c, call.sinks)

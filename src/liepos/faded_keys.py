@@ -15,7 +15,7 @@ from functools import partial
 
 import torch
 
-from liepos.attention_call import LOW, Call
+from liepos.attention_call import LOW, Call, row_norms
 from liepos.attention_pieces import Rows, Tile, made
 from liepos.causal_tiling import FLASH_ROWS, diagonal_budget, tile_plan, tile_size, tiled
 from liepos.encoding import Encoding
@@ -67,8 +67,8 @@ def _fade_plan(call: Call, b) -> tuple[int, dict[int, list[int]], list[int]] | N
     size = tile_size(allowed(diagonal_budget(b, q.dtype)), T)
     rows = size if size < FLASH_ROWS else min(FADE_ROWS, size)
     with torch.no_grad():
-        qn = q.detach().float().norm(dim=-1).amax((0, 2)).double()  # (H,)
-        kn = k.detach().float().norm(dim=-1).amax((0, 2)).double()  # (Hk,)
+        qn = row_norms(q).amax((0, 2)).double()  # (H,)
+        kn = row_norms(k).amax((0, 2)).double()  # (Hk,)
         kn = kn.repeat_interleave(H // kn.shape[0])  # (H,)
         # room for the float32 norms and the encoding's rounding
         reach = torch.log((call.c * qn * kn * (1 + 1e-3) / delta).clamp_min(1.0))  # (H,)

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from liepos.attention_call import Call
+from liepos.attention_call import Call, row_norms
 
 __all__ = ["window_starts"]
 
@@ -41,7 +41,7 @@ def window_starts(call: Call, qe: torch.Tensor, lo: int, slopes: torch.Tensor, k
     hi = lo + qe.shape[2]
     with torch.no_grad():
         H = qe.shape[1]
-        qn = qe[..., :D].detach().float().norm(dim=-1).amax(2).double()  # (B, H): the block's largest query
+        qn = row_norms(qe[..., :D]).amax(2).double()  # (B, H): the block's largest query
 
         def per_head(kn: torch.Tensor) -> torch.Tensor:  # (B, Hk) -> (B, H), with room for the rounding
             return qn * kn.double().repeat_interleave(H // kn.shape[1], dim=1) * call.c * (1 + 1e-4)

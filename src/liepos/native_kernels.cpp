@@ -4,8 +4,13 @@
 //
 //   terms(x, t, offsets, masks, tile, out):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]]
 //   halves(x, c, s, tile, out):              out[k] = c x[k] - s x[k+P],  out[k+P] = s x[k] + c x[k+P]
+//   scale(x, t, tile, out):                  out[d] = t[d] x[d]
+//   planes(x, t, conj, tile, out):           out[2i] = re x[2i] - im x[2i+1],  out[2i+1] = im x[2i] + re x[2i+1]
+//                                            (re, im) = (t[2i], ±t[2i+1]), - when conj: interleaved rotation planes
 //   clear(x, tau, out):                      out[i] = 0 where |x[i]| < tau, else x[i] (its bits); out contiguous
+//   clear_(x, tau):                          clear in place (x's rows of unit stride, any other strides)
 //   absmax(x) -> max_i |x[i]| as a 0-d float64 tensor (NaN when x holds a NaN)
+//   merge(O, L, o, Li, first):               per row, L' = log(e^L + e^Li), O' = O + e^(Li - L') (o - O)
 //
 // and their in-place forms terms_ / halves_ (out is x). x is (B, H, S, D) with any strides but the last, the
 // tables are in the work type (float, or double for double x) with stride 0 on broadcast axes. The terms' tables
@@ -20,6 +25,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -412,6 +418,84 @@ void halves_inplace(at::Tensor x, const at::Tensor& c, const at::Tensor& sn, int
   halves_impl(x, c, sn, tile, x);
 }
 
+// ------------------------------------------------------------------------------------------------ scale, planes
+// scale: out[d] = t[d] x[d]; planes: the interleaved rotation planes, t[2i], t[2i+1] the real and imaginary parts
+// of plane i's complex factor (a complex table viewed as real; conj: its conjugate, im negated), out[2i] =
+// re x[2i] - im x[2i+1], out[2i+1] = im x[2i] + re x[2i+1]. Iteration d (or plane i) reads and writes only its own columns: out may be x.
+template <typename X, typename W, int64_t DC, bool PAIRS, bool CONJ>
+__attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict__ tp, int64_t dn, const Rows g,
+                                         int64_t lo, int64_t hi) {
+  const int64_t D = DC > 0 ? DC : dn;
+  FOR_ROWS(g, lo, hi, xo, yo, to) {
+    const X* xr = xp + xo;
+    X* yr = yp + yo;
+    const W* __restrict__ tr = tp + to;
+    if constexpr (PAIRS) {
+#pragma GCC ivdep
+      for (int64_t i = 0; i < D / 2; i++) {
+        const W x0 = ld(xr[2 * i]), x1 = ld(xr[2 * i + 1]), re = tr[2 * i], im = CONJ ? -tr[2 * i + 1] : tr[2 * i + 1];
+        st(yr[2 * i], re * x0 - im * x1);
+        st(yr[2 * i + 1], im * x0 + re * x1);
+      }
+    } else {
+#pragma GCC ivdep
+      for (int64_t d = 0; d < D; d++) st(yr[d], tr[d] * ld(xr[d]));
+    }
+  }
+}
+
+template <typename X, int64_t DC, bool PAIRS, bool CONJ>
+void mul_rows(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor& out) {
+  using W = typename Work<X>::type;
+  const X* xp = x.const_data_ptr<X>();
+  X* yp = out.mutable_data_ptr<X>();
+  const W* tp = t.const_data_ptr<W>();
+  const int64_t D = x.size(3);
+  tiled_rows(x, out, t, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
+    mul_chunk<X, W, DC, PAIRS, CONJ>(xp, yp, tp, D, g, lo, hi);
+  });
+}
+
+template <typename X, bool PAIRS, bool CONJ>
+void mul_width(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor& out) {
+  switch (x.size(3)) {  // the common widths with a constant trip count
+    case 32: return mul_rows<X, 32, PAIRS, CONJ>(x, t, tile, out);
+    case 64: return mul_rows<X, 64, PAIRS, CONJ>(x, t, tile, out);
+    case 128: return mul_rows<X, 128, PAIRS, CONJ>(x, t, tile, out);
+    default: return mul_rows<X, 0, PAIRS, CONJ>(x, t, tile, out);
+  }
+}
+
+template <typename X>
+void mul_typed(const at::Tensor& x, const at::Tensor& t, bool pairs, bool conj, int64_t tile, at::Tensor& out) {
+  if (!pairs) return mul_width<X, false, false>(x, t, tile, out);
+  return conj ? mul_width<X, true, true>(x, t, tile, out) : mul_width<X, true, false>(x, t, tile, out);
+}
+
+void mul_impl(const at::Tensor& x, const at::Tensor& t, bool pairs, bool conj, int64_t tile, at::Tensor& out) {
+  check_rows(x, out, x.size(3));
+  const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK(t.dim() == 4 && t.sizes() == x.sizes() && t.stride(3) == 1 && t.scalar_type() == work &&
+                  (!pairs || x.size(3) % 2 == 0),
+              "liepos_native::", pairs ? "planes" : "scale", ": table ", t.sizes(), " of ", t.scalar_type(),
+              " does not match x ", x.sizes(), " (want x's shape in ", work, ", last axis contiguous",
+              pairs ? ", an even width)" : ")");
+  switch (x.scalar_type()) {
+    case at::kFloat: return mul_typed<float>(x, t, pairs, conj, tile, out);
+    case at::kDouble: return mul_typed<double>(x, t, pairs, conj, tile, out);
+    case at::kBFloat16: return mul_typed<c10::BFloat16>(x, t, pairs, conj, tile, out);
+    case at::kHalf: return mul_typed<c10::Half>(x, t, pairs, conj, tile, out);
+    default: TORCH_CHECK(false, "liepos_native::", pairs ? "planes" : "scale", ": unsupported dtype ", x.scalar_type());
+  }
+}
+
+void scale_out(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor out) {
+  mul_impl(x, t, false, false, tile, out);
+}
+void planes_out(const at::Tensor& x, const at::Tensor& t, bool conj, int64_t tile, at::Tensor out) {
+  mul_impl(x, t, true, conj, tile, out);
+}
+
 // ------------------------------------------------------------------------------------------------ clear, absmax
 // x is (B, H, S, D) with unit-stride rows and any other strides (stride 0 on a broadcast axis); out of clear is
 // contiguous. An entry below tau in magnitude becomes +0, every other entry (NaN included: |NaN| < tau is false)
@@ -466,6 +550,36 @@ void clear_out(const at::Tensor& x, double tau, at::Tensor out) {
   }
 }
 
+// clear_ in place: x with unit-stride rows and any other strides (no two rows overlapping: the caller's contract)
+template <typename X, typename W>
+void clear_inplace_typed(at::Tensor& x, double tau) {
+  const Flat f = flat(x, "clear_");
+  X* xp = x.mutable_data_ptr<X>();
+  const W t = static_cast<W>(tau);
+  const int64_t rows = x.numel() / std::max<int64_t>(1, f.D);
+  at::parallel_for(0, rows, row_grain(f.D), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; r++) {
+      X* xr = xp + f.row(r);
+      for (int64_t d = 0; d < f.D; d++) {
+        const W a = ld(xr[d]);
+        if (a < t && -a < t) xr[d] = X(0);
+      }
+    }
+  });
+}
+
+void clear_inplace(at::Tensor x, double tau) {
+  TORCH_CHECK(tau >= 0, "liepos_native::clear_: tau must be at least 0, got ", tau);
+  if (x.numel() == 0) return;
+  switch (x.scalar_type()) {
+    case at::kFloat: return clear_inplace_typed<float, float>(x, tau);
+    case at::kDouble: return clear_inplace_typed<double, double>(x, tau);
+    case at::kBFloat16: return clear_inplace_typed<c10::BFloat16, float>(x, tau);
+    case at::kHalf: return clear_inplace_typed<c10::Half, float>(x, tau);
+    default: TORCH_CHECK(false, "liepos_native::clear_: unsupported dtype ", x.scalar_type());
+  }
+}
+
 // the largest |x| by its bit pattern (Bits: the sign bit cleared, ordered as the magnitudes are, above `inf`
 // exactly for a NaN): one vectorised integer max
 template <typename X>
@@ -505,6 +619,73 @@ at::Tensor absmax(const at::Tensor& x) {
   return at::scalar_tensor(m, at::TensorOptions().dtype(at::kDouble));
 }
 
+// ------------------------------------------------------------------------------------------------ merge
+// One tile's output o and log-sum-exp Li merged into the running (O, L) of the rows it holds, row by row:
+// L' = log(e^L + e^Li), O' = O + w (o - O) with w = e^(Li - L') = 1 / (1 + e^(L - Li)); a row the tile gives no
+// weight (Li = -inf) is left as it is, NaN propagates. first: the rows' first tile, O = o and L = Li. O and o are
+// (N0, N1, N2, N3, D) with unit-stride rows and any other strides, L and Li (N0, N1, N2, N3); O and L in the work
+// type (float, double), o in the work type or half precision (read as float).
+template <typename X, typename W>
+void merge_typed(at::Tensor& O, at::Tensor& L, const at::Tensor& o, const at::Tensor& Li, bool first) {
+  const int64_t n1 = O.size(1), n2 = O.size(2), n3 = O.size(3), D = O.size(4);
+  const int64_t rows = O.size(0) * n1 * n2 * n3;
+  W* Op = O.mutable_data_ptr<W>();
+  W* Lp = L.mutable_data_ptr<W>();
+  const X* op = o.const_data_ptr<X>();
+  const W* lp = Li.const_data_ptr<W>();
+  struct Strides {
+    int64_t s0, s1, s2, s3;
+  };
+  const auto strides = [](const at::Tensor& t) { return Strides{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; };
+  const Strides sO = strides(O), so = strides(o), sL = strides(L), sl = strides(Li);
+  at::parallel_for(0, rows, row_grain(D), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; r++) {
+      const int64_t i0 = r / (n1 * n2 * n3), i1 = r / (n2 * n3) % n1, i2 = r / n3 % n2, i3 = r % n3;
+      const auto at = [&](const Strides& t) { return i0 * t.s0 + i1 * t.s1 + i2 * t.s2 + i3 * t.s3; };
+      W* __restrict__ Or = Op + at(sO);
+      const X* __restrict__ orow = op + at(so);
+      W& l = Lp[at(sL)];
+      const W li = lp[at(sl)];
+      if (first) {
+        for (int64_t d = 0; d < D; d++) Or[d] = ld(orow[d]);
+        l = li;
+        continue;
+      }
+      if (li == -std::numeric_limits<W>::infinity()) continue;
+      const W gap = l - li;
+      const W w = W(1) / (W(1) + std::exp(gap));
+      l = std::max(l, li) + std::log1p(std::exp(-std::abs(gap)));
+#pragma GCC ivdep
+      for (int64_t d = 0; d < D; d++) Or[d] += w * (ld(orow[d]) - Or[d]);
+    }
+  });
+}
+
+void merge(at::Tensor O, at::Tensor L, const at::Tensor& o, const at::Tensor& Li, bool first) {
+  TORCH_CHECK(O.dim() == 5 && o.sizes() == O.sizes() && L.dim() == 4 && Li.sizes() == L.sizes() &&
+                  L.sizes() == O.sizes().slice(0, 4) && O.stride(4) == 1 && o.stride(4) == 1,
+              "liepos_native::merge: O and o must be (N0, N1, N2, N3, D) with unit-stride rows, L and Li (N0, N1, N2, "
+              "N3), got O ", O.sizes(), " o ", o.sizes(), " L ", L.sizes(), " Li ", Li.sizes());
+  TORCH_CHECK(L.scalar_type() == O.scalar_type() && Li.scalar_type() == O.scalar_type() &&
+                  (O.scalar_type() == at::kFloat || O.scalar_type() == at::kDouble),
+              "liepos_native::merge: O, L and Li must share a work type (float or double), got ", O.scalar_type(), ", ",
+              L.scalar_type(), ", ", Li.scalar_type());
+  TORCH_CHECK(O.device().is_cpu() && o.device().is_cpu() && L.device().is_cpu() && Li.device().is_cpu(),
+              "liepos_native::merge: CPU tensors only");
+  if (O.numel() == 0) return;
+  if (O.scalar_type() == at::kDouble) {
+    TORCH_CHECK(o.scalar_type() == at::kDouble, "liepos_native::merge: o must be double for a double O, got ",
+                o.scalar_type());
+    return merge_typed<double, double>(O, L, o, Li, first);
+  }
+  switch (o.scalar_type()) {
+    case at::kFloat: return merge_typed<float, float>(O, L, o, Li, first);
+    case at::kBFloat16: return merge_typed<c10::BFloat16, float>(O, L, o, Li, first);
+    case at::kHalf: return merge_typed<c10::Half, float>(O, L, o, Li, first);
+    default: TORCH_CHECK(false, "liepos_native::merge: unsupported dtype of o ", o.scalar_type());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(liepos_native, m) {
@@ -512,8 +693,12 @@ TORCH_LIBRARY(liepos_native, m) {
   m.def("terms_(Tensor(a!) x, Tensor t, int[] offsets, Tensor masks, int tile) -> ()");
   m.def("halves(Tensor x, Tensor c, Tensor s, int tile, Tensor(a!) out) -> ()");
   m.def("halves_(Tensor(a!) x, Tensor c, Tensor s, int tile) -> ()");
+  m.def("scale(Tensor x, Tensor t, int tile, Tensor(a!) out) -> ()");
+  m.def("planes(Tensor x, Tensor t, bool conj, int tile, Tensor(a!) out) -> ()");
   m.def("clear(Tensor x, float tau, Tensor(a!) out) -> ()");
+  m.def("clear_(Tensor(a!) x, float tau) -> ()");
   m.def("absmax(Tensor x) -> Tensor");
+  m.def("merge(Tensor(a!) O, Tensor(b!) L, Tensor o, Tensor Li, bool first) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
@@ -521,6 +706,10 @@ TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
   m.impl("terms_", &terms_inplace);
   m.impl("halves", &halves_out);
   m.impl("halves_", &halves_inplace);
+  m.impl("scale", &scale_out);
+  m.impl("planes", &planes_out);
   m.impl("clear", &clear_out);
+  m.impl("clear_", &clear_inplace);
   m.impl("absmax", &absmax);
+  m.impl("merge", &merge);
 }

@@ -32,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as Fn
 
-from liepos.attention_call import Call
+from liepos.attention_call import Call, row_norms
 from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
 from liepos.causal_tiling import tile_plan
@@ -158,7 +158,7 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
     knorm = None
     if slopes is not None:
         with torch.no_grad():  # every key's norm, once: each block's window reads its prefix
-            knorm = call.k.detach().float().norm(dim=-1)  # (B, Hk, Sk)
+            knorm = row_norms(call.k)  # (B, Hk, Sk)
     out = torch.cat([_diagonal(call, lo, hi, o, slopes, knorm, bias) for lo, hi, o in _blocks(call, b)], dim=2)
     return out[..., :Dv] if narrow else out
 

@@ -1,0 +1,232 @@
+"""The native kernels of the re-centred attention's hot loop — a run of real factors or rotation planes in half
+precision (``scale``, ``planes``), the clearing in place (``clear_``) and the merge of a tile into the running
+output (``merge``) — against the torch ops they replace and the float64 reference: both layouts of the input
+(BHSD, BSHD), per-head tables, conjugate planes, in place, non-finite values, random rows (hypothesis); and
+the attention they serve equal with and without them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import liepos as lp
+from liepos import _fast, _kernels
+from liepos.attention_pieces import Rows
+from liepos.generator import Generator, direct_sum
+
+CAN_BUILD = _kernels._missing() is None
+pytestmark = pytest.mark.skipif(not CAN_BUILD, reason="no C++ compiler or ninja: the native ops are not built")
+
+
+@pytest.fixture
+def small(monkeypatch):
+    """The native ops on the tests' small tensors (under MIN_ELEMS), recording which ran."""
+    monkeypatch.setattr(_kernels, "MIN_ELEMS", 0)
+    monkeypatch.setattr(_kernels, "_ran", set())
+    yield
+
+
+def _mixed() -> lp.Encoding:
+    """Interleaved: rotation planes with decay, a real decay run, a NoPE (copy) run, per head."""
+    g = direct_sum(lp.retnet(8, num_heads=3).generator, Generator([[-0.2, -0.1]] * 3, [[0.0, 0.0]] * 3, [1, 1]),
+                   Generator([[0.0] * 6] * 3, [[0.0] * 6] * 3, [1] * 6))  # 8 + 2 + 6 = 16 dims
+    return lp.Encoding(g, name="mixed")
+
+
+ENCODINGS = {
+    "decay": lambda: lp.build("decay", 16, 3),
+    "xpos": lambda: lp.xpos(16),
+    "retnet": lambda: lp.retnet(16, num_heads=3),
+    "rope_half": lambda: lp.rope(16, layout="half"),
+    "mixed": _mixed,
+}
+
+
+def _x(dtype: torch.dtype, bshd: bool, H: int = 3, S: int = 13, D: int = 16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, S, H, D, generator=g) if bshd else torch.randn(2, H, S, D, generator=g)
+    return (x.transpose(1, 2) if bshd else x).to(dtype)
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bshd", [False, True])
+@pytest.mark.parametrize("side", ["query", "key"])
+def test_half_precision_runs_equal_the_float32_scratch_and_the_reference(name, dtype, bshd, side, small,
+                                                                         monkeypatch):
+    """Half precision read and written directly (float32 in registers) equals the float32 scratch it replaces
+    to one rounding of the dtype, and the float64 dense reference to the dtype's precision."""
+    enc = ENCODINGS[name]()
+    x, pos = _x(dtype, bshd), torch.arange(13) - 6
+    f = getattr(enc, side)
+    got = f(x, pos)
+    ran = set(_kernels.status()["native"])
+    assert ran & {f"scale {dtype}", f"planes {dtype}", f"halves {dtype}"}, ran
+    monkeypatch.setattr(_fast, "_native_runs", lambda *a: False)
+    want = f(x, pos)
+    ref = getattr(enc, f"{side}_reference")(x.double(), pos)
+    assert got.dtype == want.dtype == dtype and got.shape == want.shape and got.stride() == want.stride()
+    ulp = 2**-7 if dtype == torch.bfloat16 else 2**-10
+    scale = ref.abs().amax()
+    assert ((got.double() - want.double()).abs() <= ulp * want.double().abs() + 2**-20 * scale).all()
+    assert float((got.double() - ref).abs().max() / scale) <= 2 * ulp
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("conj", [False, True])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_planes_are_the_complex_product(dtype, conj, bshd, small):
+    """``planes``: each pair (x[2i], x[2i+1]) times t[i] (or its conjugate), as a complex product in the work
+    dtype; a lazy conjugate view of t is its conjugate; in place gives the same values."""
+    x = _x(dtype, bshd)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    g = torch.Generator().manual_seed(2)
+    t = torch.polar(torch.rand(3, 13, 8, generator=g, dtype=work) + 0.5, torch.randn(3, 13, 8, generator=g, dtype=work))
+    cplx = torch.view_as_complex(x.to(work).unflatten(-1, (-1, 2)).contiguous())  # (B, H, S, 8)
+    want = torch.view_as_real(cplx * (t.conj() if conj else t)).flatten(-2)  # (B, H, S, 16)
+    out = torch.empty_like(x)
+    assert _kernels.multiply(x, t, out, conj=conj) is out
+    tol = 1e-14 if dtype == torch.float64 else 2e-6 if dtype == torch.float32 else 2**-7
+    assert float(((out.double() - want.to(dtype).double()).abs() / want.double().abs().clamp_min(1)).max()) <= tol
+    lazy = torch.empty_like(x)
+    assert _kernels.multiply(x, t.conj(), lazy, conj=not conj) is lazy  # conj(conj(t)) = t
+    assert torch.equal(lazy, out)
+    y = x.clone()
+    assert _kernels.multiply(y, t, y, conj=conj) is y
+    assert torch.equal(y, out)
+    assert f"planes {dtype}" in _kernels.status()["native"]
+
+
+def test_scale_broadcasts_tables_and_refuses_what_it_cannot_take(small):
+    """``scale`` broadcasts a (S, W) table over batch and heads; a table of another dtype, an odd width for
+    planes or an output overlapping x part-way are not taken (None: the caller's torch ops run)."""
+    x = _x(torch.bfloat16, True)
+    t = torch.rand(13, 16) + 0.5
+    out = torch.empty_like(x)
+    assert _kernels.multiply(x, t, out) is out
+    assert torch.equal(out, (x.float() * t).to(torch.bfloat16))
+    assert _kernels.multiply(x, t.double(), out) is None
+    assert _kernels.multiply(x[..., :15], torch.ones(13, 7, dtype=torch.complex64), out[..., :15]) is None
+    y = torch.randn(2, 3, 14, 16)
+    assert _kernels.multiply(y[:, :, :13], torch.ones(13, 16), y[:, :, 1:]) is None
+
+
+def _merge_ref(O, L, o, Li, first):
+    if first:
+        return o.to(O.dtype), Li.clone()
+    Ln = torch.logaddexp(L, Li)
+    w = torch.where(Li == -math.inf, torch.zeros_like(Li), torch.exp(Li - Ln))
+    Ln = torch.where(Li == -math.inf, L, Ln)
+    return O + w.unsqueeze(-1) * (o.to(O.dtype) - O), Ln
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), lo=st.floats(-60, 60), spread=st.floats(0, 80),
+       half=st.booleans(), first=st.booleans())
+def test_merge_is_the_log_sum_exp_merge(seed, lo, spread, half, first):
+    """``merge`` over a tile's rows of a strided (B, H, T, D) state: ``L' = log(e^L + e^Li)``, ``O' = O +
+    e^{Li − L'} (o − O)``; rows the tile gives no weight (``Li = −inf``) unchanged; the rows outside the tile
+    untouched; half-precision o read as it is stored."""
+    g = torch.Generator().manual_seed(seed)
+    O = torch.randn(1, 3, 28, 8, generator=g)
+    L = lo + spread * torch.rand(1, 3, 28, generator=g)
+    L[0, 0, 0] = -math.inf  # a row no earlier tile gave weight
+    r = Rows(2, 3, 8, 4, 8)  # rows 2 + 8j + [4, 8)
+    o = torch.randn(3, 3, 4, 8, generator=g).to(torch.bfloat16 if half else torch.float32)
+    Li = lo + spread * torch.rand(3, 3, 4, generator=g)
+    Li[1, 2, 3] = -math.inf
+    before_O, before_L = O.clone(), L.clone()
+    with _small():
+        assert _kernels.merge(r.view(O), r.view(L), r.scatter(o), r.scatter(Li), first)
+    wO, wL = _merge_ref(r.view(before_O), r.view(before_L), r.scatter(o), r.scatter(Li), first)
+    assert torch.allclose(r.view(O), wO, rtol=1e-5, atol=1e-5) and torch.allclose(r.view(L), wL, rtol=1e-6, atol=1e-5)
+    inside = torch.zeros(1, 3, 28, dtype=torch.bool)
+    r.view(inside).fill_(True)
+    assert torch.equal(O[~inside], before_O[~inside]) and torch.equal(L[~inside], before_L[~inside])
+
+
+class _small:
+    """MIN_ELEMS lifted for a block (hypothesis runs the body many times under one fixture)."""
+
+    def __enter__(self):
+        self.saved = _kernels.MIN_ELEMS
+        _kernels.MIN_ELEMS = 0
+
+    def __exit__(self, *exc):
+        _kernels.MIN_ELEMS = self.saved
+
+
+def test_merge_propagates_nan_and_refuses_what_it_cannot_take(small):
+    """A NaN in a tile's output reaches its row's output (never hidden); a float64 state with float32 o, a
+    state overlapping the tile's output, or strided rows are not taken (False: the torch ops run)."""
+    O, L = torch.zeros(1, 1, 1, 4, 4), torch.zeros(1, 1, 1, 4)
+    o, Li = torch.ones(1, 1, 1, 4, 4), torch.zeros(1, 1, 1, 4)
+    o[0, 0, 0, 2, 1] = math.nan
+    assert _kernels.merge(O, L, o, Li, False)
+    assert O[0, 0, 0, 2].isnan().any() and not O[0, 0, 0, [0, 1, 3]].isnan().any()
+    assert torch.allclose(O[0, 0, 0, 0], torch.full((4,), 0.5)) and torch.allclose(L, torch.full_like(L, math.log(2)))
+    assert not _kernels.merge(O.double(), L.double(), o, Li.double(), False)
+    assert not _kernels.merge(O, L, O, Li, False)
+    assert not _kernels.merge(O.transpose(-1, -2), L, o, Li, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_clear_in_place_on_any_order_of_axes(dtype, small):
+    """``clear_below(x, τ, into=x)`` on a BSHD-strided x equals ``masked_fill(|x| < τ, 0)`` and writes x itself;
+    an x whose elements repeat (an expanded view) is refused by name."""
+    x = _x(dtype, True) * torch.logspace(-8, 0, 16).to(dtype)
+    want = x.masked_fill(x.abs().float() < 1e-3, 0)
+    ptr = x.data_ptr()
+    assert _kernels.clear_below(x, 1e-3, into=x) is x and x.data_ptr() == ptr
+    assert torch.equal(x, want)
+    e = torch.randn(1, 1, 5, 16).expand(2, 3, 5, 16)
+    with pytest.raises(ValueError, match="in place needs x's elements to be distinct"):
+        _kernels.clear_below(e, 1e-3, into=e)
+
+
+@pytest.mark.parametrize("op", ["scale", "planes", "clear_", "merge"])
+def test_the_new_native_ops_pass_opcheck(op):
+    """Schema (the written tensors annotated), fake implementation and dispatch of each op, BSHD strides and
+    broadcast tables."""
+    ops = _kernels._ops()
+    x = torch.randn(2, 5, 3, 8).transpose(1, 2)  # (B, H, S, D), BSHD strides
+    t = torch.randn(1, 1, 5, 8).expand(2, 3, 5, 8)
+    if op == "scale":
+        args = (x, t, 2, torch.empty(2, 3, 5, 8))
+    elif op == "planes":
+        args = (x, t, True, 2, torch.empty(2, 3, 5, 8))
+    elif op == "clear_":
+        args = (x.clone(), 0.5)
+    else:
+        args = (torch.randn(1, 3, 2, 4, 8), torch.randn(1, 3, 2, 4), torch.randn(1, 3, 2, 4, 8).bfloat16(),
+                torch.randn(1, 3, 2, 4), False)
+    torch.library.opcheck(getattr(ops, op).default, args)
+
+
+@pytest.mark.parametrize("name", ["decay", "retnet", "xpos", "jordan"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_equals_itself_without_the_new_kernels(name, dtype, monkeypatch):
+    """The re-centred attention at a size where the native ops run (scale / planes, clear in place, merge)
+    equals the same call through the torch ops they replace, to the dtype's rounding."""
+    enc = lp.build(name, 64, 4) if name in ("decay", "retnet") else lp.build(name, 64)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 1024, 64, generator=g).to(dtype) for _ in range(3))
+    monkeypatch.setattr(_kernels, "_ran", set())
+    with torch.no_grad():
+        got = lp.attention(q, k, v, enc)
+        ran = set(_kernels.status()["native"])
+        # the tiles' own q and k cleared in place; decay and Jordan merge tiles (xpos and RetNet at this length:
+        # one causal block, nothing to merge); Jordan's half precision attends in float32
+        work = torch.float32 if name == "jordan" else dtype
+        assert f"clear_ {work}" in ran and (name in ("xpos", "retnet") or f"merge {work}" in ran), ran
+        monkeypatch.setattr(_kernels, "merge", lambda *a: False)
+        monkeypatch.setattr(_kernels, "multiply", lambda *a, **kw: None)
+        real = _kernels.clear_below
+        monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: real(x, tau, None if into is x else into))
+        want = lp.attention(q, k, v, enc)
+    tol = 1e-5 if dtype == torch.float32 else 2**-7
+    assert float((got.float() - want.float()).abs().max()) <= tol * float(want.float().abs().max())
