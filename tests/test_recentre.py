@@ -7,6 +7,8 @@ from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import liepos as lp
 from liepos import faded_keys, recentre
@@ -196,3 +198,25 @@ def test_equal_times_starting_anywhere_take_the_tiled_triangle(monkeypatch):
     got = lp.attention(q, k, v, enc, p, p)
     assert plans and plans[0][0] == 96
     assert torch.allclose(got, lp.attention_reference(q, k, v, enc, p, p), rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), big_row=st.integers(0, 511), big=st.floats(1.0, 1e6),
+       rate=st.floats(0.01, 0.5), retnet=st.booleans())
+def test_the_sampled_norms_never_change_the_fade_plan(seed, big_row, big, rate, retnet):
+    """The fade plan reads every 16th row's norms first and gives up early only when even those windows (at
+    most the true ones) reach past half the sequence; the plan is the one from every row's norms, whatever row
+    holds the largest norm (a single huge row off the sample included)."""
+    enc = lp.retnet(16, num_heads=4) if retnet else lp.decay(torch.full((16,), rate))
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 4, 512, 16, generator=g) for _ in range(3))
+    q[0, :, big_row] *= big
+    plans = {}
+    for sample in (faded_keys.SAMPLE, 1):
+        seen = []
+        spy = lambda call, b: seen.append(_fade_plan(call, b)) or seen[-1]  # noqa: E731
+        with torch.no_grad(), mock.patch.object(faded_keys, "_fade_plan", spy), \
+                mock.patch.object(faded_keys, "SAMPLE", sample):
+            lp.attention(q, k, v, enc)
+        plans[sample] = seen
+    assert plans[1] and plans[faded_keys.SAMPLE] == plans[1]
