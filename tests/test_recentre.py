@@ -213,8 +213,8 @@ def test_the_sampled_norms_never_change_the_fade_plan(seed, big_row, big, rate, 
     q[0, :, big_row] *= big
     plans = {}
     for sample in (faded_keys.SAMPLE, 1):
-        seen = []
-        spy = lambda call, b: seen.append(_fade_plan(call, b)) or seen[-1]  # noqa: E731
+        seen: list = []
+        spy = lambda call, b, seen=seen: seen.append(_fade_plan(call, b)) or seen[-1]  # noqa: E731
         with torch.no_grad(), mock.patch.object(faded_keys, "_fade_plan", spy), \
                 mock.patch.object(faded_keys, "SAMPLE", sample):
             lp.attention(q, k, v, enc)
