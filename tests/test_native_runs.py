@@ -7,6 +7,7 @@ the attention they serve equal with and without them."""
 from __future__ import annotations
 
 import math
+import platform
 
 import pytest
 import torch
@@ -230,3 +231,34 @@ def test_attention_equals_itself_without_the_new_kernels(name, dtype, monkeypatc
         want = lp.attention(q, k, v, enc)
     tol = 1e-5 if dtype == torch.float32 else 2**-7
     assert float((got.float() - want.float()).abs().max()) <= tol * float(want.float().abs().max())
+
+
+def _subnormal_survives() -> bool:
+    """Whether a product landing in the subnormal range stays there on every thread of a parallel op."""
+    x = torch.full((1 << 20,), 2.0**-120)
+    return bool(((x * 2.0**-10) > 0).all())
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the x86 control register")
+@pytest.mark.parametrize("callers", [False, True])
+def test_flushed_sets_the_pool_and_gives_every_thread_its_own_setting_back(callers):
+    """Inside :func:`flushed` subnormal results are flushed on every intra-op thread; after it (forward and
+    backward of a re-centred attention that runs it around its flash calls, an exception inside included) each
+    thread has the setting it had: the caller's flush-to-zero, on or off, is never changed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.set_flush_denormal(callers)
+        before = _subnormal_survives()
+        with _kernels.flushed(torch.device("cpu")):
+            assert not _subnormal_survives()
+        assert _subnormal_survives() == before
+        with pytest.raises(RuntimeError, match="inside"), _kernels.flushed(torch.device("cpu")):
+            raise RuntimeError("inside")
+        assert _subnormal_survives() == before
+        q, k, v = (torch.randn(1, 4, 512, 64, requires_grad=True) for _ in range(3))
+        lp.attention(q, k, v, lp.alibi(64, num_heads=4)).sum().backward()
+        assert _subnormal_survives() == before
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)

@@ -122,10 +122,12 @@ class _Tiles(torch.autograd.Function):
     def forward(ctx, shape, rows, causal, biases, c, sinks, *qkv):
         B, H, T, Dv = shape
         outs, lses = [], []
-        for i, is_causal in enumerate(causal):
-            o, L = _flash(qkv[3 * i], qkv[3 * i + 1], qkv[3 * i + 2], 0.0, is_causal, attn_mask=biases[i], scale=c)
-            outs.append(o)
-            lses.append(L)  # (B·count, H, w) float32 (bfloat16 inputs) or q's dtype
+        with _kernels.flushed(qkv[0].device):  # the kernels' own subnormal probabilities, flushed
+            for i, is_causal in enumerate(causal):
+                o, L = _flash(qkv[3 * i], qkv[3 * i + 1], qkv[3 * i + 2], 0.0, is_causal, attn_mask=biases[i],
+                              scale=c)
+                outs.append(o)
+                lses.append(L)  # (B·count, H, w) float32 (bfloat16 inputs) or q's dtype
         if len(rows) == 1 and rows[0] == Rows(0, 1, T, 0, T) and sinks is None:
             O, L = outs[0], lses[0]  # one piece over every row: the flash kernel's own output
         else:
@@ -143,11 +145,12 @@ class _Tiles(torch.autograd.Function):
         sinks = rest.pop(0) if ctx.has_sinks else None
         dO = dO.contiguous()
         grads = []
-        for i, (r, is_causal) in enumerate(zip(ctx.rows, ctx.causal)):
-            q, k, v = rest[3 * i : 3 * i + 3]
-            g = _flash_backward(r.gather(dO), q, k, v, r.gather(O), r.gather(L), 0.0, is_causal,
-                                attn_mask=ctx.biases[i], scale=ctx.c)
-            grads += list(g)
+        with _kernels.flushed(dO.device):  # the kernels' own subnormal probabilities, flushed
+            for i, (r, is_causal) in enumerate(zip(ctx.rows, ctx.causal)):
+                q, k, v = rest[3 * i : 3 * i + 3]
+                g = _flash_backward(r.gather(dO), q, k, v, r.gather(O), r.gather(L), 0.0, is_causal,
+                                    attn_mask=ctx.biases[i], scale=ctx.c)
+                grads += list(g)
         ds = None
         if sinks is not None:
             rowsum = (dO.to(L.dtype) * O.to(L.dtype)).sum(-1)  # (B, H, T)
@@ -352,7 +355,10 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
-    o, Li = _flash(*_fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned), 0.0, p.causal, attn_mask=p.bias, scale=c)
+    fitted = _fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned)
+    with _kernels.flushed(p.q.device):  # the kernel's own subnormal probabilities, flushed
+        o, Li = _flash(*fitted, 0.0, p.causal, attn_mask=p.bias, scale=c)
+    del fitted
     r = p.rows
     if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
         state += [o, Li]  # the first tile holds every row: its output is the running state, not copied

@@ -10,6 +10,7 @@
 //   clear(x, tau, out):                      out[i] = 0 where |x[i]| < tau, else x[i] (its bits); out contiguous
 //   clear_(x, tau):                          clear in place (x's rows of unit stride, any other strides)
 //   absmax(x) -> max_i |x[i]| as a 0-d float64 tensor (NaN when x holds a NaN)
+//   denormals(flush) -> prev, restore_denormals(prev): flush-to-zero on torch's intra-op threads, and back
 //   merge(O, L, o, Li, first):               per row, L' = log(e^L + e^Li), O' = O + e^(Li - L') (o - O)
 //
 // and their in-place forms terms_ / halves_ (out is x). x is (B, H, S, D) with any strides but the last, the
@@ -30,6 +31,9 @@
 #include <cstring>
 #include <limits>
 #include <vector>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
 
 namespace {
 
@@ -686,6 +690,53 @@ void merge(at::Tensor O, at::Tensor L, const at::Tensor& o, const at::Tensor& Li
   }
 }
 
+// ------------------------------------------------------------------------------------------------ denormals
+// The flush-to-zero and denormals-are-zero bits of the SSE control register (x86) on the calling thread and every
+// thread of torch's intra-op pool: set while liepos's own flash calls run (their probabilities e^(s - L) of far,
+// biased keys fall into the subnormal range, where an x86 core takes a microcode assist per operation) and put back
+// after. denormals(flush) returns each thread's previous bits (index i: the i-th task of a parallel_for over the
+// pool, which the restore repeats); restore_denormals(prev) puts them back. Elsewhere both do nothing (an empty
+// tensor: no such control register here).
+#if defined(__x86_64__) || defined(_M_X64)
+constexpr unsigned kDenormalBits = 0x8040u;  // FTZ (bit 15) | DAZ (bit 6)
+#endif
+
+at::Tensor denormals(bool flush) {
+#if defined(__x86_64__) || defined(_M_X64)
+  const int64_t n = at::get_num_threads();
+  at::Tensor prev = at::empty({n}, at::TensorOptions().dtype(at::kInt));
+  int32_t* pp = prev.mutable_data_ptr<int32_t>();
+  std::fill(pp, pp + n, 0);
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++) {
+      const unsigned csr = _mm_getcsr();
+      pp[i] = static_cast<int32_t>(csr & kDenormalBits);
+      _mm_setcsr(flush ? (csr | kDenormalBits) : (csr & ~kDenormalBits));
+    }
+  });
+  return prev;
+#else
+  (void)flush;
+  return at::empty({0}, at::TensorOptions().dtype(at::kInt));
+#endif
+}
+
+void restore_denormals(const at::Tensor& prev) {
+#if defined(__x86_64__) || defined(_M_X64)
+  TORCH_CHECK(prev.scalar_type() == at::kInt && prev.dim() == 1 && prev.is_contiguous(),
+              "liepos_native::restore_denormals: prev must be the int32 vector denormals returned");
+  const int64_t n = prev.numel();
+  if (n == 0) return;
+  const int32_t* pp = prev.const_data_ptr<int32_t>();
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; i++)
+      _mm_setcsr((_mm_getcsr() & ~kDenormalBits) | (static_cast<unsigned>(pp[i]) & kDenormalBits));
+  });
+#else
+  (void)prev;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY(liepos_native, m) {
@@ -699,6 +750,8 @@ TORCH_LIBRARY(liepos_native, m) {
   m.def("clear_(Tensor(a!) x, float tau) -> ()");
   m.def("absmax(Tensor x) -> Tensor");
   m.def("merge(Tensor(a!) O, Tensor(b!) L, Tensor o, Tensor Li, bool first) -> ()");
+  m.def("denormals(bool flush) -> Tensor");
+  m.def("restore_denormals(Tensor prev) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
@@ -712,4 +765,10 @@ TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
   m.impl("clear_", &clear_inplace);
   m.impl("absmax", &absmax);
   m.impl("merge", &merge);
+}
+
+// the control register belongs to no tensor: registered for every dispatch key
+TORCH_LIBRARY_IMPL(liepos_native, CompositeExplicitAutograd, m) {
+  m.impl("denormals", &denormals);
+  m.impl("restore_denormals", &restore_denormals);
 }
