@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import liepos as lp
-from liepos import faded_keys, recentre
+from liepos import attention_pieces, faded_keys, recentre
 from liepos.faded_keys import _fade_plan
 from liepos.generator import direct_sum
+from liepos.temperature import ScalableSoftmax
 
 F64 = torch.float64
 
@@ -220,3 +221,54 @@ def test_the_sampled_norms_never_change_the_fade_plan(seed, big_row, big, rate, 
             lp.attention(q, k, v, enc)
         plans[sample] = seen
     assert plans[1] and plans[faded_keys.SAMPLE] == plans[1]
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_bfloat16_alibi_is_attended_without_a_float32_copy(sinks, monkeypatch):
+    """ALiBi in bfloat16 on the fused path reads the caller's q, k, v as they are (no float32 copy, q not
+    multiplied by c before the kernel): the flash kernel gets bfloat16 and the call is never widened; its output
+    equals the widened call's (float32 q·c rounded to bfloat16, scale 1) to a bfloat16 rounding, and the float64
+    attention to the precision contract."""
+    from liepos import attend
+    enc = lp.alibi(64, num_heads=4)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 4, 1024, 64, generator=g).bfloat16() for _ in range(3))
+    s = torch.randn(4, generator=g).bfloat16() if sinks else None
+    widenings, real = [], recentre.widened
+    spy = lambda call: widenings.append(call.lazy) or real(call)  # noqa: E731
+    monkeypatch.setattr(recentre, "widened", spy)
+    monkeypatch.setattr(attend, "widened", spy)
+    dtypes, real_flash = [], attention_pieces._flash
+    monkeypatch.setattr(attention_pieces, "_flash", lambda q, *a, **kw: dtypes.append(q.dtype) or real_flash(q, *a, **kw))
+    with torch.no_grad():
+        got = lp.attention(q, k, v, enc, sinks=s)
+        assert widenings == [] and dtypes and set(dtypes) == {torch.bfloat16}
+        monkeypatch.setattr(recentre, "takes_fused_bias", lambda call: False)
+        monkeypatch.setattr(attend, "takes_fused_bias", lambda call: False)
+        old = lp.attention(q, k, v, enc, sinks=s)
+        assert widenings == [True]  # widened once, before the temperature and the dispatch
+        want = lp.attention(q.double(), k.double(), v.double(), enc, sinks=None if s is None else s.double())
+    vmax = float(v.double().abs().max())
+    assert float((got.double() - old.double()).abs().max()) <= 2**-7 * vmax
+    assert float((got.double() - want).abs().max()) <= 16 * 2**-8 * vmax
+
+
+def test_bfloat16_alibi_with_a_cache_is_widened(monkeypatch):
+    """Every path but the fused one reads float32 q, k, v with q times c: a call with a cache is widened
+    first (once), and agrees with the float64 attention; a temperature, which would scale the bfloat16
+    queries, is refused with slots before any of it."""
+    from liepos import attend
+    enc = lp.alibi(16, num_heads=2)
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 300, 16, generator=g).bfloat16() for _ in range(3))
+    widenings, real = [], recentre.widened
+    monkeypatch.setattr(attend, "widened", lambda call: widenings.append(call.lazy) or real(call))
+    vmax = float(v.double().abs().max())
+    with torch.no_grad():
+        got = lp.attention(q, k, v, enc, cache=lp.KVCache())
+        want = lp.attention(q.double(), k.double(), v.double(), enc)
+        assert widenings == [True]
+        assert float((got.double() - want).abs().max()) <= 16 * 2**-8 * vmax
+        with pytest.raises(ValueError, match="its slots add a bias"):
+            lp.attention(q, k, v, enc, temperature=ScalableSoftmax(0.5))
+    assert widenings == [True]

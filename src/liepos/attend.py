@@ -29,14 +29,14 @@ from typing import Any
 import torch
 
 import liepos.attention_graph as attention_graph
-from liepos.attention_call import Call, bind, expand_batch, prepare
+from liepos.attention_call import Call, bind, expand_batch, prepare, widened
 from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
 from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.generator import Generator
 from liepos.masks import finish, visible
-from liepos.recentre import recentred
+from liepos.recentre import recentred, takes_fused_bias
 from liepos.temperature import check_temperature, scaled_queries
 
 __all__ = ["attention", "attention_reference", "KVCache"]
@@ -118,7 +118,10 @@ def attention(
     temperature = check_temperature(temperature, enc, q.shape[1])
     if (empty := _nothing_to_attend(q, k, v, x, cache)) is not None:
         return empty
-    call = scaled_queries(bind(x), temperature)
+    call = bind(x)
+    if call.lazy and (temperature is not None or not takes_fused_bias(call)):
+        call = widened(call)  # every path but the fused linear-bias one reads float32 q, k, v (q times c)
+    call = scaled_queries(call, temperature)
     needs = call.enc.needs_recentring or (call.venc is not None and call.venc.needs_recentring)
     out = recentred(call) if needs else _plain(call)
     return out.to(v.dtype)

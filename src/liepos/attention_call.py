@@ -20,8 +20,8 @@ from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.masks import strictly_increasing
 
-__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "expand_batch", "key_times", "half_holds", "in_float32",
-           "row_norms"]
+__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "widened", "expand_batch", "key_times", "half_holds",
+           "in_float32", "row_norms"]
 
 # the half-precision dtypes of an attention call, whose working dtype is float32
 LOW = (torch.float16, torch.bfloat16)
@@ -112,6 +112,9 @@ class Call:
     # the dtype the flash kernel reads the encoded content in where a path keeps the slots out of q and k
     # (ALiBi's bias as the kernel's per-key mask): the caller's bfloat16 when only the slots needed float32
     content_dtype: torch.dtype | None = None
+    # q, k, v are still the caller's bfloat16 and q is not yet multiplied by c (``content_dtype`` set): the fused
+    # linear-bias path reads them so; every other path takes :func:`widened` first
+    lazy: bool = False
 
     def cached(self) -> KVCache:
         """The call's cache, for a path that needs one (raise when the call has none)."""
@@ -323,12 +326,13 @@ def bind(x: Inputs) -> Call:
     content_dtype = None
     if q.dtype == torch.bfloat16 and wide and x.venc is None and not _content_coupled(enc):
         content_dtype = q.dtype  # only the slots couple (ALiBi): the content may be attended in bfloat16
-    if q.dtype in LOW and (wide or q.dtype == torch.float16 and not half_holds(enc, x.venc, q, k, v)):
+    lazy = content_dtype is not None  # widened by the caller unless the fused linear-bias path takes the call
+    if q.dtype in LOW and not lazy and (wide or q.dtype == torch.float16 and not half_holds(enc, x.venc, q, k, v)):
         # polynomial (Jordan) parts cancel between F(t - o) and G(s - o): bfloat16 cannot hold the
         # encoded values; float16 overflows on large inputs times an origin's factors. Encode and attend
         # in float32 (the output is cast back once)
         q, k, v = q.float(), k.float(), v.float()
-    if enc.num_slots:
+    if enc.num_slots and not lazy:
         # slots carry an additive bias (ALiBi's -m(t - s)), which is not a temperature: scale the
         # content of q instead of the scores, so the score is c·qᵀA k + slotsᵀA slots
         q, c = q * c, 1.0
@@ -344,7 +348,20 @@ def bind(x: Inputs) -> Call:
     simple = (x.causal and plain_keys and finite and Sq == Sk and bool(torch.equal(qord, kord))
               and strictly_increasing(kord))
     return Call(q, k, v, enc, x.venc, qpos, kpos, qord, kord, keep, x.qdocs, kdocs, x.attn_mask, x.causal,
-                c, x.sinks, x.block_size, cache, x.k.shape[2], finite, simple, not x.causal and plain_keys, content_dtype)
+                c, x.sinks, x.block_size, cache, x.k.shape[2], finite, simple, not x.causal and plain_keys, content_dtype,
+                lazy)
+
+
+def widened(call: Call) -> Call:
+    """A :attr:`Call.lazy` call as every path but the fused linear-bias one reads it: q, k, v in float32 (the
+    slots' bias cannot be held in bfloat16) and q multiplied by c (the slots carry the bias, not a
+    temperature: the score is c·qᵀA k + slotsᵀA slots); any other call as it is."""
+    if not call.lazy:
+        return call
+    q, c = call.q.float(), call.c
+    if call.enc.num_slots:
+        q, c = q * c, 1.0
+    return replace(call, q=q, k=call.k.float(), v=call.v.float(), c=c, lazy=False)
 
 
 def _content_coupled(enc: Encoding) -> bool:

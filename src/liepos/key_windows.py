@@ -52,7 +52,9 @@ def window_starts(call: Call, qe: torch.Tensor, lo: int, slopes: torch.Tensor, k
         m = slopes.clamp_min(0).view(1, -1)  # (1, H)
         gap = call.qpos[:, hi - 1 : hi] - call.kpos[:, lo - 1 : lo]  # (B, 1): the nearest earlier key's lag
         low = torch.minimum(own, near + m * gap)  # (B, H): the row's largest score is at least b − low
-        reach = (before + low + _drop(qe.dtype, call.kpos.shape[1])) / m  # (B, H): lags that may weigh
+        # the kernel's work dtype: half precision accumulates in float32
+        work = torch.float32 if qe.dtype in (torch.bfloat16, torch.float16) else qe.dtype
+        reach = (before + low + _drop(work, call.kpos.shape[1])) / m  # (B, H): lags that may weigh
         t0 = call.qpos[:, lo : lo + 1]  # (B, 1): the block's earliest query time
         cut = (t0 - reach).nan_to_num(-math.inf)  # (B, H)
         kp = call.kpos[:, :lo].contiguous()
