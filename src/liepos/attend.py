@@ -118,13 +118,19 @@ def attention(
     temperature = check_temperature(temperature, enc, q.shape[1])
     if (empty := _nothing_to_attend(q, k, v, x, cache)) is not None:
         return empty
-    call = bind(x)
-    if call.lazy and (temperature is not None or not takes_fused_bias(call)):
-        call = widened(call)  # every path but the fused linear-bias one reads float32 q, k, v (q times c)
-    call = scaled_queries(call, temperature)
+    call = _bound(x, temperature)
     needs = call.enc.needs_recentring or (call.venc is not None and call.venc.needs_recentring)
     out = recentred(call) if needs else _plain(call)
     return out.to(v.dtype)
+
+
+def _bound(x: Any, temperature: Any) -> Call:
+    """The call bound to its keys, widened to float32 unless the fused linear-bias path reads its bfloat16 q, k, v
+    as they are (:attr:`~liepos.attention_call.Call.lazy`), its queries scaled by the temperature."""
+    call = bind(x)
+    if call.lazy and (temperature is not None or not takes_fused_bias(call)):
+        call = widened(call)  # every path but the fused linear-bias one reads float32 q, k, v (q times c)
+    return scaled_queries(call, temperature)
 
 
 def _graph_may_run(q: torch.Tensor, enc: Encoding, temperature: Any) -> bool:
