@@ -452,3 +452,47 @@ def test_faded_heads_equal_the_tiled_triangle_with_gradients(monkeypatch):
     assert float((a - b).detach().abs().max()) <= bound(torch.float32, 0, leaves[2].detach(), T)
     for x, y in zip(ga, gb):
         assert float((x - y).abs().max()) <= 1e-4 * max(1.0, float(y.abs().max()))
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), w=st.sampled_from([1, 7, 64, 128]), causal=st.booleans(),
+       biased=st.booleans(), dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]))
+def test_small_tile_backward_is_the_flash_backward(seed, w, causal, biased, dtype):
+    """The backward of a small tile by its definition (P = e^{c q kᵀ + β − L}, dV = Pᵀ dO, dS = P ∘ (dO vᵀ −
+    rowsum(dO ∘ O)), dQ = c dS k, dK = c dSᵀ q) equals the flash kernel's backward of the same tile: to float
+    rounding in float32 and float64, to a bfloat16 rounding of the gradients' scale in bfloat16."""
+    from liepos import attention_pieces as ap
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(3, 2, w, 16, generator=g, dtype=torch.float64).to(dtype) for _ in range(3))
+    bias = (torch.randn(3, 2, 1, w, generator=g, dtype=torch.float64) * 4).to(
+        torch.float32 if dtype == torch.bfloat16 else dtype) if biased else None
+    o, L = ap._flash(q, k, v, 0.0, causal, attn_mask=bias, scale=0.25)
+    dO = torch.randn(o.shape, generator=g, dtype=torch.float64).to(dtype)
+    want = ap._flash_backward(dO, q, k, v, o, L, 0.0, causal, attn_mask=bias, scale=0.25)
+    got = ap._small_backward(dO, q, k, v, o, L, 0.0, causal, attn_mask=bias, scale=0.25)
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2**-6}[dtype]
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert float((a.double() - b.double()).abs().max()) <= tol * max(1.0, float(b.double().abs().max()))
+
+
+def test_bfloat16_training_takes_the_small_tile_backward_and_matches_float64(monkeypatch):
+    """A bfloat16 forward + backward of a tiled decay at T = 1024 forms its small tiles' backward by their
+    definition (the flash backward runs for the wide ones only) and its gradients agree with the float64 call's
+    to bfloat16's precision."""
+    from liepos import attention_pieces as ap
+
+    calls, real = [], ap._small_backward
+    monkeypatch.setattr(ap, "_small_backward", lambda *a, **kw: calls.append(a[1].shape) or real(*a, **kw))
+    enc = lp.build("decay", 32, 2)
+    g = torch.Generator().manual_seed(8)
+    raw = [torch.randn(1, 2, 1024, 32, generator=g, dtype=torch.float64) for _ in range(3)]
+    grads = {}
+    for dtype in (torch.bfloat16, torch.float64):
+        q, k, v = (x.to(dtype).requires_grad_() for x in raw)
+        lp.attention(q, k, v, enc).backward(torch.ones(1, 2, 1024, 32, dtype=dtype))
+        grads[dtype] = [x.grad.double() for x in (q, k, v)]
+    assert calls and all(max(s[2], 1) <= ap.SMALL_TILE for s in calls)
+    for a, b in zip(grads[torch.bfloat16], grads[torch.float64]):
+        assert float((a - b).abs().max()) <= 2**-5 * float(b.abs().max())
