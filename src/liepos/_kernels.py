@@ -300,8 +300,11 @@ _FLAGS = ((("-O3", "-march=native", "-mprefer-vector-width=256") if _X86 else ("
 STALE_LOCK_S = 1800  # a build lock older than this was left by a killed build
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _MAX_WIDTH = 4096  # the kernels keep a row on the stack
-# the terms kernel runs in tiles of TILE positions (all heads of a tile in turn) when x is larger than this
-TILE, TILE_ABOVE_BYTES = 32, 16 << 20
+# a fresh output is written in tiles of TILE positions (all heads of a tile in turn) when x is larger than
+# TILE_ABOVE_BYTES: at every size (on a Xeon with AMX the half-layout rotation of an L3-resident (1, 8, 4096, 64)
+# took 0.98 ms in tiles against 1.73 ms head after head, a clone 0.59 ms; the re-centred attention's tiles gained
+# 2-5 %); in place the rows run head after head
+TILE, TILE_ABOVE_BYTES = 32, 0
 _native: dict[str, Path] = {}  # "library": the loaded library, once per process
 _ran: set[str] = set()  # the native ops called in this process, with x's dtype ("terms float32")
 _fakes: set[str] = set()  # the ops whose fake implementation is registered
@@ -549,9 +552,9 @@ def apply_terms(
         return None
     y = torch.empty_like(x) if into is None else into
     T = T.expand(B, H, S, J, D)  # (B|1, H|1, S, J, D) -> (B, H, S, J, D), stride 0 where broadcast
-    # tiles of positions for a large fresh output, whose page faults evict the tables between heads (measured
-    # at (1, 32, 4096, 128): 1.2x a clone in tiles of 32, 1.6x head after head); in place and below
-    # TILE_ABOVE_BYTES (L3-resident) head after head is faster (in place 1.1x against 2.1x a warm copy)
+    # tiles of positions for a fresh output, whose page faults evict the tables between heads (measured at
+    # (1, 32, 4096, 128): 1.2x a clone in tiles of 32, 1.6x head after head); in place head after head is
+    # faster (1.1x against 2.1x a warm copy)
     tile, m = _tile(x, y, S), _mask_tensor(masks)
     _ran.add(f"terms {x.dtype}")
     if y.data_ptr() == x.data_ptr():
@@ -736,9 +739,10 @@ def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, int
 
 
 def _tile(x: torch.Tensor, y: torch.Tensor, S: int) -> int:
-    """Positions per tile of the row loop: :data:`TILE` for a large fresh output, whose page faults evict the
-    tables between heads (the half-layout rotation at (1, 32, 4096, 128): 1.03–1.04× a clone in tiles of 32,
-    1.10–1.18× head after head); in place and below :data:`TILE_ABOVE_BYTES` (L3-resident) head after head."""
+    """Positions per tile of the row loop: :data:`TILE` for a fresh output above :data:`TILE_ABOVE_BYTES` (every
+    size: the output's page faults and the other heads' rows evict the tables between heads; the half-layout
+    rotation at (1, 32, 4096, 128): 1.03–1.04× a clone in tiles of 32, 1.10–1.18× head after head); in place
+    head after head."""
     fresh = y.data_ptr() != x.data_ptr()
     return max(1, TILE if fresh and x.numel() * x.element_size() > TILE_ABOVE_BYTES else S)
 
