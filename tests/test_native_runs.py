@@ -114,6 +114,8 @@ def test_scale_broadcasts_tables_and_refuses_what_it_cannot_take(small):
     assert _kernels.multiply(x[..., :15], torch.ones(13, 7, dtype=torch.complex64), out[..., :15]) is None
     y = torch.randn(2, 3, 14, 16)
     assert _kernels.multiply(y[:, :, :13], torch.ones(13, 16), y[:, :, 1:]) is None
+    z = torch.randn(2, 3, 3, 16)  # z and a view of z in another order share their first element
+    assert _kernels.multiply(z, torch.ones(3, 16), z.transpose(1, 2)) is None
 
 
 def _merge_ref(O, L, o, Li, first):

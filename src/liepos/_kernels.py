@@ -582,8 +582,9 @@ def multiply(x: torch.Tensor, t: torch.Tensor, into: torch.Tensor, conj: bool = 
         tr = tr.unsqueeze(0)
     if tr.is_complex() or not _native_ok(x, into, tr) or (pairs and x.shape[-1] % 2):
         return None
-    if into.data_ptr() != x.data_ptr() and _overlap(x, into):
-        return None
+    same = into.data_ptr() == x.data_ptr()
+    if (same and into.stride() != x.stride()) or (not same and _overlap(x, into)):
+        return None  # in place only as x itself: a view of x in another order would be read after it is written
     try:
         tr = tr.expand(x.shape)  # (B|1, H|1, S, W) -> (B, H, S, W), stride 0 where broadcast
     except RuntimeError:

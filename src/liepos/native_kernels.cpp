@@ -425,7 +425,8 @@ void halves_inplace(at::Tensor x, const at::Tensor& c, const at::Tensor& sn, int
 // ------------------------------------------------------------------------------------------------ scale, planes
 // scale: out[d] = t[d] x[d]; planes: the interleaved rotation planes, t[2i], t[2i+1] the real and imaginary parts
 // of plane i's complex factor (a complex table viewed as real; conj: its conjugate, im negated), out[2i] =
-// re x[2i] - im x[2i+1], out[2i+1] = im x[2i] + re x[2i+1]. Iteration d (or plane i) reads and writes only its own columns: out may be x.
+// re x[2i] - im x[2i+1], out[2i+1] = im x[2i] + re x[2i+1]. Iteration d (or plane i) reads and writes only its
+// own columns: out may be x.
 template <typename X, typename W, int64_t DC, bool PAIRS, bool CONJ>
 __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict__ tp, int64_t dn, const Rows g,
                                          int64_t lo, int64_t hi) {
