@@ -276,3 +276,20 @@ def test_a_stale_build_lock_is_removed_with_one_warning_a_live_one_kept(fresh):
     with pytest.warns(RuntimeWarning, match="removed the build lock"):
         _kernels._clear_stale_lock(d)
     assert not lock.exists()
+
+
+
+@pytest.mark.skipif(_kernels._missing() is not None, reason="no C++ compiler or ninja: nothing is built")
+def test_a_second_process_waits_for_the_build_lock(tmp_path):
+    """Checking the library, building it and writing its sidecar are one step under the build directory's lock:
+    while another process holds the lock a process asking for the ops waits (it neither sees a library without
+    its sidecar as foreign nor races the sidecar's write), and once the lock is let go it loads the library."""
+    lib = _kernels.library()  # built (or found) in this process's cache
+    assert lib is not None
+    script = "from liepos import _kernels\nprint(_kernels.library())\n"
+    with _kernels._exclusive(lib.parent / "build.lock"):
+        p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=8)  # blocked on the lock (the import and the check take about 2 s)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0 and out.strip() == str(lib), err

@@ -435,6 +435,31 @@ def _build() -> Path:
     if lacks:
         raise RuntimeError(lacks)
     d = _build_dir(str(_compiler()))
+    with _exclusive(d / "build.lock"):  # check, build and sidecar as one step: a second process waits, then finds it
+        return _build_locked(d, cpp_extension)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path):
+    """An exclusive lock on ``path`` (created 0600 in the private build directory) held by this process while the
+    block runs: concurrent processes (pytest-xdist's workers, a user's data loaders) build, verify and write the
+    sidecar one at a time. The operating system drops it when the process dies: it never goes stale. Without
+    ``fcntl`` (not POSIX) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - the native kernels are built on POSIX systems
+        yield
+        return
+    fd = os.open(str(path), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _build_locked(d: Path, cpp_extension: Any) -> Path:
+    """:func:`_build`'s work in the build directory ``d``, under its lock."""
     errors = []
     for i, flags in enumerate(_FLAGS):
         lib = d / (f"{_NAME}.so" if i == 0 else f"{_NAME}_v{i}.so")
@@ -455,7 +480,7 @@ def _build() -> Path:
             errors.append(f"{' '.join(flags)}: {str(err).strip()[-300:]}")
             continue
         lib = Path(path)
-        side = d / f"{_NAME}.sha256.tmp"
+        side = d / f"{_NAME}.sha256.{os.getpid()}.tmp"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(side)
         with open(side, "x", encoding="ascii", opener=_nofollow) as f:
