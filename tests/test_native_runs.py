@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import platform
+from unittest import mock
 
 import pytest
 import torch
@@ -143,24 +144,13 @@ def test_merge_is_the_log_sum_exp_merge(seed, lo, spread, half, first):
     Li = lo + spread * torch.rand(3, 3, 4, generator=g)
     Li[1, 2, 3] = -math.inf
     before_O, before_L = O.clone(), L.clone()
-    with _small():
+    with mock.patch.object(_kernels, "MIN_ELEMS", 0):  # hypothesis runs the body many times under one test
         assert _kernels.merge(r.view(O), r.view(L), r.scatter(o), r.scatter(Li), first)
     wO, wL = _merge_ref(r.view(before_O), r.view(before_L), r.scatter(o), r.scatter(Li), first)
     assert torch.allclose(r.view(O), wO, rtol=1e-5, atol=1e-5) and torch.allclose(r.view(L), wL, rtol=1e-6, atol=1e-5)
     inside = torch.zeros(1, 3, 28, dtype=torch.bool)
     r.view(inside).fill_(True)
     assert torch.equal(O[~inside], before_O[~inside]) and torch.equal(L[~inside], before_L[~inside])
-
-
-class _small:
-    """MIN_ELEMS lifted for a block (hypothesis runs the body many times under one fixture)."""
-
-    def __enter__(self):
-        self.saved = _kernels.MIN_ELEMS
-        _kernels.MIN_ELEMS = 0
-
-    def __exit__(self, *exc):
-        _kernels.MIN_ELEMS = self.saved
 
 
 def test_merge_propagates_nan_and_refuses_what_it_cannot_take(small):

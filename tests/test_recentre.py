@@ -234,16 +234,14 @@ def test_bfloat16_alibi_is_attended_without_a_float32_copy(sinks, monkeypatch):
     g = torch.Generator().manual_seed(6)
     q, k, v = (torch.randn(1, 4, 1024, 64, generator=g).bfloat16() for _ in range(3))
     s = torch.randn(4, generator=g).bfloat16() if sinks else None
-    widenings, real = [], recentre.widened
+    widenings, real = [], attend.widened
     spy = lambda call: widenings.append(call.lazy) or real(call)  # noqa: E731
-    monkeypatch.setattr(recentre, "widened", spy)
     monkeypatch.setattr(attend, "widened", spy)
     dtypes, real_flash = [], attention_pieces._flash
     monkeypatch.setattr(attention_pieces, "_flash", lambda q, *a, **kw: dtypes.append(q.dtype) or real_flash(q, *a, **kw))
     with torch.no_grad():
         got = lp.attention(q, k, v, enc, sinks=s)
         assert widenings == [] and dtypes and set(dtypes) == {torch.bfloat16}
-        monkeypatch.setattr(recentre, "takes_fused_bias", lambda call: False)
         monkeypatch.setattr(attend, "takes_fused_bias", lambda call: False)
         old = lp.attention(q, k, v, enc, sinks=s)
         assert widenings == [True]  # widened once, before the temperature and the dispatch
@@ -261,7 +259,7 @@ def test_bfloat16_alibi_with_a_cache_is_widened(monkeypatch):
     enc = lp.alibi(16, num_heads=2)
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 300, 16, generator=g).bfloat16() for _ in range(3))
-    widenings, real = [], recentre.widened
+    widenings, real = [], attend.widened
     monkeypatch.setattr(attend, "widened", lambda call: widenings.append(call.lazy) or real(call))
     vmax = float(v.double().abs().max())
     with torch.no_grad():

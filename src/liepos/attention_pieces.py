@@ -388,7 +388,6 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     fitted = _fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned)
     with _kernels.flushed(p.q.device):  # the kernel's own subnormal probabilities, flushed
         o, Li = _flash(*fitted, 0.0, p.causal, attn_mask=p.bias, scale=c)
-    del fitted
     r = p.rows
     if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
         state += [o, Li]  # the first tile holds every row: its output is the running state, not copied

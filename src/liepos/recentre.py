@@ -32,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as Fn
 
-from liepos.attention_call import Call, row_norms, widened
+from liepos.attention_call import Call, row_norms
 from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
 from liepos.causal_tiling import tile_plan
@@ -44,8 +44,8 @@ from liepos.origin_budget import (MAX_EXPONENT, POLY_ROUNDING, POLY_SPAN, allowe
                                   within)
 
 # the dispatch lives here; the pieces it dispatches to are re-exported where callers have always read them
-__all__ = ["takes_fused_bias", "recentred", "bias_mask", "constant_bias", "linear_bias", "origin_span", "MAX_EXPONENT", "POLY_SPAN",
-           "POLY_ROUNDING", "poly_span", "tile_plan"]
+__all__ = ["takes_fused_bias", "recentred", "bias_mask", "constant_bias", "linear_bias", "origin_span", "MAX_EXPONENT",
+           "POLY_SPAN", "POLY_ROUNDING", "poly_span", "tile_plan"]
 
 
 def _attend(call: Call, qe, ke, ve, m, o, tq) -> torch.Tensor:
@@ -59,7 +59,8 @@ def _attend(call: Call, qe, ke, ve, m, o, tq) -> torch.Tensor:
 def takes_fused_bias(call: Call) -> bool:
     """Whether :func:`recentred` attends the call on the fused linear-bias path (ALiBi's slots as the flash
     kernel's per-key mask, q and k of the content's head size), which reads a :attr:`Call.lazy` call's
-    bfloat16 q, k, v as they are."""
+    bfloat16 q, k, v as they are; the one decision :func:`liepos.attention` takes before the dispatch (every
+    other call is widened there)."""
     return (call.cache is None and call.venc is None and call.enc.needs_recentring and call.simple
             and call.qpos.dim() == 2 and available(call.q) and linear_bias_slopes(call) is not None
             and constant_bias(call.enc, call.qpos, call.kpos))
@@ -67,8 +68,6 @@ def takes_fused_bias(call: Call) -> bool:
 
 def recentred(call: Call) -> torch.Tensor:
     """Attention with one origin per query block (re-centred encodings)."""
-    if call.lazy and not takes_fused_bias(call):
-        call = widened(call)
     ax = call.qpos.dim() == 3  # several axes: positions (B, S, axes), one origin per axis
     b = budget(call)
     if call.cache is not None and not ax:
