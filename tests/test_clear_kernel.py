@@ -114,12 +114,14 @@ def test_the_gradient_passes_through_the_clearing(any_size):
 @pytest.mark.parametrize("name", ["decay", "retnet", "jordan"])
 def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
     """At the benchmark's shape the tiles take the native ops (each tile clearing its own encoded q and k in
-    place), and give the bits of the torch ops' clearing."""
+    place), and give the bits of the torch ops' clearing. (RetNet at 1024 is one causal block, within the
+    diagonal budget: nothing to clear; at 2048 its fast head fades.)"""
     monkeypatch.setattr(_kernels, "_ran", set())
     enc = lp.build(name, 64, 8) if name != "jordan" else lp.build(name, 64)
+    T = 2048 if name == "retnet" else 1024
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
-    pos = torch.arange(1024)
+    q, k, v = (torch.randn(1, 8, T, 64, generator=g) for _ in range(3))
+    pos = torch.arange(T)
     with torch.no_grad():
         got = lp.attention(q, k, v, enc, positions=pos)
         assert {"clear_ torch.float32", "absmax torch.float32"} <= set(_kernels.status()["native"])

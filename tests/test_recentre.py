@@ -64,7 +64,7 @@ def test_faded_keys_left_out_change_no_output(name, dtype, T):
     spy = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
     with torch.no_grad(), mock.patch.object(faded_keys, "_fade_plan", spy):
         faded = lp.attention(q, k, v, enc)
-    assert (faded_keys._fade_rates(enc) is None) == (name == "jordan") and (plans[0] is None or name != "jordan")
+    assert (faded_keys.fade_rates(enc) is None) == (name == "jordan") and (plans[0] is None or name != "jordan")
     if T == 256:  # every fading encoding gets a fade plan here
         assert (plans[0] is None) == (name == "jordan")
     with torch.no_grad():

@@ -41,7 +41,7 @@ import torch.nn.functional as Fn
 from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 
-__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "tiles", "made", "fresh"]
+__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "tiles", "made", "fresh", "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -103,6 +103,11 @@ class Tile:
     first: bool = False  # streamed (:func:`made`): no earlier tile holds these rows; written, not merged
     bias: torch.Tensor | None = None  # (B·count, H, 1, S), q's type (float32 for half): added to key s's scores
     owned: bool = False  # q and k were written for this tile alone (:func:`fresh`): cleared in place when streamed
+    # clearing (:func:`_cleared`): ``bound = (Q, K)``, upper bounds of max |q| and max |k| its maker knows (the
+    # thresholds from them, no pass to find the largest entries); ``clean``: no entry of q or k can underflow
+    # into the subnormal range by the encoding (factors bounded away from 0, the diagonal budget): not cleared
+    bound: tuple[float, float] | None = None
+    clean: bool = False
 
 
 def fresh(x: torch.Tensor, *sources: torch.Tensor) -> bool:
@@ -220,7 +225,7 @@ CLEAR_LOGIT = {torch.float32: 2.0**-30, torch.bfloat16: 2.0**-30, torch.float64:
 
 
 def _cleared(q: torch.Tensor, k: torch.Tensor, c: float, scratch: dict | None = None,
-             owned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             owned: bool = False, bound: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` with every entry too small for any score to see set to exactly 0.
 
     A score is ``c Σ_d q_d k_d``; an entry ``|q_d| < τ_q = δ / (2 D c ‖k‖_∞)`` moves every score by
@@ -233,12 +238,15 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float, scratch: dict | None = 
     ``scratch`` (a dict the caller keeps for the tiles of one call, whose cleared q and k die with each
     flash call): the cleared values are written into two buffers kept there, so that a tile after the
     first writes into pages already mapped instead of fresh ones. ``owned`` (with a scratch): q and k are
-    this tile's own (:attr:`Tile.owned`) and cleared in place, no copy written at all.
+    this tile's own (:attr:`Tile.owned`) and cleared in place, no copy written at all. ``bound = (Q, K)``:
+    upper bounds of ``‖q‖_∞`` and ``‖k‖_∞`` (:attr:`Tile.bound`) taken for them, with no pass over q and k to
+    find them: the thresholds are smaller, so fewer entries clear and no logit moves further, while what
+    stays is still at least ``τ`` (the bound a caller gives must keep ``τ_q τ_k`` a normal number).
     """
     delta = CLEAR_LOGIT.get(q.dtype)
     if delta is None or q.numel() == 0 or k.numel() == 0:
         return q, k
-    qm, km = _absmax(q), _absmax(k)
+    qm, km = (absmax(q), absmax(k)) if bound is None else bound
     D = q.shape[-1]
     if not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
         return q, k
@@ -260,7 +268,7 @@ def _buffer(scratch: dict | None, side: str, x: torch.Tensor) -> torch.Tensor | 
     return buf[: x.numel()].view(x.shape)
 
 
-def _absmax(x: torch.Tensor) -> float:
+def absmax(x: torch.Tensor) -> float:
     """``max |x|``: one pass of the native absmax op where it runs, else ``abs().amax()``; NaN if x holds one."""
     m = _kernels.absmax(x.detach())
     if m is None:
@@ -301,11 +309,11 @@ class _Cleared(torch.autograd.Function):
 
 
 def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: float, scratch: dict | None = None,
-         owned: bool = False):
+         owned: bool = False, bound: tuple[float, float] | None = None, clean: bool = False):
     """One head count and one head size for the flash kernel: grouped keys repeated, the narrower of
     q/k and v padded with zero columns (zeros change no score and no output column), the entries of q
-    and k no score can see cleared to exact zeros (:func:`_cleared`), every row of unit stride
-    (:func:`_rows_unit`)."""
+    and k no score can see cleared to exact zeros (:func:`_cleared`; ``bound``, ``clean``: :class:`Tile`'s),
+    every row of unit stride (:func:`_rows_unit`)."""
     if k.shape[1] != v.shape[1] or q.shape[1] % k.shape[1]:
         # the flash kernel reads every head of k and v by q's strides: a mismatch would read past them
         raise ValueError(f"pieces need keys and values of one head count dividing the queries', got q "
@@ -321,7 +329,9 @@ def _fit(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, D: int, Dv: int, c: 
         v = Fn.pad(v, (0, D - Dv))  # (G, H, S, D)
     elif D < Dv:
         q, k = Fn.pad(q, (0, Dv - D)), Fn.pad(k, (0, Dv - D))  # (G, H, ·, Dv)
-    q, k = _cleared(q, k.to(q.dtype), c, scratch, owned)
+    k = k.to(q.dtype)
+    if not clean:
+        q, k = _cleared(q, k, c, scratch, owned, bound)
     return _rows_unit(q), _rows_unit(k), _rows_unit(v.to(q.dtype))
 
 
@@ -335,7 +345,7 @@ def tiles(shape: tuple[int, int, int], parts: list[Tile], c: float, sinks: torch
     """
     D, Dv = parts[0].q.shape[-1], parts[0].v.shape[-1]
     parts = [p for p in parts if p.k.shape[2] and p.q.shape[2] and p.q.shape[0]]
-    flat = [t for p in parts for t in _fit(p.q.to(dtype or p.q.dtype), p.k, p.v, D, Dv, c)]
+    flat = [t for p in parts for t in _fit(p.q.to(dtype or p.q.dtype), p.k, p.v, D, Dv, c, bound=p.bound, clean=p.clean)]
     out = _Tiles.apply((*shape, max(D, Dv)), tuple(p.rows for p in parts), tuple(p.causal for p in parts),
                        tuple(p.bias for p in parts), c, sinks, *flat)
     return out[..., :Dv] if Dv < D else out
@@ -366,12 +376,16 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
     state: list[torch.Tensor] = []  # [O (B, H, T, max(D, Dv)), L (B, H, T)] once the first tile ran
     scratch: dict = {}  # the buffers of the tiles' cleared q and k, dead after each flash call
     p: Tile | None = first
-    del first
-    while p is not None:
-        _merge_into(state, shape, p, c, D, Dv, scratch)
-        p = None  # this tile is let go before the next is made
-        nxt = next(makers, None)
-        p = None if nxt is None else nxt()
+    # one flushed block for the whole stream (two native calls on every thread, not two per tile): the kernel's
+    # own subnormal probabilities flush, and so does any subnormal an encoding of the next tile would write,
+    # which no score can see (the clearing's threshold is far above it)
+    with _kernels.flushed(first.q.device):
+        del first
+        while p is not None:
+            _merge_into(state, shape, p, c, D, Dv, scratch)
+            p = None  # this tile is let go before the next is made
+            nxt = next(makers, None)
+            p = None if nxt is None else nxt()
     O, L = state
     if sinks is not None:
         O.mul_(torch.exp(L - torch.logaddexp(L, _sink_rows(sinks, L.dtype))).unsqueeze(-1))
@@ -382,12 +396,12 @@ def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: f
 def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: int, Dv: int,
                 scratch: dict | None = None) -> None:
     """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first); its
-    cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`)."""
+    cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`). Called inside :func:`made`'s
+    flushed block (:func:`liepos._kernels.flushed`)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
-    fitted = _fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned)
-    with _kernels.flushed(p.q.device):  # the kernel's own subnormal probabilities, flushed
-        o, Li = _flash(*fitted, 0.0, p.causal, attn_mask=p.bias, scale=c)
+    fitted = _fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned, p.bound, p.clean)
+    o, Li = _flash(*fitted, 0.0, p.causal, attn_mask=p.bias, scale=c)  # inside made's flushed block
     r = p.rows
     if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
         state += [o, Li]  # the first tile holds every row: its output is the running state, not copied

@@ -17,10 +17,38 @@ from functools import partial
 import torch
 
 from liepos.attention_call import Call
-from liepos.attention_pieces import Rows, Tile, fresh, made
+from liepos.attention_pieces import Rows, Tile, absmax, fresh, made
+from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
 
-__all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "FLASH_ROWS", "DIAGONAL_EXPONENT"]
+__all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "fade_rates", "fading_bound", "FLASH_ROWS",
+           "DIAGONAL_EXPONENT"]
+
+
+def fade_rates(enc: Encoding) -> torch.Tensor | None:
+    """Per head, the slowest decay ``r_h`` ``(H,)`` (or ``(1,)`` when shared), float64, when every block
+    keeps norms up to its fade (decay dims and damped rotation planes: ``|A(u) x| ≤ e^{−r u} |x|``); else
+    None. A head with a block that does not fade has ``r_h ≤ 0``."""
+    g = enc.generator
+    if (enc.num_slots or g.basis is not None or g.num_axes is not None or enc.plan.has_coupling
+            or enc.query_scale is not None
+            or any(n > 2 or (n == 2 and not c) for n, c in zip(g.sizes, g.complex))):
+        return None
+    with torch.no_grad():
+        return (-g.rates.detach().double().reshape(-1, g.num_blocks)).amin(-1)  # (H or 1,)
+
+
+def fading_bound(call: Call) -> tuple[float, float] | None:
+    """Upper bounds ``(Q, K)`` of every entry of ``F(t − p) q`` and ``G(s − p) k`` over tiles whose origin lies
+    between their keys and their queries (``s ≤ p ≤ t``), when every block of the encoding fades
+    (:func:`fade_rates` ``≥ 0`` for every head): a decay dim scales an entry by a factor ``≤ 1`` and a damped
+    rotation plane turns a pair by a rotation of norm ``≤ 1`` (``|y| ≤ |x₀| + |x₁|``), so ``2‖q‖_∞`` and
+    ``2‖k‖_∞`` (one pass over the raw q and k for every tile) bound them (:attr:`Tile.bound`); None when a
+    block may grow there (Jordan blocks' binomial terms, rising rates)."""
+    r = fade_rates(call.enc)
+    if r is None or float(r.min()) < 0:
+        return None
+    return 2 * absmax(call.q), 2 * absmax(call.k)
 
 
 def tile_plan(T: int, size: int) -> tuple[list[tuple[Rows, int]], list[tuple[Rows, Rows]]]:
@@ -116,16 +144,19 @@ def tiled(call: Call, b) -> torch.Tensor | None:
     if not torch.equal(t - t[:, :1], ramp.expand(B, T)):
         return None
     diag, off = tile_plan(T, size)
+    bound = fading_bound(call) if off else None  # the between tiles' thresholds, from one pass over q and k
 
     def diagonal(rows: Rows, o: int) -> Tile:
-        rel = ramp[: rows.width] - o  # the block's times from its origin
-        qe, ke = enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel)
-        return Tile(rows, qe, ke, rows.gather(v), True, first=True, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v))
+        # the block's times from its origin: −o … width − 1 − o
+        qe, ke = enc._span(rows.gather(q), -o, "query"), enc._span(rows.gather(k), -o, "key")
+        # every factor within e^{±DIAGONAL_EXPONENT}: nothing underflows, nothing to clear
+        return Tile(rows, qe, ke, rows.gather(v), True, first=True, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v),
+                    clean=True)
 
     def between(rq: Rows, rk: Rows) -> Tile:
-        qe = enc._query_after(rq.gather(q), ramp[: rq.width])  # t − p ≥ 0
-        ke = enc.key(rk.gather(k), ramp[: rk.width] - rk.width)  # s − p < 0
-        return Tile(rq, qe, ke, rk.gather(v), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v))
+        qe = enc._span(rq.gather(q), 0, "query", fade=True)  # t − p ≥ 0
+        ke = enc._span(rk.gather(k), -rk.width, "key")  # s − p < 0
+        return Tile(rq, qe, ke, rk.gather(v), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), bound=bound)
 
     makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]
     return made((B, H, T), makers, call.c, call.sinks)

@@ -29,7 +29,7 @@ from liepos._checks import check_choice, check_int, check_real, check_real_tenso
 from liepos._fast import CACHE, FastTables, apply_fast, arange_start, fast_tables, table_window
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
-from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, make_plan
+from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, check_span, make_plan
 
 __all__ = ["Encoding", "as_positions"]
 
@@ -446,12 +446,13 @@ class Encoding:
             return apply_in_basis(x, self.generator.basis, self.plan.inv, t, side)
         return apply_tables(x, t)
 
-    def _fast_usable(self, x: torch.Tensor, pos: torch.Tensor) -> bool:
-        """The fast path applies: canonical basis, a plane partner it can stride, no gradient into the tables, eager."""
+    def _fast_usable(self, x: torch.Tensor, pos: torch.Tensor | None) -> bool:
+        """The fast path applies: canonical basis, a plane partner it can stride, no gradient into the tables, eager
+        (``pos`` None: times that need no gradient)."""
         g = self.generator
         if g.basis is not None or torch.compiler.is_compiling() or self.plan.partner == "gather":
             return False
-        return not (pos.requires_grad or x.is_complex() or self._learned())
+        return not ((pos is not None and pos.requires_grad) or x.is_complex() or self._learned())
 
     def _learned(self) -> bool:
         """Whether an input of the tables or of the slot values (rates, frequencies, ν, slots) needs a gradient."""
@@ -474,15 +475,21 @@ class Encoding:
         p0 = arange_start(pos) if self.num_axes is None else None
         if p0 is None:
             return self._build_fast(pos, side, work, with_slots)
-        S = pos.shape[-1]
+        return self._range_tables(p0, pos.shape[-1], side, work, with_slots, pos.device)
+
+    def _range_tables(self, p0: int, S: int, side: str, work: torch.dtype, with_slots: bool,
+                      device: torch.device) -> FastTables:
+        """Fast tables at the integer times ``p0 … p0 + S − 1``: rows of a cached window (:func:`table_window`),
+        or built for those times alone when the window is too big to cache."""
         base, end = table_window(p0, S)
         rows = (end - base) * (self.num_heads or 1)
         estimate = rows * (2 * self.dim + int(self.plan.dst.numel())) * torch.finfo(work).bits // 8
-        if estimate * _WINDOW_SHARE > CACHE.max_bytes:
-            return self._build_fast(pos, side, work, with_slots)  # too big to cache: exactly what was asked
-        key = (pos.device, work, self.version, side, with_slots, base, end)
+        if estimate * _WINDOW_SHARE > CACHE.max_bytes:  # too big to cache: exactly what was asked
+            return self._build_fast(torch.arange(p0, p0 + S, dtype=torch.float64, device=device), side, work,
+                                    with_slots)
+        key = (device, work, self.version, side, with_slots, base, end)
         window = lambda: self._build_fast(  # noqa: E731
-            torch.arange(base, end, dtype=torch.float64, device=pos.device), side, work, with_slots
+            torch.arange(base, end, dtype=torch.float64, device=device), side, work, with_slots
         )
         return CACHE.get(key, window).rows(p0 - base, p0 - base + S)
 
@@ -537,6 +544,30 @@ class Encoding:
         self._check(q, "q")
         pos = self._relative(positions, q, None, "positions")
         return self._apply(self._scaled(q), pos, "query", slots=True, fade=True)
+
+    def _span(self, x: torch.Tensor, p0: int, side: str, fade: bool = False) -> torch.Tensor:
+        """:meth:`query` (``fade``: :meth:`_query_after`) or :meth:`key` of ``x`` at the integer times
+        ``p0 … p0 + S − 1`` (``S = x.shape[-2]``), for a caller whose times are such a range by construction and
+        whose ``x`` it has checked already (the tiles of :mod:`liepos.causal_tiling` and :mod:`liepos.faded_keys`,
+        a dozen calls per attention call): the range is checked from its two ends (:func:`check_span`) and the
+        tables are rows of a cached window, with no tensor of times built or scanned. The same values as
+        ``query(x, torch.arange(p0, p0 + S))``; anything else (several axes, a traced or meta call, learned
+        parameters, a length it does not know) goes through :meth:`query` / :meth:`key` themselves."""
+        S = x.shape[-2]
+        if (S == 0 or self.num_axes is not None or torch.compiler.is_compiling() or x.is_meta
+                or not self._fast_usable(x, None)
+                or (self.length_rule is not None and (self.length is None or p0 + S > self.length))):
+            pos = torch.arange(p0, p0 + S, dtype=torch.float64, device=x.device)
+            if side == "key":
+                return self.key(x, pos)
+            return self._query_after(x, pos) if fade else self.query(x, pos)
+        check_span(self.generator, float(p0), float(p0 + S - 1), side, x.dtype, fade=fade)
+        if side == "query":
+            x = self._scaled(x)
+        work = work_dtype(x.dtype)
+        ft = self._range_tables(p0, S, side, work, True, x.device)
+        out_dtype = work if (self.num_slots and x.dtype in LOW_PRECISION) else x.dtype  # as _apply's slots
+        return apply_fast(x, ft, out_dtype=out_dtype)
 
     def _content(self, x: torch.Tensor, positions: Any, side: str) -> torch.Tensor:
         """The content dims of :meth:`query` / :meth:`key` alone, ``(…, content_dim)``: no slot columns.

@@ -17,7 +17,7 @@ import torch
 
 from liepos.attention_call import LOW, Call, row_norms
 from liepos.attention_pieces import Rows, Tile, made
-from liepos.causal_tiling import FLASH_ROWS, diagonal_budget, tile_plan, tile_size, tiled
+from liepos.causal_tiling import FLASH_ROWS, diagonal_budget, fade_rates, fading_bound, tile_plan, tile_size, tiled
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
 
@@ -25,19 +25,6 @@ __all__ = ["tiled_or_faded", "FADE_ROWS"]
 
 # rows of the faded path's query blocks at most (its near tiles pair blocks of this many queries and keys)
 FADE_ROWS = 128
-
-
-def _fade_rates(enc: Encoding) -> torch.Tensor | None:
-    """Per head, the slowest decay ``r_h`` ``(H,)`` (or ``(1,)`` when shared), float64, when every block
-    keeps norms up to its fade (decay dims and damped rotation planes: ``|A(u) x| ≤ e^{−r u} |x|``); else
-    None. A head with a block that does not fade has ``r_h ≤ 0``."""
-    g = enc.generator
-    if (enc.num_slots or g.basis is not None or g.num_axes is not None or enc.plan.has_coupling
-            or enc.query_scale is not None
-            or any(n > 2 or (n == 2 and not c) for n, c in zip(g.sizes, g.complex))):
-        return None
-    with torch.no_grad():
-        return (-g.rates.detach().double().reshape(-1, g.num_blocks)).amin(-1)  # (H or 1,)
 
 
 def _fade_plan(call: Call, b) -> tuple[int, dict[int, list[int]], list[int]] | None:
@@ -51,7 +38,7 @@ def _fade_plan(call: Call, b) -> tuple[int, dict[int, list[int]], list[int]] | N
     ``δ``, whatever the data. Query blocks of ``n_b`` rows see the ``m_h = ⌈W_h / n_b⌉`` blocks before
     them as keys and every earlier key as score 0 (:func:`_faded`); a head whose window reaches past
     half the sequence keeps the tiled triangle."""
-    rmin = _fade_rates(call.enc)
+    rmin = fade_rates(call.enc)
     q, k = call.q, call.k
     B, H, T, _ = q.shape
     if rmin is None or float(rmin.max()) <= 0 or T < 4 * FLASH_ROWS:
@@ -168,23 +155,24 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
     q, k, v, enc = call.q, call.k, call.v, call.enc
     B, H, T, D = q.shape
     n, rest = divmod(T, n_b)
-    ramp = torch.arange(max(T, n_b), dtype=torch.float64, device=q.device)
     blocks = Rows(0, n, n_b, 0, n_b)
     last = Rows(n * n_b, 1, rest, 0, rest) if rest else None
-    qe = enc._query_after(blocks.gather(q), ramp[:n_b]).unflatten(0, (B, n))  # (B, n, H, n_b, D): t − p_i ≥ 0
+    qe = enc._span(blocks.gather(q), 0, "query", fade=True).unflatten(0, (B, n))  # (B, n, H, n_b, D): t − p_i ≥ 0
     work = torch.float32 if q.dtype in LOW else q.dtype
 
-    def diagonal(rows: Rows, o: int) -> Tile:
-        rel = ramp[: rows.width] - o
-        return Tile(rows, enc.query(rows.gather(q), rel), enc.key(rows.gather(k), rel), rows.gather(v), True,
-                    first=True)
+    bound = fading_bound(call)  # every block fades here (the plan's condition): the near tiles' thresholds
+
+    def diagonal(rows: Rows, o: int) -> Tile:  # within the diagonal budget (n_b ≤ the tiling's size): not cleared
+        return Tile(rows, enc._span(rows.gather(q), -o, "query"), enc._span(rows.gather(k), -o, "key"), rows.gather(v), True,
+                    first=True, clean=True)
 
     def near(d: int, tail: bool) -> Tile:  # queries of block i, keys of block i − d, both at p_i
         kb = Rows((n - d) * n_b, 1, n_b, 0, n_b) if tail else Rows(0, n - d, n_b, 0, n_b)
-        ke = enc.key(kb.gather(k), ramp[:n_b] - d * n_b)  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
+        ke = enc._span(kb.gather(k), -d * n_b, "key")  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
         if tail:
-            return Tile(_last(last), enc._query_after(_last(last).gather(q), ramp[:rest]), ke, kb.gather(v), False)
-        return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, kb.gather(v), False)
+            return Tile(_last(last), enc._span(_last(last).gather(q), 0, "query", fade=True), ke, kb.gather(v), False,
+                        bound=bound)
+        return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, kb.gather(v), False, bound=bound)
 
     sums = v[:, :, : n * n_b].double().unflatten(2, (n, n_b)).sum(3).cumsum(2)  # (B, Hk, n, Dv): Σ_{s<(j+1)n_b}
 
@@ -197,7 +185,7 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
         bias = counts.log().to(work).view(1, J, 1, 1, 1).expand(B, J, H, 1, 1).flatten(0, 1)  # (B·J, H, 1, 1)
         kt = q.new_zeros(B * J, v.shape[1], 1, D)
         if tail:
-            return Tile(_last(last), enc._query_after(_last(last).gather(q), ramp[:rest]), kt, vt, False, bias=bias)
+            return Tile(_last(last), enc._span(_last(last).gather(q), 0, "query", fade=True), kt, vt, False, bias=bias)
         return Tile(Rows((m + 1) * n_b, n - m - 1, n_b, 0, n_b), qe[:, m + 1 :].flatten(0, 1), kt, vt, False,
                     bias=bias)
 

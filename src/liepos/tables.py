@@ -23,6 +23,7 @@ polynomial time ``Σ_a ν_a t_a``: the blocks of one structure commute, so nothi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from liepos._angles import reduced_angle as _exact_reduced_angle
 from liepos.generator import Generator
 from liepos.structure import Structure
 
-__all__ = ["LAYOUTS", "Plan", "Tables", "build_tables", "check_range", "make_plan", "reduced_angle", "storage_order"]
+__all__ = ["LAYOUTS", "Plan", "Tables", "build_tables", "check_range", "check_span", "make_plan", "reduced_angle", "storage_order"]
 
 # the two storage orders of a rotation plane's two columns: adjacent (interleaved, GPT-J) or one in each half
 # of the head (half, GPT-NeoX and Llama)
@@ -282,6 +283,29 @@ def _check_one_axis(generator: Generator, lo: float, hi: float, side: str, fade:
         raise fail("coupling table τ^k/k! overflows")
 
 
+def _failure(side: str, work: torch.dtype, reach: Callable[[], float]) -> Callable[[str], OverflowError]:
+    def fail(what: str) -> OverflowError:
+        return OverflowError(
+            f"the {side} {what} {work} at positions up to {reach():.6g}: re-centre with "
+            f"origin= (scores do not change) or use liepos.attention, which re-centres per query block"
+        )
+
+    return fail
+
+
+def check_span(generator: Generator, lo: float, hi: float, side: str, dtype: torch.dtype, fade: bool = False) -> None:
+    """:func:`check_range` at every time of ``[lo, hi]`` on one axis, from the two ends alone (no tensor: the
+    extremes of ``λt`` and ``τ^k/k!`` over the span are at its ends)."""
+    if generator.num_axes is not None:
+        raise ValueError(f"check_span takes times on one axis; the generator has {generator.num_axes} axes")
+    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    if not work.is_floating_point or torch.compiler.is_compiling() or generator.is_orthogonal:
+        return
+    info = torch.finfo(work)
+    fail = _failure(side, work, lambda: max(abs(lo), abs(hi)))
+    _check_one_axis(generator, lo, hi, side, fade, math.log(info.max), math.log(info.tiny), fail)
+
+
 def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch.dtype, fade: bool = False) -> None:
     """OverflowError when the tables of ``generator`` at ``pos`` leave the range of ``dtype`` (float32 for half).
 
@@ -304,12 +328,7 @@ def check_range(generator: Generator, pos: torch.Tensor, side: str, dtype: torch
         return
     info = torch.finfo(work)
     top, bottom = math.log(info.max), math.log(info.tiny)
-
-    def fail(what: str) -> OverflowError:
-        return OverflowError(
-            f"the {side} {what} {work} at positions up to {float(pos.detach().abs().max()):.6g}: re-centre with "
-            f"origin= (scores do not change) or use liepos.attention, which re-centres per query block"
-        )
+    fail = _failure(side, work, lambda: float(pos.detach().abs().max()))
 
     with torch.no_grad():
         if generator.num_axes is None:
