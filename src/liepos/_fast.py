@@ -401,23 +401,32 @@ def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def transform(
-    x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool = False, out_dtype: torch.dtype | None = None
+    x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool = False, out_dtype: torch.dtype | None = None,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``y = M x`` (``conj``: ``Mᵀ x``) of ``x``'s first ``ft.content`` columns, the slot values appended
     (not under ``conj``): the kernel dispatch of :func:`apply_fast` (Triton, the one-pass kernels, the torch
     ops) without its autograd and its input checks; ``inplace`` writes into ``x``, which the caller has
-    checked can hold the result."""
+    checked can hold the result. ``into`` (out of place): a tensor of the result's shape and dtype, sharing no
+    memory with ``x``, written instead of a fresh one (a caller's reused buffer, its pages already mapped);
+    the result is what is returned, which a path with its own output (Triton) leaves ``into`` unwritten for."""
     width = ft.width if not conj else ft.content
+    if into is not None and (inplace or into.shape != (*x.shape[:-1], width)
+                             or into.dtype != (out_dtype or x.dtype) or into.device != x.device):
+        raise ValueError(f"transform's into must be a tensor of the result's shape {(*x.shape[:-1], width)} and "
+                         f"dtype {out_dtype or x.dtype} (out of place), got {tuple(into.shape)} {into.dtype}")
+    if into is not None and into.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        raise ValueError("transform's into must share no memory with x (inplace=True writes into x)")
     # the Triton kernels on CUDA (on the CPU only under TRITON_INTERPRET=1, as the tests run them); None: the ops below
     if (x.is_cuda or _triton.interpreting()) and not inplace and _triton.available():
         terms = None if ft.terms is None else (_transposed_terms(ft) if conj else ft.terms)
         y = _triton.apply(x, ft, conj, out_dtype or x.dtype, terms)
         if y is not None:
             return y
-    y = _one_pass(x, ft, inplace, conj, x.dtype if inplace else (out_dtype or x.dtype))
+    y = _one_pass(x, ft, inplace, conj, x.dtype if inplace else (out_dtype or x.dtype), into)
     if y is not None:
         return y
-    out = x if inplace else empty_out(x, width, out_dtype or x.dtype)
+    out = x if inplace else into if into is not None else empty_out(x, width, out_dtype or x.dtype)
     if _terms_pass(x, out, ft, conj):
         return out
     if x.dtype == ft.dtype and out.dtype == ft.dtype:
@@ -518,15 +527,17 @@ def _terms_pass(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool) 
     return True
 
 
-def _one_pass(x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool, out_dtype: torch.dtype) -> torch.Tensor | None:
+def _one_pass(x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool, out_dtype: torch.dtype,
+              into: torch.Tensor | None = None) -> torch.Tensor | None:
     """The whole transform as one compiled kernel call when it is one half-layout rotation (RoPE in
-    Hugging Face's layout): a fresh output (or x itself in place), half precision upcast in registers."""
+    Hugging Face's layout): a fresh output (``into`` when given; x itself in place), half precision upcast in
+    registers."""
     if len(ft.runs) != 1 or ft.runs[0].kind != "halves" or ft.coupling is not None or out_dtype != x.dtype:
         return None
     if (ft.slot_vals is not None and not conj) or ft.runs[0].hi != x.shape[-1]:
         return None
     cs, sn = (_as4(t) for t in ft.runs[0].tab)
-    return _kernels.rotate_halves(x, cs, -sn if conj else sn, into=x if inplace else None)
+    return _kernels.rotate_halves(x, cs, -sn if conj else sn, into=x if inplace else into)
 
 
 class _Transposed(torch.autograd.Function):
@@ -588,9 +599,11 @@ def _overlaps(x: torch.Tensor) -> bool:
 
 
 def apply_fast(
-    x: torch.Tensor, ft: FastTables, inplace: bool = False, out_dtype: torch.dtype | None = None
+    x: torch.Tensor, ft: FastTables, inplace: bool = False, out_dtype: torch.dtype | None = None,
+    into: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``M x`` with slots appended; differentiable in ``x`` through :class:`_Apply`."""
+    """``M x`` with slots appended; differentiable in ``x`` through :class:`_Apply`. ``into``: where to write
+    the result when nothing needs a gradient (:func:`transform`'s); the returned tensor is the result."""
     if inplace and ft.width != x.shape[-1]:
         raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {ft.width}")
     if inplace and _overlaps(x):
@@ -603,7 +616,7 @@ def apply_fast(
         return x if inplace else x.clone()
     if torch.is_grad_enabled() and x.requires_grad:
         return _Apply.apply(x, ft, inplace, out_dtype)
-    return transform(x, ft, inplace, out_dtype=out_dtype)
+    return transform(x, ft, inplace, out_dtype=out_dtype, into=into)
 
 
 # ---------------------------------------------------------------------- the cache

@@ -29,9 +29,11 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +43,8 @@ import torch.nn.functional as Fn
 from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 
-__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "tiles", "made", "fresh", "absmax"]
+__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "Arena", "ARENA_BYTES", "arena", "slot", "tiles",
+           "made", "fresh", "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -108,6 +111,69 @@ class Tile:
     # into the subnormal range by the encoding (factors bounded away from 0, the diagonal budget): not cleared
     bound: tuple[float, float] | None = None
     clean: bool = False
+
+
+class Arena:
+    """The buffers that streamed tiles (:func:`made`) write their own encodings into, one per name (``"q"``,
+    ``"k"``) and dtype: a streamed tile is attended and let go before the next is made, so its buffers are free
+    again, and a tile writes into pages already mapped and warm in the cache instead of fresh ones (a page
+    fault per 4 KiB). One arena per thread is kept from call to call (:func:`arena`), holding at most
+    :data:`ARENA_BYTES`; a larger request gets a fresh tensor that is not kept."""
+
+    def __init__(self, cap: int | None = None) -> None:
+        self.cap = ARENA_BYTES if cap is None else cap
+        self.busy = False
+        self._bufs: dict[tuple, torch.Tensor] = {}
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._bufs.values())
+
+    def slot(self, name: str, device: torch.device) -> Callable[[tuple[int, ...], torch.dtype], torch.Tensor]:
+        """A provider of a contiguous tensor of a given shape and dtype from buffer ``name`` (the ``into`` of
+        :meth:`liepos.Encoding._span`), grown to the largest asked for within the cap."""
+
+        def take(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            n = math.prod(shape)
+            key = (name, dtype, device)
+            buf = self._bufs.get(key)
+            if buf is None or buf.numel() < n:
+                self._bufs.pop(key, None)
+                size = n * torch.empty((), dtype=dtype).element_size()
+                if size > self.cap:
+                    return torch.empty(shape, dtype=dtype, device=device)  # too big to keep
+                while self._bufs and self.nbytes() + size > self.cap:
+                    self._bufs.pop(next(iter(self._bufs)))
+                buf = self._bufs[key] = torch.empty(n, dtype=dtype, device=device)
+            return buf[:n].view(shape)
+
+        return take
+
+
+# the bytes of encodings one thread's arena keeps between calls (two buffers of T/2 rows: 2 MiB each for 8 heads of
+# 64 float32 dims at T = 2048)
+ARENA_BYTES = 64 << 20
+_ARENAS = threading.local()
+
+
+@contextlib.contextmanager
+def arena():
+    """This thread's :class:`Arena` while the block runs (a fresh one when it is already in use: a nested call)."""
+    a = getattr(_ARENAS, "arena", None)
+    if a is None:
+        a = _ARENAS.arena = Arena()
+    if a.busy:
+        yield Arena()
+        return
+    a.busy = True
+    try:
+        yield a
+    finally:
+        a.busy = False
+
+
+def slot(arena: Arena | None, name: str, device: torch.device) -> Callable | None:
+    """``arena.slot(name, device)``, or None without an arena (a tile made for autograd, or the first)."""
+    return None if arena is None else arena.slot(name, device)
 
 
 def fresh(x: torch.Tensor, *sources: torch.Tensor) -> bool:
@@ -356,36 +422,50 @@ def _grad(p: Tile, sinks: torch.Tensor | None) -> bool:
                                         or (sinks is not None and sinks.requires_grad))
 
 
-def made(shape: tuple[int, int, int], makers: Iterable[Callable[[], Tile]], c: float,
+def made(shape: tuple[int, int, int], makers: Iterable[Callable[[Arena | None], Tile]], c: float,
          sinks: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`tiles` over tiles made one at a time by ``makers``.
 
     When nothing needs a gradient the tiles are streamed: each is made, attended and merged into a
     running ``(O, L)`` (``L' = log(e^L + e^{L_i})``, ``O' = e^{L − L'} O + e^{L_i − L'} o_i``, one
     ``lerp`` with weight ``σ(L_i − L)``) before the
-    next is made, so one tile's encodings are alive at a time (memory ``O(T)``, not ``O(T log T)``);
-    otherwise every tile is made and merged by the autograd Function, which saves them for the backward.
+    next is made, so one tile's encodings are alive at a time (memory ``O(T)``, not ``O(T log T)``), and
+    every maker after the first is given the call's :class:`Arena` to write its tile's own encodings into;
+    otherwise every tile is made (given None) and merged by the autograd Function, which saves them for the backward.
     Every row must first be written by a tile marked ``first`` (the diagonal blocks: a partition of
     the rows) before another tile holding it is merged.
     """
     makers = iter(makers)
-    first = next(makers)()
+    if not torch.is_grad_enabled():  # streamed for certain: the first tile writes into the arena too
+        return _streamed(shape, next(makers), makers, c, sinks)
+    first = next(makers)(None)
     if _grad(first, sinks):
-        return tiles(shape, [first, *(m() for m in makers)], c, sinks)
-    D, Dv, dtype = first.q.shape[-1], first.v.shape[-1], first.q.dtype
+        return tiles(shape, [first, *(m(None) for m in makers)], c, sinks)
+    held = [first]  # handed over once: the stream lets it go after its merge
+    del first
+    return _streamed(shape, lambda buffers: held.pop(), makers, c, sinks)
+
+
+def _streamed(shape: tuple[int, int, int], first: Callable[[Arena | None], Tile],
+              makers: Iterator[Callable[[Arena | None], Tile]], c: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """:func:`made`'s stream: each tile made (its own encodings written into this thread's arena), attended and
+    merged before the next is made."""
     state: list[torch.Tensor] = []  # [O (B, H, T, max(D, Dv)), L (B, H, T)] once the first tile ran
     scratch: dict = {}  # the buffers of the tiles' cleared q and k, dead after each flash call
-    p: Tile | None = first
-    # one flushed block for the whole stream (two native calls on every thread, not two per tile): the kernel's
-    # own subnormal probabilities flush, and so does any subnormal an encoding of the next tile would write,
-    # which no score can see (the clearing's threshold is far above it)
-    with _kernels.flushed(first.q.device):
-        del first
-        while p is not None:
-            _merge_into(state, shape, p, c, D, Dv, scratch)
-            p = None  # this tile is let go before the next is made
-            nxt = next(makers, None)
-            p = None if nxt is None else nxt()
+    with arena() as buffers:
+        head = first(buffers)
+        D, Dv, dtype, device = head.q.shape[-1], head.v.shape[-1], head.q.dtype, head.q.device
+        p: Tile | None = head
+        del head
+        # one flushed block for the whole stream (two native calls on every thread, not two per tile): the
+        # kernel's own subnormal probabilities flush, and so does any subnormal an encoding of the next tile
+        # would write, which no score can see (the clearing's threshold is far above it)
+        with _kernels.flushed(device):
+            while p is not None:
+                _merge_into(state, shape, p, c, D, Dv, scratch)
+                p = None  # this tile is let go before the next is made
+                nxt = next(makers, None)
+                p = None if nxt is None else nxt(buffers)
     O, L = state
     if sinks is not None:
         O.mul_(torch.exp(L - torch.logaddexp(L, _sink_rows(sinks, L.dtype))).unsqueeze(-1))
@@ -443,6 +523,6 @@ def pieces(q: torch.Tensor, parts: list[tuple], c: float, sinks: torch.Tensor | 
     return made((B, H, Sq), [_maker(t) for t in ts], c, sinks)
 
 
-def _maker(t: Tile) -> Callable[[], Tile]:
+def _maker(t: Tile) -> Callable[[Arena | None], Tile]:
     """A maker of :func:`made` that hands out a tile already made."""
-    return lambda: t
+    return lambda arena: t

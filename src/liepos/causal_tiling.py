@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from liepos.attention_call import Call
-from liepos.attention_pieces import Rows, Tile, absmax, fresh, made
+from liepos.attention_pieces import Arena, Rows, Tile, absmax, fresh, made, slot
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
 
@@ -146,16 +146,17 @@ def tiled(call: Call, b) -> torch.Tensor | None:
     diag, off = tile_plan(T, size)
     bound = fading_bound(call) if off else None  # the between tiles' thresholds, from one pass over q and k
 
-    def diagonal(rows: Rows, o: int) -> Tile:
+    def diagonal(rows: Rows, o: int, arena: Arena | None = None) -> Tile:
         # the block's times from its origin: −o … width − 1 − o
-        qe, ke = enc._span(rows.gather(q), -o, "query"), enc._span(rows.gather(k), -o, "key")
+        qe = enc._span(rows.gather(q), -o, "query", into=slot(arena, "q", q.device))
+        ke = enc._span(rows.gather(k), -o, "key", into=slot(arena, "k", q.device))
         # every factor within e^{±DIAGONAL_EXPONENT}: nothing underflows, nothing to clear
         return Tile(rows, qe, ke, rows.gather(v), True, first=True, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v),
                     clean=True)
 
-    def between(rq: Rows, rk: Rows) -> Tile:
-        qe = enc._span(rq.gather(q), 0, "query", fade=True)  # t − p ≥ 0
-        ke = enc._span(rk.gather(k), -rk.width, "key")  # s − p < 0
+    def between(rq: Rows, rk: Rows, arena: Arena | None = None) -> Tile:
+        qe = enc._span(rq.gather(q), 0, "query", fade=True, into=slot(arena, "q", q.device))  # t − p ≥ 0
+        ke = enc._span(rk.gather(k), -rk.width, "key", into=slot(arena, "k", q.device))  # s − p < 0
         return Tile(rq, qe, ke, rk.gather(v), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), bound=bound)
 
     makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]

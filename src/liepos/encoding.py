@@ -545,14 +545,17 @@ class Encoding:
         pos = self._relative(positions, q, None, "positions")
         return self._apply(self._scaled(q), pos, "query", slots=True, fade=True)
 
-    def _span(self, x: torch.Tensor, p0: int, side: str, fade: bool = False) -> torch.Tensor:
+    def _span(self, x: torch.Tensor, p0: int, side: str, fade: bool = False,
+              into: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
         """:meth:`query` (``fade``: :meth:`_query_after`) or :meth:`key` of ``x`` at the integer times
         ``p0 … p0 + S − 1`` (``S = x.shape[-2]``), for a caller whose times are such a range by construction and
         whose ``x`` it has checked already (the tiles of :mod:`liepos.causal_tiling` and :mod:`liepos.faded_keys`,
         a dozen calls per attention call): the range is checked from its two ends (:func:`check_span`) and the
         tables are rows of a cached window, with no tensor of times built or scanned. The same values as
         ``query(x, torch.arange(p0, p0 + S))``; anything else (several axes, a traced or meta call, learned
-        parameters, a length it does not know) goes through :meth:`query` / :meth:`key` themselves."""
+        parameters, a length it does not know) goes through :meth:`query` / :meth:`key` themselves. ``into``: a
+        provider of the output (given its shape and dtype; a buffer the caller reuses from tile to tile) when
+        nothing needs a gradient."""
         S = x.shape[-2]
         if (S == 0 or self.num_axes is not None or torch.compiler.is_compiling() or x.is_meta
                 or not self._fast_usable(x, None)
@@ -567,7 +570,9 @@ class Encoding:
         work = work_dtype(x.dtype)
         ft = self._range_tables(p0, S, side, work, True, x.device)
         out_dtype = work if (self.num_slots and x.dtype in LOW_PRECISION) else x.dtype  # as _apply's slots
-        return apply_fast(x, ft, out_dtype=out_dtype)
+        grad = torch.is_grad_enabled() and x.requires_grad
+        out = None if into is None or grad or ft.identity else into((*x.shape[:-1], ft.width), out_dtype)
+        return apply_fast(x, ft, out_dtype=out_dtype, into=out)
 
     def _content(self, x: torch.Tensor, positions: Any, side: str) -> torch.Tensor:
         """The content dims of :meth:`query` / :meth:`key` alone, ``(…, content_dim)``: no slot columns.

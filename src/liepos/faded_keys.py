@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from liepos.attention_call import LOW, Call, row_norms
-from liepos.attention_pieces import Rows, Tile, made
+from liepos.attention_pieces import Arena, Rows, Tile, made, slot
 from liepos.causal_tiling import FLASH_ROWS, diagonal_budget, fade_rates, fading_bound, tile_plan, tile_size, tiled
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
@@ -162,21 +162,24 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
 
     bound = fading_bound(call)  # every block fades here (the plan's condition): the near tiles' thresholds
 
-    def diagonal(rows: Rows, o: int) -> Tile:  # within the diagonal budget (n_b ≤ the tiling's size): not cleared
-        return Tile(rows, enc._span(rows.gather(q), -o, "query"), enc._span(rows.gather(k), -o, "key"), rows.gather(v), True,
-                    first=True, clean=True)
+    def diagonal(rows: Rows, o: int, arena: Arena | None = None) -> Tile:  # within the diagonal budget: not cleared
+        qd = enc._span(rows.gather(q), -o, "query", into=slot(arena, "q", q.device))
+        kd = enc._span(rows.gather(k), -o, "key", into=slot(arena, "k", q.device))
+        return Tile(rows, qd, kd, rows.gather(v), True, first=True, clean=True)
 
-    def near(d: int, tail: bool) -> Tile:  # queries of block i, keys of block i − d, both at p_i
+    def tail_queries(arena: Arena | None) -> torch.Tensor:  # the last, partial block's queries at its p_i
+        return enc._span(_last(last).gather(q), 0, "query", fade=True, into=slot(arena, "q", q.device))
+
+    def near(d: int, tail: bool, arena: Arena | None = None) -> Tile:  # queries of block i, keys of block i − d, at p_i
         kb = Rows((n - d) * n_b, 1, n_b, 0, n_b) if tail else Rows(0, n - d, n_b, 0, n_b)
-        ke = enc._span(kb.gather(k), -d * n_b, "key")  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
+        ke = enc._span(kb.gather(k), -d * n_b, "key", into=slot(arena, "k", q.device))  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
         if tail:
-            return Tile(_last(last), enc._span(_last(last).gather(q), 0, "query", fade=True), ke, kb.gather(v), False,
-                        bound=bound)
+            return Tile(_last(last), tail_queries(arena), ke, kb.gather(v), False, bound=bound)
         return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, kb.gather(v), False, bound=bound)
 
     sums = v[:, :, : n * n_b].double().unflatten(2, (n, n_b)).sum(3).cumsum(2)  # (B, Hk, n, Dv): Σ_{s<(j+1)n_b}
 
-    def far(tail: bool) -> Tile:  # every key before block i − m: score 0, weight 1 each
+    def far(tail: bool, arena: Arena | None = None) -> Tile:  # every key before block i − m: score 0, weight 1 each
         j = torch.arange(n - m - 1, device=q.device) if not tail else torch.tensor([n - m - 1], device=q.device)
         counts = ((j + 1) * n_b).double()  # (J,): keys s < (i − m) n_b
         mean = (sums[:, :, j] / counts.view(1, 1, -1, 1)).to(v.dtype)  # (B, Hk, J, Dv)
@@ -185,7 +188,7 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
         bias = counts.log().to(work).view(1, J, 1, 1, 1).expand(B, J, H, 1, 1).flatten(0, 1)  # (B·J, H, 1, 1)
         kt = q.new_zeros(B * J, v.shape[1], 1, D)
         if tail:
-            return Tile(_last(last), enc._span(_last(last).gather(q), 0, "query", fade=True), kt, vt, False, bias=bias)
+            return Tile(_last(last), tail_queries(arena), kt, vt, False, bias=bias)
         return Tile(Rows((m + 1) * n_b, n - m - 1, n_b, 0, n_b), qe[:, m + 1 :].flatten(0, 1), kt, vt, False,
                     bias=bias)
 

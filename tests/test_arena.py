@@ -1,0 +1,95 @@
+"""The arena streamed tiles write their own encodings into (``attention_pieces.Arena``): reused from tile to tile
+and call to call on one thread, bounded, never under autograd, and the output bit for bit the same as with fresh
+tensors."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import liepos as lp
+from liepos import _fast, attention_pieces
+from liepos.attention_pieces import Arena, arena
+
+F64 = torch.float64
+
+
+def _qkv(T: int = 1024, H: int = 4, dtype=torch.float32, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, H, T, 64, generator=g).to(dtype) for _ in range(3))
+
+
+@pytest.mark.parametrize("name", ["decay", "jordan", "retnet"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streamed_tiles_write_into_the_arena_and_give_the_same_bits(name, dtype, monkeypatch):
+    """Every streamed tile's encodings land in this thread's arena (the same storage on a second call), and the
+    output equals the same call with every encoding a fresh tensor."""
+    enc = lp.build(name, 64, 4) if name != "jordan" else lp.build(name, 64)
+    q, k, v = _qkv(2048 if name == "retnet" else 1024, dtype=dtype)
+    taken: list[int] = []
+    real = Arena.slot
+
+    def spy(self, slot_name, device):
+        take = real(self, slot_name, device)
+        return lambda shape, dt: taken.append((t := take(shape, dt)).untyped_storage().data_ptr()) or t
+
+    monkeypatch.setattr(Arena, "slot", spy)
+    with torch.no_grad():
+        got = lp.attention(q, k, v, enc)
+        first = set(taken)
+        taken.clear()
+        again = lp.attention(q, k, v, enc)
+        assert taken and set(taken) <= first  # the second call reuses the first's buffers
+        monkeypatch.setattr(Arena, "slot", lambda self, slot_name, device: None)
+        fresh = lp.attention(q, k, v, enc)
+    assert torch.equal(got, fresh) and torch.equal(again, fresh)
+
+
+def test_autograd_tiles_never_take_the_arena(monkeypatch):
+    """Tiles made for the backward are saved by autograd: a later call that rewrites the arena leaves their
+    gradients as they were."""
+    enc = lp.build("decay", 64, 4)
+    q, k, v = _qkv()
+    q.requires_grad_(True)
+    out = lp.attention(q, k, v, enc)
+    (want,) = torch.autograd.grad(out.square().sum(), q, retain_graph=True)
+    with torch.no_grad():
+        lp.attention(*(t.flip(2) for t in _qkv(seed=1)), enc)  # rewrites this thread's arena
+    (got,) = torch.autograd.grad(out.square().sum(), q)
+    assert torch.equal(got, want)
+
+
+def test_the_arena_is_bounded_and_a_nested_call_gets_its_own():
+    a = Arena(cap=1 << 20)
+    small = a.slot("q", torch.device("cpu"))((4, 8, 16), torch.float32)
+    assert a.nbytes() == small.numel() * 4
+    big = a.slot("k", torch.device("cpu"))((1, 1 << 20), torch.float32)  # 4 MiB: over the cap, not kept
+    assert big.shape == (1, 1 << 20) and a.nbytes() == small.numel() * 4
+    grown = a.slot("k", torch.device("cpu"))((1, 200_000), torch.float32)  # 0.8 MiB: the other buffer makes way
+    assert a.nbytes() <= a.cap and grown.untyped_storage().data_ptr() != small.untyped_storage().data_ptr()
+    with arena() as outer, arena() as inner:
+        assert outer is not inner and outer.busy and not inner.busy
+    with arena() as again:
+        assert again is outer  # this thread's arena, free again
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(attention_pieces._ARENAS.__dict__.get("arena")))
+    worker.start()
+    worker.join()
+    assert seen == [None]  # another thread has none of this one's
+
+
+def test_transform_into_is_checked():
+    enc = lp.build("decay", 64, 4)
+    x = torch.randn(1, 4, 8, 64)
+    ft = enc._range_tables(0, 8, "key", torch.float32, True, x.device)
+    into = torch.empty(1, 4, 8, 64)
+    assert _fast.transform(x, ft, False, into=into) is into
+    assert torch.equal(into, enc.key(x, torch.arange(8)))
+    with pytest.raises(ValueError, match="shape"):
+        _fast.transform(x, ft, False, into=torch.empty(1, 4, 8, 63))
+    with pytest.raises(ValueError, match="dtype"):
+        _fast.transform(x, ft, False, into=torch.empty(1, 4, 8, 64, dtype=F64))
+    with pytest.raises(ValueError, match="share no memory"):
+        _fast.transform(x, ft, False, into=x.view(1, 4, 8, 64))
