@@ -161,3 +161,31 @@ def test_diagonal_tiles_are_not_cleared_and_between_tiles_take_the_bound(monkeyp
     assert len(absmax_calls) == 0  # the bound's passes are the call's, over raw q and k (causal_tiling's import)
     want = lp.attention(q, k, v, enc)
     assert float((got.double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(ENCODINGS)), p0=st.integers(-200, 200), S=st.integers(1, 40),
+       form=st.sampled_from(["none", "arange", "row", "shuffled", "batched"]), side=st.sampled_from(["query", "key"]),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16]), seed=st.integers(0, 2**31 - 1))
+def test_query_and_key_of_an_integer_range_equal_the_general_path(name, p0, S, form, side, dtype, seed):
+    """``query`` / ``key`` at positions None or an int64 range (``(S,)`` or ``(1, S)``) take the range's start
+    directly; every other form the general path; either way the bits (and errors) of the same times as float64."""
+    enc = ENCODINGS[name]()
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 2, S, enc.content_dim, dtype=F64, generator=g).to(dtype)
+    ramp = torch.arange(p0, p0 + S)
+    positions = {"none": None, "arange": ramp, "row": ramp.unsqueeze(0), "batched": torch.stack([ramp, ramp + 3]),
+                 "shuffled": ramp[torch.randperm(S, generator=g)]}[form]
+    times = torch.arange(S, dtype=F64) if positions is None else positions.double()
+    fn = enc.query if side == "query" else enc.key
+    still_a_range = form == "shuffled" and torch.equal(positions, ramp)  # the identity permutation
+    expected = {"none": 0, "arange": p0, "row": p0}.get(form, p0 if still_a_range else None)
+    assert enc._range_start(positions, x) == expected
+    try:
+        want = fn(x, times)
+    except OverflowError as err:
+        with pytest.raises(OverflowError, match=re.escape(str(err))):
+            fn(x, positions)
+        return
+    got = fn(x, positions)
+    assert got.dtype == want.dtype and torch.equal(got, want)

@@ -531,6 +531,9 @@ class Encoding:
         ``inplace=True`` overwrites ``q`` (no slots; autograd-safe: the backward needs only the tables).
         """
         self._check(q, "q")
+        p0 = None if inplace or origin is not None else self._range_start(positions, q)
+        if p0 is not None:  # 0 … S − 1 or an integer range: no tensor of times to convert and scan
+            return self._span(q, p0, "query")
         pos = self._relative(positions, q, origin, "positions")
         return self._apply(self._scaled(q, inplace), pos, "query", slots=True, inplace=inplace)
 
@@ -544,6 +547,26 @@ class Encoding:
         self._check(q, "q")
         pos = self._relative(positions, q, None, "positions")
         return self._apply(self._scaled(q), pos, "query", slots=True, fade=True)
+
+    def _range_start(self, positions: Any, x: torch.Tensor) -> int | None:
+        """``p0`` when ``positions`` are the times ``p0, p0 + 1, …, p0 + S − 1`` of ``x``'s ``S`` tokens given in a
+        form that needs no conversion: None (``p0 = 0``) or an int64 tensor ``(S,)`` / ``(1, S)`` (as
+        ``torch.arange`` makes them); else None, and the caller takes the general path (which validates and
+        converts anything else, and refuses what it must)."""
+        if self.num_axes is not None or torch.compiler.is_compiling() or x.is_meta:
+            return None
+        S = x.shape[-2]
+        if positions is None:
+            return 0
+        if (not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.requires_grad
+                or positions.dim() not in (1, 2) or positions.shape[-1] != S or positions.numel() != S or S == 0):
+            return None
+        flat = positions.reshape(S)
+        p0 = int(flat[0])
+        if abs(p0) + S > 2**52:
+            return None
+        ramp = torch.arange(p0, p0 + S, dtype=torch.int64, device=flat.device)
+        return p0 if bool(torch.equal(flat, ramp)) else None
 
     def _span(self, x: torch.Tensor, p0: int, side: str, fade: bool = False,
               into: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
@@ -598,6 +621,9 @@ class Encoding:
     def key(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False) -> torch.Tensor:
         """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim); ``inplace`` as in :meth:`query`."""
         self._check(k, "k")
+        p0 = None if inplace or origin is not None else self._range_start(positions, k)
+        if p0 is not None:
+            return self._span(k, p0, "key")
         pos = self._relative(positions, k, origin, "positions")
         return self._apply(k, pos, "key", slots=True, inplace=inplace)
 
