@@ -258,3 +258,23 @@ def test_flushed_sets_the_pool_and_gives_every_thread_its_own_setting_back(calle
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(threads)
+
+
+def test_no_python_runs_flushed():
+    """Only the flash kernel runs flushed: with denormals-are-zero ``hash()`` of a subnormal float is 0, so a
+    table-cache key holding one (an encoding with a rate of 1e-309) would be lost to a lookup made flushed, and
+    the next miss (which sums the cache's entries) would raise KeyError. A tiled call after such an encoding's
+    tables entered the cache makes its own tables unflushed and finds the cache whole."""
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if x86 and _kernels._ops() is not None:
+        with _kernels.flushed(torch.device("cpu")):
+            inside = hash(float(torch.tensor(1e-309, dtype=torch.float64)))
+        assert inside != hash(1e-309)  # the hazard this guards against, on the machines that have it
+    rates = torch.full((32,), -0.01, dtype=torch.float64)
+    rates[0] = -1e-309
+    tiny = lp.Encoding(Generator(rates, lp.rope_freqs(64), [1] * 32))
+    q, k, v = (torch.randn(1, 2, 512, 64) for _ in range(3))
+    with torch.no_grad():
+        tiny.query(q)  # its tables enter the cache (unflushed), keyed by its parameters
+        out = lp.attention(q, k, v, lp.build("decay", 64, 2))  # a new encoding: every tile's tables a miss
+    assert bool(torch.isfinite(out).all())

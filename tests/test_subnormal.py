@@ -2,8 +2,8 @@
 per-key mask) holds none, and every product of a q entry and a k entry is 0 or a normal number, for
 every block type that fades (decay, RetNet, xPos, Jordan, a damped rotation) and ALiBi, at T = 8192 and
 at times near 10⁶, in float32 and bfloat16. Subnormal operands cost x86 cores a microcode assist per
-operation; the count holds on any machine, whatever its penalty (on x86 the tiles are made and attended
-with subnormals flushed; the count is taken with the flush off, so that it sees the construction alone).
+operation; the count holds on any machine, whatever its penalty (on x86 the flash calls run with subnormals
+flushed; the count is taken with the flush off, so that it sees the construction alone).
 The caller's flush-to-zero setting is never changed (tests/test_native_runs.py)."""
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def flash_inputs(monkeypatch) -> list[dict]:
                      "product": _smallest(q) * _smallest(k), "tiny": torch.finfo(q.dtype).tiny})
         return real(q, k, v, *a, attn_mask=attn_mask, **kw)
 
-    # counted with subnormals kept: on x86 the tiles are made and attended flushed (_kernels.flushed), which would
-    # write a subnormal as 0 whatever the clearing did; without it the count is the construction's, as on any machine
+    # counted with subnormals kept: on x86 the flash calls run flushed (_kernels.flushed), which would read a
+    # subnormal as 0 whatever the clearing did; without it the count is the construction's, as on any machine
     monkeypatch.setattr(_kernels, "flushed", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(attention_pieces, "_flash", spy)
     return seen

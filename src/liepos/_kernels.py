@@ -659,7 +659,9 @@ def flushed(device: torch.device):
     operation (ALiBi's forward + backward: 3× SDPA's with them, 1.3× flushed); flushed, such a probability
     becomes 0, which moves no output or gradient by more than 2^-126 of its scale. Nothing is changed for
     the caller's code: the previous bits are restored on every thread, an exception included. Does nothing
-    where the native ops do not run (another device, kernels off, no compiler)."""
+    where the native ops do not run (another device, kernels off, no compiler). Only kernels may run inside:
+    Python code would too (denormals-are-zero makes ``hash()`` of a subnormal float 0, so a dict key holding one
+    is not found again)."""
     ops = _ops() if device.type == "cpu" and enabled(device, native=True) else None
     prev = None if ops is None else ops.denormals(True)
     try:

@@ -454,18 +454,14 @@ def _streamed(shape: tuple[int, int, int], first: Callable[[Arena | None], Tile]
     scratch: dict = {}  # the buffers of the tiles' cleared q and k, dead after each flash call
     with arena() as buffers:
         head = first(buffers)
-        D, Dv, dtype, device = head.q.shape[-1], head.v.shape[-1], head.q.dtype, head.q.device
+        D, Dv, dtype = head.q.shape[-1], head.v.shape[-1], head.q.dtype
         p: Tile | None = head
         del head
-        # one flushed block for the whole stream (two native calls on every thread, not two per tile): the
-        # kernel's own subnormal probabilities flush, and so does any subnormal an encoding of the next tile
-        # would write, which no score can see (the clearing's threshold is far above it)
-        with _kernels.flushed(device):
-            while p is not None:
-                _merge_into(state, shape, p, c, D, Dv, scratch)
-                p = None  # this tile is let go before the next is made
-                nxt = next(makers, None)
-                p = None if nxt is None else nxt(buffers)
+        while p is not None:
+            _merge_into(state, shape, p, c, D, Dv, scratch)
+            p = None  # this tile is let go before the next is made
+            nxt = next(makers, None)
+            p = None if nxt is None else nxt(buffers)
     O, L = state
     if sinks is not None:
         O.mul_(torch.exp(L - torch.logaddexp(L, _sink_rows(sinks, L.dtype))).unsqueeze(-1))
@@ -476,12 +472,14 @@ def _streamed(shape: tuple[int, int, int], first: Callable[[Arena | None], Tile]
 def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: int, Dv: int,
                 scratch: dict | None = None) -> None:
     """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first); its
-    cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`). Called inside :func:`made`'s
-    flushed block (:func:`liepos._kernels.flushed`)."""
+    cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
     fitted = _fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned, p.bound, p.clean)
-    o, Li = _flash(*fitted, 0.0, p.causal, attn_mask=p.bias, scale=c)  # inside made's flushed block
+    # the kernel's own subnormal probabilities flushed, for the flash call alone: no Python runs flushed (with
+    # denormals-are-zero a subnormal float hashes as 0, and a table-cache key holding one would be lost)
+    with _kernels.flushed(p.q.device):
+        o, Li = _flash(*fitted, 0.0, p.causal, attn_mask=p.bias, scale=c)
     r = p.rows
     if not state and p.first and r == Rows(0, 1, shape[2], 0, shape[2]) and o.dtype == Li.dtype:
         state += [o, Li]  # the first tile holds every row: its output is the running state, not copied
