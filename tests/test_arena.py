@@ -93,3 +93,28 @@ def test_transform_into_is_checked():
         _fast.transform(x, ft, False, into=torch.empty(1, 4, 8, 64, dtype=F64))
     with pytest.raises(ValueError, match="share no memory"):
         _fast.transform(x, ft, False, into=x.view(1, 4, 8, 64))
+
+
+@pytest.mark.parametrize("name", ["decay", "jordan", "retnet", "damped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [200, 2100])
+def test_every_element_of_an_arena_buffer_is_written_before_it_is_read(name, dtype, T, monkeypatch):
+    """Buffers handed out full of NaN (what a reused buffer may hold is anything) give the output of fresh
+    tensors, bit for bit: every element an encoding's kernel reads back was written in this call."""
+    if name == "damped":
+        enc = lp.Encoding(lp.Generator(-torch.logspace(-1, -4, 32, dtype=F64), lp.rope_freqs(64), [1] * 32))
+    else:
+        enc = lp.build(name, 64, 2) if name != "jordan" else lp.build(name, 64)
+    q, k, v = _qkv(T, H=2, dtype=dtype, seed=T)
+    real = Arena.slot
+
+    def poisoned(self, slot_name, device):
+        take = real(self, slot_name, device)
+        return lambda shape, dt: take(shape, dt).fill_(float("nan"))
+
+    with torch.no_grad():
+        monkeypatch.setattr(Arena, "slot", poisoned)
+        got = lp.attention(q, k, v, enc, torch.arange(T) + 10**4)
+        monkeypatch.setattr(Arena, "slot", lambda self, slot_name, device: None)
+        want = lp.attention(q, k, v, enc, torch.arange(T) + 10**4)
+    assert torch.equal(got, want)
