@@ -149,8 +149,8 @@ class Arena:
         return take
 
 
-# the bytes of encodings one thread's arena keeps between calls (two buffers of T/2 rows: 2 MiB each for 8 heads of
-# 64 float32 dims at T = 2048)
+# the bytes of encodings one thread's arena keeps between calls (two buffers the size of the largest tile's q and
+# k, the diagonal blocks' T rows: 4 MiB each for 8 heads of 64 float32 dims at T = 2048)
 ARENA_BYTES = 64 << 20
 _ARENAS = threading.local()
 
