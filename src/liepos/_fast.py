@@ -686,8 +686,8 @@ def table_window(p0: int, S: int) -> tuple[int, int]:
 
 
 def arange_start(pos: torch.Tensor) -> int | None:
-    """``p0`` when ``pos`` (``(S,)`` or ``(1, S)``) is ``p0, p0 + 1, …, p0 + S − 1`` with ``p0`` an integer of
-    magnitude at most 2⁵², else ``None``: the positions whose tables are rows of a cached window."""
+    """``p0`` when ``pos`` (``(S,)`` or ``(1, S)``, float or integer) is ``p0, p0 + 1, …, p0 + S − 1`` with ``p0``
+    an integer of magnitude at most 2⁵², else ``None``: the positions whose tables are rows of a cached window."""
     if pos.dim() == 2:
         if pos.shape[0] != 1:
             return None
@@ -698,7 +698,7 @@ def arange_start(pos: torch.Tensor) -> int | None:
     if p0 != math.floor(p0) or abs(p0) > 2**52:
         return None
     if pos.numel() > 1:
-        ref = torch.arange(pos.numel(), dtype=pos.dtype, device=pos.device) + p0
+        ref = torch.arange(int(p0), int(p0) + pos.numel(), dtype=pos.dtype, device=pos.device)  # exact in either type
         if not bool(torch.equal(pos, ref)):
             return None
     return int(p0)

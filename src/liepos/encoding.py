@@ -559,14 +559,9 @@ class Encoding:
         if positions is None:
             return 0
         if (not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.requires_grad
-                or positions.dim() not in (1, 2) or positions.shape[-1] != S or positions.numel() != S or S == 0):
+                or positions.dim() not in (1, 2) or positions.shape[-1] != S):
             return None
-        flat = positions.reshape(S)
-        p0 = int(flat[0])
-        if abs(p0) + S > 2**52:
-            return None
-        ramp = torch.arange(p0, p0 + S, dtype=torch.int64, device=flat.device)
-        return p0 if bool(torch.equal(flat, ramp)) else None
+        return arange_start(positions)  # (S,) or (1, S), an integer range, or None
 
     def _span(self, x: torch.Tensor, p0: int, side: str, fade: bool = False,
               into: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
