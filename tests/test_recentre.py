@@ -47,16 +47,16 @@ def test_several_axis_positions_per_batch_element_equal_each_element_alone():
 
 @pytest.mark.parametrize("name", ["decay", "xpos", "jordan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("T", [256, 207])  # 207 = 9·23: blocks of 9 or 23 rows with no partial block left
+@pytest.mark.parametrize("T", [256, 207])  # 207 = 3²·23: blocks of 3 or 23 rows with no partial block left
 def test_faded_keys_left_out_change_no_output(name, dtype, T):
     """Past a head's fade window every score is within CLEAR_LOGIT of 0: the faded path (keys beyond the
     window scored 0, grouped keys) equals attention with the fade plan off; an encoding whose norms do
     not stay under its fade (a Jordan block's polynomial growth) gets no fade plan at all."""
-    enc = {"decay": lambda: lp.decay(torch.linspace(1.0, 2.0, 16)), "xpos": lambda: lp.xpos(16, scale_base=0.25),
+    enc = {"decay": lambda: lp.decay(torch.linspace(1.0, 2.0, 16)), "xpos": lambda: lp.xpos(16, scale_base=0.1),
            "jordan": lambda: lp.Encoding(direct_sum(lp.decay(torch.full((13,), 0.5)).generator,
                                                     lp.jordan(3, -0.5).generator))}[name]()
     g = torch.Generator().manual_seed(2)
-    # fast fades over a few hundred positions: windows of a few blocks
+    # fast fades over a few hundred positions: windows of a few blocks, within a quarter of the sequence
     q = torch.randn(1, 4, T, 16, dtype=F64, generator=g)
     k, v = (torch.randn(1, 2, T, 16, dtype=F64, generator=g) for _ in range(2))
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
@@ -270,3 +270,22 @@ def test_bfloat16_alibi_with_a_cache_is_widened(monkeypatch):
         with pytest.raises(ValueError, match="its slots add a bias"):
             lp.attention(q, k, v, enc, temperature=ScalableSoftmax(0.5))
     assert widenings == [True]
+
+
+@pytest.mark.parametrize("T", [2048, 4096])
+def test_a_head_fades_only_where_its_window_spans_at_most_the_share(T):
+    """The faded path pays where a head's window of key blocks is short against the sequence: RetNet (8 heads,
+    dim 64) at T = 2048 keeps every head in the tiled triangle (its fastest head's window, 768 keys, is more
+    than a quarter), at T = 4096 fades that head alone; every faded head's window is within the share."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 8, T, 64, generator=g) for _ in range(3))
+    plans = []
+    spy = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
+    with torch.no_grad(), mock.patch.object(faded_keys, "_fade_plan", spy):
+        lp.attention(q, k, v, lp.build("retnet", 64, 8))
+    if T == 2048:
+        assert plans == [None]
+        return
+    rows, groups, whole = plans[0]
+    assert list(groups.values()) == [[0]] and whole == list(range(1, 8))
+    assert all(m * rows <= faded_keys.WINDOW_SHARE * T for m in groups)
