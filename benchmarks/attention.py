@@ -7,20 +7,26 @@
     python benchmarks/attention.py --quick --threads 2          # on two threads (default: torch's)
     python benchmarks/attention.py --quick --backward           # forward + backward against SDPA's
     python benchmarks/attention.py --quick --flush-denormal     # subnormals flushed (this process only)
+    python benchmarks/attention.py --quick --compare flush      # kept and flushed in the same rounds
+    python benchmarks/attention.py --quick --compare threads    # 1 thread and all threads in the same rounds
 
 Shape: batch 1, 8 heads, head dim 64, causal self-attention over positions 0 … T − 1. Every round times
 every contender once, in one process, in an interleaved order (so a change in machine load hits all
 of them alike); the figure is the median over rounds of each contender's time divided by causal SDPA's
-time in the same round. FlexAttention's ALiBi is a compiled ``score_mod`` (``torch.compile`` of
-``flex_attention`` with a causal block mask), compiled once before timing. ``--backward`` times forward +
-backward (q, k and v need a gradient) against SDPA's forward + backward.
+time in the same round. ``--compare flush`` times every contender twice per round, with subnormals kept and
+with ``torch.set_flush_denormal(True)`` around the call (what a user who sets it gets: the calling thread
+flushed), and reports each ratio under both and its change, the median over rounds of the per-round
+quotient of the two ratios; ``--compare threads`` likewise at one thread and at ``--threads`` (default: all of
+torch's), the change being how much worse than SDPA an encoding scales. FlexAttention's ALiBi is a compiled
+``score_mod`` (``torch.compile`` of ``flex_attention`` with a causal block mask), compiled once before timing.
+``--backward`` times forward + backward (q, k and v need a gradient) against SDPA's forward + backward.
 
 Nothing can flatter: every run records the CPU model and its instruction-set flags, the thread count,
 the dtype, the shape, forward or forward + backward, whether subnormals were flushed, and for every
 encoding the path that ran, observed on one untimed call and asserted (a fused encoding that fell back
 to the general path, ALiBi without its per-key mask, or a kernel in another dtype than asked stops the
 run instead of being timed as the fast path).
-Writes ``benchmarks/results/attention[_quick][_<threads>t][_bwd][_ftz].{json,md}``.
+Writes ``benchmarks/results/attention[_quick][_<threads>t][_bwd][_ftz|_flush_ab|_threads_ab].{json,md}``.
 """
 
 from __future__ import annotations
@@ -173,12 +179,52 @@ def machine() -> dict:
 PEERS = {"sdpa (causal)": "torch SDPA, is_causal", "flex alibi (compiled)": "torch.compile of flex_attention"}
 
 
-def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool, backward: bool = False) -> dict[str, dict]:
+def measure(T: int, dtype: torch.dtype, rounds: int, flex: bool, backward: bool = False,
+            compare: str | None = None, threads: int | None = None) -> dict[str, dict]:
     paths = {n: path(n, T, dtype, backward) for n in encodings()}
-    times = interleaved(contenders(T, dtype, flex, backward), rounds, number=1)
-    base = times["sdpa (causal)"]
-    return {n: {"median_s": statistics.median(ts), "ratio": ratio(ts, base), "path": paths.get(n, PEERS.get(n, "?"))}
-            for n, ts in times.items()}
+    fns = contenders(T, dtype, flex, backward)
+    if compare is not None:
+        fns = {**fns, **{f"{n} {VARIANT[compare]}": _variant(f, compare, threads) for n, f in fns.items()}}
+    times = interleaved(fns, rounds, number=1)
+    out = {}
+    for n, ts in times.items():
+        variant = compare is not None and n.endswith(f" {VARIANT[compare]}")
+        base = times["sdpa (causal)" + (f" {VARIANT[compare]}" if variant else "")]
+        plain = n[: -len(VARIANT[compare]) - 1] if variant else n
+        out[n] = {"median_s": statistics.median(ts), "ratio": ratio(ts, base), "path": paths.get(plain, PEERS.get(plain, "?"))}
+        if variant:  # the per-round quotient of this setting's ratio and the plain one's: the change it makes
+            plain_ts, plain_base = times[plain], times["sdpa (causal)"]
+            out[plain]["change"] = statistics.median(
+                [(t / b) / (pt / pb) for t, b, pt, pb in zip(ts, base, plain_ts, plain_base)])
+    return out
+
+
+# the name suffix of a contender timed under the compared setting
+VARIANT = {"flush": "(flushed)", "threads": "(1 thread)"}
+
+
+def _variant(f, compare: str, threads: int | None):
+    """``f`` under the compared setting: subnormals flushed on the calling thread, or one thread (torch's own
+    count, or ``threads``, put back after)."""
+    if compare == "flush":
+        def flushed():
+            torch.set_flush_denormal(True)
+            try:
+                return f()
+            finally:
+                torch.set_flush_denormal(False)
+        return flushed
+
+    def one_thread():
+        torch.set_num_threads(1)
+        try:
+            return f()
+        finally:
+            torch.set_num_threads(threads or ALL_THREADS)
+    return one_thread
+
+
+ALL_THREADS = torch.get_num_threads()  # as torch starts, before any --threads
 
 
 # profiler op names counted as encoding q, k (and v): the one-pass kernels' elementwise work
@@ -245,6 +291,25 @@ def memory(T: int, dtype: torch.dtype) -> str:
     return "\n".join(lines)
 
 
+def changes(results: dict, compare: str) -> str:
+    """Per encoding and length, the quotient of its ratio under the compared setting and its plain ratio."""
+    what = {"flush": "ratio with subnormals flushed / ratio with them kept",
+            "threads": "ratio at 1 thread / ratio at all threads (below 1: scales worse than SDPA)"}[compare]
+    lines = [f"\n{what} (median over rounds of the per-round quotient)\n"]
+    for dname, by_t in results.items():
+        Ts = list(by_t)
+        lines.append(f"\n{dname}\n")
+        lines.append("| encoding | " + " | ".join(f"T = {T}" for T in Ts) + " |")
+        lines.append("|---|" + "---|" * len(Ts))
+        names = [n for n in dict.fromkeys(n for T in Ts for n in by_t[T]) if "change" in by_t[Ts[0]].get(n, {})]
+        for n in names:
+            if n == "sdpa (causal)":
+                continue
+            lines.append(f"| {n} | " + " | ".join(f"{by_t[T][n]['change']:.2f}" if n in by_t[T] else "not run"
+                                                   for T in Ts) + " |")
+    return "\n".join(lines)
+
+
 def table(results: dict) -> str:
     lines = []
     for dname, by_t in results.items():
@@ -264,7 +329,7 @@ def table(results: dict) -> str:
 
 
 def write(results: dict, name: str, rounds: int, setting: dict) -> None:
-    text = table(results)
+    text = table(results) + (changes(results, setting["compare"]) if setting.get("compare") else "")
     RESULTS.mkdir(exist_ok=True)
     meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
             **machine(), **setting, "shape": [1, HEADS, "T", DIM], "rounds": rounds,
@@ -273,11 +338,18 @@ def write(results: dict, name: str, rounds: int, setting: dict) -> None:
     paths = "\n".join(f"- {d} T = {T}: " + "; ".join(f"{n}: {r['path']}" for n, r in rs.items())
                       for d, by_t in results.items() for T, rs in by_t.items())
     (RESULTS / f"{name}.md").write_text(
-        f"`{meta['command']}` (torch {torch.__version__}, {meta['cpu']}, {meta['threads']} threads, "
-        f"{setting['pass']}, subnormals {'flushed' if setting['flush_denormal'] else 'kept'}, load average "
+        f"`{meta['command']}` (torch {torch.__version__}, {meta['cpu']}, {meta['threads']} threads"
+        f"{' (and 1, compared)' if setting.get('compare') == 'threads' else ''}, {setting['pass']}, subnormals "
+        f"{_subnormals(setting)}, load average "
         f"after the run {', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n\n"
         f"CPU flags: {' '.join(meta['cpu_flags'])}\n{text}\n\npaths (observed on an untimed call, asserted):\n"
         f"{paths}\n")
+
+
+def _subnormals(setting: dict) -> str:
+    if setting.get("compare") == "flush":
+        return "kept and flushed, compared"
+    return "flushed" if setting["flush_denormal"] else "kept"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,12 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backward", action="store_true", help="forward + backward (q, k, v need a gradient)")
     p.add_argument("--flush-denormal", action="store_true",
                    help="flush subnormals to zero in this process (torch.set_flush_denormal) to show the difference")
+    p.add_argument("--compare", choices=sorted(VARIANT),
+                   help="time every contender also with subnormals flushed (flush) or at one thread (threads), "
+                        "in the same rounds, and report the change of every ratio")
     p.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="dtypes (default float32 bfloat16)")
     a = p.parse_args(argv)
+    if a.compare == "flush" and a.flush_denormal:
+        p.error("--compare flush times both settings itself: leave out --flush-denormal")
     if a.threads is not None:
         torch.set_num_threads(a.threads)
-    if a.flush_denormal and not torch.set_flush_denormal(True):
-        raise SystemExit("--flush-denormal: this CPU has no flush-to-zero mode torch can set")
+    if (a.flush_denormal or a.compare == "flush") and not torch.set_flush_denormal(True):
+        raise SystemExit("--flush-denormal / --compare flush: this CPU has no flush-to-zero mode torch can set")
+    if a.compare == "flush":
+        torch.set_flush_denormal(False)  # kept, but for the flushed contenders' calls
     if a.breakdown or a.memory:
         for T in a.lengths or [8192]:
             print((breakdown if a.breakdown else memory)(T, torch.float32))
@@ -308,17 +387,18 @@ def main(argv: list[str] | None = None) -> int:
     rounds = a.rounds or (3 if a.quick else 5)
     results: dict[str, dict] = {}
     name = ("attention_quick" if a.quick else "attention") + (f"_{a.threads}t" if a.threads else "") + (
-        "_bwd" if a.backward else "") + ("_ftz" if a.flush_denormal else "")
+        "_bwd" if a.backward else "") + ("_ftz" if a.flush_denormal else "") + (f"_{a.compare}_ab" if a.compare else "")
     setting = {"pass": "forward + backward" if a.backward else "forward", "flush_denormal": a.flush_denormal,
-               "dtypes": a.dtypes}
+               "dtypes": a.dtypes, "compare": a.compare}
     for dtype in (getattr(torch, d) for d in a.dtypes):
         dname = str(dtype).replace("torch.", "")
         results[dname] = {}
         for T in Ts:
             print(f"{dname} T={T} ...", file=sys.stderr, flush=True)
-            results[dname][T] = measure(T, dtype, rounds, not a.no_flex and T <= a.flex_max_length, a.backward)
+            results[dname][T] = measure(T, dtype, rounds, not a.no_flex and T <= a.flex_max_length, a.backward,
+                                        a.compare, a.threads)
             write(results, name, rounds, setting)  # after every length: a run cut short keeps what it measured
-    print(table(results))
+    print(table(results) + (changes(results, a.compare) if a.compare else ""))
     return 0 if all(math.isfinite(r["ratio"]) for d in results.values() for t in d.values() for r in t.values()) else 1
 
 
