@@ -206,8 +206,8 @@ def test_equal_times_starting_anywhere_take_the_tiled_triangle(monkeypatch):
        rate=st.floats(0.01, 0.5), retnet=st.booleans())
 def test_the_sampled_norms_never_change_the_fade_plan(seed, big_row, big, rate, retnet):
     """The fade plan reads every 16th row's norms first and gives up early only when even those windows (at
-    most the true ones) reach past half the sequence; the plan is the one from every row's norms, whatever row
-    holds the largest norm (a single huge row off the sample included)."""
+    most the true ones) reach past the share of the sequence (WINDOW_SHARE); the plan is the one from every
+    row's norms, whatever row holds the largest norm (a single huge row off the sample included)."""
     enc = lp.retnet(16, num_heads=4) if retnet else lp.decay(torch.full((16,), rate))
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 4, 512, 16, generator=g) for _ in range(3))
