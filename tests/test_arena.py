@@ -122,9 +122,9 @@ def test_every_element_of_an_arena_buffer_is_written_before_it_is_read(name, dty
 
 @pytest.mark.parametrize("B", [1, 2])  # one batch row: the tiles are views of x; two: copies
 def test_the_tiles_rows_as_one_node_give_the_gradient_of_one_gather_per_tile(B):
-    """``gather_rows`` (one autograd node, one buffer) equals a gather per tile: the same tiles forward, and for
+    """``row_source`` (one autograd node, one buffer) equals a gather per tile: the same tiles forward, and for
     any weighting of them the same gradient, to float32 rounding (only the order of the sums differs)."""
-    from liepos.attention_pieces import gather_rows
+    from liepos.attention_pieces import row_source
     from liepos.causal_tiling import tile_plan
 
     diag, off = tile_plan(300, 32)
@@ -134,30 +134,38 @@ def test_the_tiles_rows_as_one_node_give_the_gradient_of_one_gather_per_tile(B):
     weights = [torch.randn(r.gather(x.detach()).shape, generator=g) for r in rows]
     grads = []
     for one_node in (True, False):
-        tiles = gather_rows(x, rows) if one_node else [r.gather(x) for r in rows]
+        source = row_source(x, rows) if one_node else (lambda r: r.gather(x))
+        tiles = [source(r) for r in rows]
         assert all(torch.equal(a, r.gather(x.detach())) for a, r in zip(tiles, rows))
         (gx,) = torch.autograd.grad(sum((t * w).sum() for t, w in zip(tiles, weights)), [x])
         grads.append(gx)
     assert torch.allclose(grads[0], grads[1], rtol=1e-6, atol=1e-6)
 
 
-def test_tiled_attention_gradients_do_not_depend_on_how_the_rows_are_gathered(monkeypatch):
-    """Decay over the tiled triangle, forward + backward in float32: q, k and v's gradients with every tile's rows
-    gathered by one node equal those with a gather per tile."""
-    from liepos import causal_tiling
+@pytest.mark.parametrize("faded", [False, True])
+def test_tiled_attention_gradients_do_not_depend_on_how_the_rows_are_gathered(faded, monkeypatch):
+    """Decay over the tiled triangle, and a fast decay on the faded-keys path, forward + backward in float32: q, k
+    and v's gradients with every tile's rows gathered by one node per tensor equal those with a gather per tile."""
+    from liepos import causal_tiling, faded_keys
 
     g = torch.Generator().manual_seed(4)
     leaves = [torch.randn(1, 2, 700, 16, generator=g).requires_grad_() for _ in range(3)]
-    enc = lp.decay(torch.linspace(0.05, 0.5, 16))
+    enc = lp.decay(torch.full((16,), 0.5) if faded else torch.linspace(0.05, 0.5, 16))
+    plans = []
+    real_plan = faded_keys._fade_plan
+    monkeypatch.setattr(faded_keys, "_fade_plan", lambda call, b: plans.append(real_plan(call, b)) or plans[-1])
     got, nodes = [], []
     real = attention_pieces._Gather.apply
     monkeypatch.setattr(attention_pieces._Gather, "apply", lambda *a: nodes.append(1) or real(*a))
     for one_node in (True, False):
         if not one_node:
             assert len(nodes) == 3  # q, k and v: one node each
-            monkeypatch.setattr(causal_tiling, "gather_rows", lambda x, rows: [r.gather(x) for r in rows])
+            lazy = lambda x, rows: (lambda r: r.gather(x))  # noqa: E731
+            monkeypatch.setattr(causal_tiling, "row_source", lazy)
+            monkeypatch.setattr(faded_keys, "row_source", lazy)
         out = lp.attention(*leaves, enc)
         got.append((out.detach(), torch.autograd.grad((out * out.cos()).sum(), leaves)))
+    assert (plans[0] is not None) == faded  # the path the case is about
     (a, ga), (b, gb) = got
     assert torch.equal(a, b)
     for x, y in zip(ga, gb):

@@ -44,7 +44,7 @@ from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 
 __all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "Arena", "ARENA_BYTES", "arena", "slot", "tiles",
-           "gather_rows",
+           "row_source",
            "made", "fresh", "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -209,12 +209,15 @@ class _Gather(torch.autograd.Function):
 _GATHERED = (torch.float32, torch.float64)
 
 
-def gather_rows(x: torch.Tensor, rows: list[Rows]) -> list[torch.Tensor]:
-    """``[r.gather(x) for r in rows]``; when ``x`` needs a gradient, as one autograd node (:class:`_Gather`), so
-    that the backward of many tiles over the same tensor fills one buffer instead of one per tile."""
-    if not (torch.is_grad_enabled() and x.requires_grad) or len(rows) < 2 or x.dtype not in _GATHERED:
-        return [r.gather(x) for r in rows]
-    return list(_Gather.apply(x, tuple(rows)))
+def row_source(x: torch.Tensor, rows: Iterable[Rows]) -> Callable[[Rows], torch.Tensor]:
+    """A function giving ``r.gather(x)`` for each of the ``rows`` a tiling will ask for: gathered when asked
+    (so a streamed tile's rows are made with it), or, when ``x`` needs a gradient (float32 or float64), every
+    one at once as one autograd node (:class:`_Gather`), whose backward fills one buffer for all of them."""
+    wanted = list(dict.fromkeys(rows))
+    if not (torch.is_grad_enabled() and x.requires_grad) or len(wanted) < 2 or x.dtype not in _GATHERED:
+        return lambda r: r.gather(x)
+    got = dict(zip(wanted, _Gather.apply(x, tuple(wanted))))
+    return lambda r: got[r] if r in got else r.gather(x)
 
 
 def _sink_rows(sinks: torch.Tensor, work: torch.dtype) -> torch.Tensor:

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from liepos.attention_call import Call
-from liepos.attention_pieces import Arena, Rows, Tile, absmax, fresh, gather_rows, made, slot
+from liepos.attention_pieces import Arena, Rows, Tile, absmax, fresh, made, row_source, slot
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
 
@@ -145,30 +145,23 @@ def tiled(call: Call, b) -> torch.Tensor | None:
         return None
     diag, off = tile_plan(T, size)
     bound = fading_bound(call) if off else None  # the between tiles' thresholds, from one pass over q and k
-    # each tile's rows of q, k and v: gathered when made, or, for a gradient, every tile's at once (one
-    # autograd node per tensor, whose backward fills one buffer rather than one per tile)
-    qrows = [d[0] for d in diag] + [t[0] for t in off]
+    # each tile's rows of q, k and v (for a gradient, as one autograd node per tensor: :func:`row_source`)
     krows = [d[0] for d in diag] + [t[1] for t in off]
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    qs, ks, vs = (gather_rows(x, rs) if grad else None for x, rs in ((q, qrows), (k, krows), (v, krows)))
+    qs = row_source(q, [d[0] for d in diag] + [t[0] for t in off])
+    ks, vs = row_source(k, krows), row_source(v, krows)
 
-    def rows_of(xs: list[torch.Tensor] | None, x: torch.Tensor, i: int, rows: Rows) -> torch.Tensor:
-        return rows.gather(x) if xs is None else xs[i]
-
-    def diagonal(i: int, rows: Rows, o: int, arena: Arena | None = None) -> Tile:
+    def diagonal(rows: Rows, o: int, arena: Arena | None = None) -> Tile:
         # the block's times from its origin: −o … width − 1 − o
-        qe = enc._span(rows_of(qs, q, i, rows), -o, "query", into=slot(arena, "q", q.device))
-        ke = enc._span(rows_of(ks, k, i, rows), -o, "key", into=slot(arena, "k", q.device))
+        qe = enc._span(qs(rows), -o, "query", into=slot(arena, "q", q.device))
+        ke = enc._span(ks(rows), -o, "key", into=slot(arena, "k", q.device))
         # every factor within e^{±DIAGONAL_EXPONENT}: nothing underflows, nothing to clear
-        return Tile(rows, qe, ke, rows_of(vs, v, i, rows), True, first=True,
-                    owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), clean=True)
+        return Tile(rows, qe, ke, vs(rows), True, first=True, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v),
+                    clean=True)
 
-    def between(i: int, rq: Rows, rk: Rows, arena: Arena | None = None) -> Tile:
-        qe = enc._span(rows_of(qs, q, i, rq), 0, "query", fade=True, into=slot(arena, "q", q.device))  # t − p ≥ 0
-        ke = enc._span(rows_of(ks, k, i, rk), -rk.width, "key", into=slot(arena, "k", q.device))  # s − p < 0
-        return Tile(rq, qe, ke, rows_of(vs, v, i, rk), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v),
-                    bound=bound)
+    def between(rq: Rows, rk: Rows, arena: Arena | None = None) -> Tile:
+        qe = enc._span(qs(rq), 0, "query", fade=True, into=slot(arena, "q", q.device))  # t − p ≥ 0
+        ke = enc._span(ks(rk), -rk.width, "key", into=slot(arena, "k", q.device))  # s − p < 0
+        return Tile(rq, qe, ke, vs(rk), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), bound=bound)
 
-    makers = [partial(diagonal, i, *d) for i, d in enumerate(diag)]
-    makers += [partial(between, len(diag) + i, *t) for i, t in enumerate(off)]
+    makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]
     return made((B, H, T), makers, call.c, call.sinks)

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from liepos.attention_call import LOW, Call, row_norms
-from liepos.attention_pieces import Arena, Rows, Tile, made, slot
+from liepos.attention_pieces import Arena, Rows, Tile, made, row_source, slot
 from liepos.causal_tiling import FLASH_ROWS, diagonal_budget, fade_rates, fading_bound, tile_plan, tile_size, tiled
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
@@ -163,25 +163,34 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
     n, rest = divmod(T, n_b)
     blocks = Rows(0, n, n_b, 0, n_b)
     last = Rows(n * n_b, 1, rest, 0, rest) if rest else None
-    qe = enc._span(blocks.gather(q), 0, "query", fade=True).unflatten(0, (B, n))  # (B, n, H, n_b, D): t − p_i ≥ 0
+    diag, _ = tile_plan(T, n_b)
+
+    def key_blocks(d: int, tail: bool) -> Rows:  # the keys of block i − d for the queries of block i
+        return Rows((n - d) * n_b, 1, n_b, 0, n_b) if tail else Rows(0, n - d, n_b, 0, n_b)
+
+    # each tile's rows of q, k and v (for a gradient, as one autograd node per tensor: :func:`row_source`)
+    krows = [dg[0] for dg in diag] + [key_blocks(d, t) for d in range(1, m + 1) for t in (False, True) if rest or not t]
+    qs = row_source(q, [dg[0] for dg in diag] + [blocks] + ([last] if last is not None else []))
+    ks, vs = row_source(k, krows), row_source(v, krows)
+    qe = enc._span(qs(blocks), 0, "query", fade=True).unflatten(0, (B, n))  # (B, n, H, n_b, D): t − p_i ≥ 0
     work = torch.float32 if q.dtype in LOW else q.dtype
 
     bound = fading_bound(call)  # every block fades here (the plan's condition): the near tiles' thresholds
 
     def diagonal(rows: Rows, o: int, arena: Arena | None = None) -> Tile:  # within the diagonal budget: not cleared
-        qd = enc._span(rows.gather(q), -o, "query", into=slot(arena, "q", q.device))
-        kd = enc._span(rows.gather(k), -o, "key", into=slot(arena, "k", q.device))
-        return Tile(rows, qd, kd, rows.gather(v), True, first=True, clean=True)
+        qd = enc._span(qs(rows), -o, "query", into=slot(arena, "q", q.device))
+        kd = enc._span(ks(rows), -o, "key", into=slot(arena, "k", q.device))
+        return Tile(rows, qd, kd, vs(rows), True, first=True, clean=True)
 
     def tail_queries(arena: Arena | None) -> torch.Tensor:  # the last, partial block's queries at its p_i
-        return enc._span(_last(last).gather(q), 0, "query", fade=True, into=slot(arena, "q", q.device))
+        return enc._span(qs(_last(last)), 0, "query", fade=True, into=slot(arena, "q", q.device))
 
     def near(d: int, tail: bool, arena: Arena | None = None) -> Tile:  # queries of block i, keys of block i − d, at p_i
-        kb = Rows((n - d) * n_b, 1, n_b, 0, n_b) if tail else Rows(0, n - d, n_b, 0, n_b)
-        ke = enc._span(kb.gather(k), -d * n_b, "key", into=slot(arena, "k", q.device))  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
+        kb = key_blocks(d, tail)
+        ke = enc._span(ks(kb), -d * n_b, "key", into=slot(arena, "k", q.device))  # s − p_i ∈ [−d n_b, −(d − 1) n_b)
         if tail:
-            return Tile(_last(last), tail_queries(arena), ke, kb.gather(v), False, bound=bound)
-        return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, kb.gather(v), False, bound=bound)
+            return Tile(_last(last), tail_queries(arena), ke, vs(kb), False, bound=bound)
+        return Tile(Rows(d * n_b, n - d, n_b, 0, n_b), qe[:, d:].flatten(0, 1), ke, vs(kb), False, bound=bound)
 
     sums = v[:, :, : n * n_b].double().unflatten(2, (n, n_b)).sum(3).cumsum(2)  # (B, Hk, n, Dv): Σ_{s<(j+1)n_b}
 
@@ -198,7 +207,6 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
         return Tile(Rows((m + 1) * n_b, n - m - 1, n_b, 0, n_b), qe[:, m + 1 :].flatten(0, 1), kt, vt, False,
                     bias=bias)
 
-    diag, _ = tile_plan(T, n_b)
     makers = [partial(diagonal, *dg) for dg in diag]
     makers += [partial(near, d, False) for d in range(1, m + 1)] + [partial(near, d, True) for d in range(1, m + 1)
                                                                     if rest]
