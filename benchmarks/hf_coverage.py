@@ -128,6 +128,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     "apertus1p5_text": dict(vocab_size=266752),  # its audio and image token ranges sit at the top of the vocabulary
     "kyutai_speech_to_text": dict(vocab_size=4001),
     "dia_decoder": dict(cross_hidden_size=64),
+    "blt": dict(encoder_hash_byte_group_vocab=512),  # 500 002 hash rows per group otherwise: a minute of random init
     "step3p7": dict(sliding_window=16),
     # one layer per stack, one cycle each: num_hidden_layers = per stack · H_cycles · (L_cycles + 1)
     "hrm_text": dict(num_layers_per_stack=1, H_cycles=1, L_cycles=1, L_bp_cycles=[1]),
