@@ -153,6 +153,24 @@ def test_merge_is_the_log_sum_exp_merge(seed, lo, spread, half, first):
     assert torch.equal(O[~inside], before_O[~inside]) and torch.equal(L[~inside], before_L[~inside])
 
 
+@pytest.mark.parametrize("first", [False, True])
+def test_merge_splits_runs_of_rows_between_threads(first):
+    """Two threads over 3 · 9000 rows of 8 take chunks of the rows that start and end inside a run of the
+    last row axis (each run's offsets computed once, then stepped): every row merged as the reference merges it."""
+    g = torch.Generator().manual_seed(5)
+    O, L = torch.randn(1, 3, 1, 9000, 8, generator=g), 4 * torch.rand(1, 3, 1, 9000, generator=g)
+    o, Li = torch.randn(1, 3, 1, 9000, 8, generator=g), 4 * torch.rand(1, 3, 1, 9000, generator=g)
+    o, Li = o.transpose(1, 2).contiguous().transpose(1, 2), Li.transpose(1, 2).contiguous().transpose(1, 2)  # strided
+    wO, wL = _merge_ref(O, L, o, Li, first)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert _kernels.merge(O, L, o, Li, first)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.allclose(O, wO, rtol=1e-5, atol=1e-5) and torch.allclose(L, wL, rtol=1e-6, atol=1e-5)
+
+
 def test_merge_propagates_nan_and_refuses_what_it_cannot_take(small):
     """A NaN in a tile's output reaches its row's output (never hidden); a float64 state with float32 o, a
     state overlapping the tile's output, or strided rows are not taken (False: the torch ops run)."""

@@ -384,16 +384,18 @@ def _couple(out: torch.Tensor, cp, transpose: bool, pick) -> None:
         out[..., d].addcmul_(z[..., where[s]], coef[..., p])
 
 
-def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype,
+              take: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
     """An uninitialised tensor of ``x``'s shape with last dim ``width`` and dtype ``dtype``, its dimensions
     laid out in ``x``'s memory order (BHSD or BSHD, the last dim innermost): the output a kernel writes, so
-    that the output of an encoding has the strides of its input."""
-    if width == x.shape[-1] and dtype == x.dtype:
+    that the output of an encoding has the strides of its input. ``take``: a provider of the contiguous
+    tensor in that order (given its shape and dtype; a buffer the caller reuses), else a fresh one."""
+    if take is None and width == x.shape[-1] and dtype == x.dtype:
         return torch.empty_like(x)
     strides: list[int] = [x.stride(i) for i in range(x.dim() - 1)]
     order = sorted(range(x.dim() - 1), key=lambda i: -strides[i])  # outer → inner, last dim stays last
     shape = [x.shape[i] for i in order] + [width]
-    y = torch.empty(shape, dtype=dtype, device=x.device)
+    y = torch.empty(shape, dtype=dtype, device=x.device) if take is None else take(tuple(shape), dtype)
     inv = [0] * (x.dim() - 1)
     for pos, i in enumerate(order):
         inv[i] = pos

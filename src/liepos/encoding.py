@@ -26,7 +26,7 @@ import torch
 
 import liepos._graph as _graph
 from liepos._checks import check_choice, check_int, check_real, check_real_tensor, check_tensor, describe
-from liepos._fast import CACHE, FastTables, apply_fast, arange_start, fast_tables, table_window
+from liepos._fast import CACHE, FastTables, apply_fast, arange_start, empty_out, fast_tables, table_window
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
 from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, check_span, make_plan
@@ -589,7 +589,8 @@ class Encoding:
         ft = self._range_tables(p0, S, side, work, True, x.device)
         out_dtype = work if (self.num_slots and x.dtype in LOW_PRECISION) else x.dtype  # as _apply's slots
         grad = torch.is_grad_enabled() and x.requires_grad
-        out = None if into is None or grad or ft.identity else into((*x.shape[:-1], ft.width), out_dtype)
+        # into's buffer laid out in x's memory order, as a fresh output would be (a tile's rows keep the heads' order)
+        out = None if into is None or grad or ft.identity else empty_out(x, ft.width, out_dtype, into)
         return apply_fast(x, ft, out_dtype=out_dtype, into=out)
 
     def _content(self, x: torch.Tensor, positions: Any, side: str) -> torch.Tensor:

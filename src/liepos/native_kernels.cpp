@@ -643,25 +643,37 @@ void merge_typed(at::Tensor& O, at::Tensor& L, const at::Tensor& o, const at::Te
   };
   const auto strides = [](const at::Tensor& t) { return Strides{t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; };
   const Strides sO = strides(O), so = strides(o), sL = strides(L), sl = strides(Li);
+  constexpr W kNegInf = -std::numeric_limits<W>::infinity();
   at::parallel_for(0, rows, row_grain(D), [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; r++) {
-      const int64_t i0 = r / (n1 * n2 * n3), i1 = r / (n2 * n3) % n1, i2 = r / n3 % n2, i3 = r % n3;
+    // a task's rows as runs along the last row axis (n3): the index arithmetic once per run, then strides
+    for (int64_t r = lo; r < hi;) {
+      const int64_t run = r / n3, i3 = r % n3, n = std::min(hi - r, n3 - i3);
+      const int64_t i0 = run / (n1 * n2), i1 = run / n2 % n1, i2 = run % n2;
       const auto at = [&](const Strides& t) { return i0 * t.s0 + i1 * t.s1 + i2 * t.s2 + i3 * t.s3; };
-      W* __restrict__ Or = Op + at(sO);
-      const X* __restrict__ orow = op + at(so);
-      W& l = Lp[at(sL)];
-      const W li = lp[at(sl)];
-      if (first) {
-        for (int64_t d = 0; d < D; d++) Or[d] = ld(orow[d]);
-        l = li;
-        continue;
-      }
-      if (li == -std::numeric_limits<W>::infinity()) continue;
-      const W gap = l - li;
-      const W w = W(1) / (W(1) + std::exp(gap));
-      l = std::max(l, li) + std::log1p(std::exp(-std::abs(gap)));
+      W* Or = Op + at(sO);
+      const X* orow = op + at(so);
+      W* lr = Lp + at(sL);
+      const W* lir = lp + at(sl);
+      for (int64_t j = 0; j < n; j++, Or += sO.s3, orow += so.s3, lr += sL.s3, lir += sl.s3) {
+        W* __restrict__ Ow = Or;
+        const X* __restrict__ ow = orow;
+        const W li = *lir;
+        if (first) {
+          for (int64_t d = 0; d < D; d++) Ow[d] = ld(ow[d]);
+          *lr = li;
+          continue;
+        }
+        if (li == kNegInf) continue;
+        // one exponential: e = e^(-|L - Li|), w = e^(Li - L') = 1 / (1 + e^(L - Li)) (L < Li) or e / (1 + e),
+        // L' = max(L, Li) + log1p(e); L = -inf gives w = 1, L' = Li; a NaN propagates to w, L' and the row
+        const W l = *lr, gap = l - li;
+        const W e = std::exp(-std::abs(gap));
+        const W w = (gap > W(0) ? e : W(1)) / (W(1) + e);
+        *lr = std::max(l, li) + std::log1p(e);
 #pragma GCC ivdep
-      for (int64_t d = 0; d < D; d++) Or[d] += w * (ld(orow[d]) - Or[d]);
+        for (int64_t d = 0; d < D; d++) Ow[d] += w * (ld(ow[d]) - Ow[d]);
+      }
+      r += n;
     }
   });
 }
