@@ -503,3 +503,24 @@ def test_bfloat16_training_takes_the_small_tile_backward_and_matches_float64(mon
     assert calls and all(max(s[2], 1) <= ap.SMALL_TILE for s in calls)
     for a, b in zip(grads[torch.bfloat16], grads[torch.float64]):
         assert float((a - b).abs().max()) <= 2**-5 * float(b.abs().max())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_jordan_is_as_accurate_as_its_conditioning_allows(seed):
+    """``build("jordan", 64)`` on N(0, 1) inputs reaches logits of 10⁵ by 512 tokens (the binomial terms of its
+    slow 3×3 blocks grow like u²); over 2048 a rounding of q and k alone moves the float64 output by up to
+    3e-3·max|v|: the float32 output is as far from the float64 one as such a perturbation
+    (within 2⁻¹⁴·max|v| plus four times the largest of three), not closer than float32 itself allows."""
+    enc = lp.build("jordan", 64)
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, 2048, 64, generator=g) for _ in range(3))
+    with torch.no_grad():
+        want = lp.attention(q.double(), k.double(), v.double(), enc)
+        got = lp.attention(q, k, v, enc).double()
+        moved = []
+        for s in range(3):
+            h = torch.Generator().manual_seed(100 + s)
+            qp, kp = (x.double() * (1 + 2.0**-24 * torch.randn(x.shape, generator=h, dtype=F64)) for x in (q, k))
+            moved.append(float((lp.attention(qp, kp, v.double(), enc) - want).abs().max()))
+    scale = float(v.abs().max())
+    assert float((got - want).abs().max()) <= POLY_ROUNDING * scale + 4 * max(moved)
