@@ -73,6 +73,27 @@ def test_one_batch_row_keeps_the_heads_order_and_its_first_tile_is_the_output(na
     assert torch.allclose(two[:1], got, rtol=0, atol=2e-6) and torch.equal(two[0], two[1])
 
 
+def test_one_block_over_every_row_is_the_output_in_its_own_order(monkeypatch):
+    """A first tile that is one block over every row is the output whatever its memory order: q, k and v as
+    (B, S, H, D) tensors seen as (B, H, S, D), as a model's projections give them, are encoded in that order,
+    the flash kernel writes its output in it, and that output is returned, not copied."""
+    outs = []
+    real = attention_pieces._flash
+
+    def spy(*a, **kw):
+        o, L = real(*a, **kw)[:2]
+        outs.append(o.untyped_storage().data_ptr())
+        return o, L
+
+    monkeypatch.setattr(attention_pieces, "_flash", spy)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 256, 4, 64, generator=g).transpose(1, 2) for _ in range(3))  # (1, 4, 256, 64) views
+    with torch.no_grad():
+        got = lp.attention(q, k, v, lp.xpos(64))  # 256 rows: one causal block
+    assert len(outs) == 1 and got.untyped_storage().data_ptr() == outs[0] and not got.is_contiguous()
+    assert torch.allclose(got, lp.attention(q.double(), k.double(), v.double(), lp.xpos(64)).float(), atol=1e-5)
+
+
 def test_autograd_tiles_never_take_the_arena(monkeypatch):
     """Tiles made for the backward are saved by autograd: a later call that rewrites the arena leaves their
     gradients as they were."""
