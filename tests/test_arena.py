@@ -51,8 +51,8 @@ def test_streamed_tiles_write_into_the_arena_and_give_the_same_bits(name, dtype,
 def test_one_batch_row_keeps_the_heads_order_and_its_first_tile_is_the_output(name, monkeypatch):
     """With one batch row every tile's rows keep the heads outermost in memory, its encodings in the arena too
     (the order a fresh output of ``query`` takes), so the flash kernel, which writes in q's order, gives the
-    first tile (the diagonal blocks, every row in order) as the ``(1, H, T, D)`` output itself: no copy into a
-    fresh state. The output equals that of a batch of two (whose tiles are copies, merged into a fresh state)."""
+    first tile (the diagonal blocks, every row in order, never cleared) as the ``(1, H, T, D)`` output itself:
+    no copy into a fresh state. The output equals that of a batch of two (whose tiles are copies, merged into a fresh state)."""
     enc = lp.build(name, 64, 4) if name != "jordan" else lp.build(name, 64)
     q, k, v = _qkv()
     outs, orders = [], []
@@ -67,7 +67,7 @@ def test_one_batch_row_keeps_the_heads_order_and_its_first_tile_is_the_output(na
     monkeypatch.setattr(attention_pieces, "_flash", spy)
     with torch.no_grad():
         got = lp.attention(q, k, v, enc)
-        assert len(outs) > 1 and all(orders), orders
+        assert len(outs) > 1 and orders[0], orders  # the diagonal blocks' (the others' may be cleared copies)
         assert got.is_contiguous() and got.untyped_storage().data_ptr() == outs[0]
         two = lp.attention(*(torch.cat([t, t]) for t in (q, k, v)), enc)
     assert torch.allclose(two[:1], got, rtol=0, atol=2e-6) and torch.equal(two[0], two[1])
