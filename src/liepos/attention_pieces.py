@@ -308,7 +308,6 @@ def _small_backward(dO, q, k, v, O, L, dropout, causal, attn_mask=None, scale=1.
     return dQ.to(q.dtype), dK.to(k.dtype), dV.to(v.dtype)
 
 
-
 def _merge(shape, rows, outs, lses, sinks):
     """``(O, L)`` of tiles' outputs and log-sum-exps over their rows (sinks join every row's ``L``)."""
     B, H, T, Dv = shape
