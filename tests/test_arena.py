@@ -4,6 +4,7 @@ tensors."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -92,6 +93,35 @@ def test_one_block_over_every_row_is_the_output_in_its_own_order(monkeypatch):
         got = lp.attention(q, k, v, lp.xpos(64))  # 256 rows: one causal block
     assert len(outs) == 1 and got.untyped_storage().data_ptr() == outs[0] and not got.is_contiguous()
     assert torch.allclose(got, lp.attention(q.double(), k.double(), v.double(), lp.xpos(64)).float(), atol=1e-5)
+
+
+def test_the_small_tiles_backward_takes_its_temporaries_from_the_arena(monkeypatch):
+    """A bfloat16 backward forms its small tiles' products in buffers of this thread's arena (the same storage on
+    a second step: pages already mapped), and its gradients are bit for bit those of fresh temporaries."""
+    enc = lp.build("decay", 64, 4)
+    raw = _qkv(dtype=torch.bfloat16)
+    taken: list[int] = []
+    real = Arena.slot
+
+    def spy(self, slot_name, device):
+        take = real(self, slot_name, device)
+        return lambda shape, dt: taken.append((t := take(shape, dt)).untyped_storage().data_ptr()) or t
+
+    def grads():
+        q, k, v = (x.clone().requires_grad_() for x in raw)
+        lp.attention(q, k, v, enc).square().sum().backward()
+        return [x.grad for x in (q, k, v)]
+
+    monkeypatch.setattr(Arena, "slot", spy)
+    got = grads()
+    first = set(taken)
+    taken.clear()
+    again = grads()
+    assert taken and set(taken) <= first  # the second backward reuses the first's buffers
+    monkeypatch.setattr(attention_pieces, "arena", lambda: contextlib.nullcontext(Arena(cap=0)))  # every one fresh
+    fresh = grads()
+    for a, b, c in zip(got, again, fresh):
+        assert torch.equal(a, c) and torch.equal(b, c)
 
 
 def test_autograd_tiles_never_take_the_arena(monkeypatch):

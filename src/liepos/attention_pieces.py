@@ -118,8 +118,10 @@ class Arena:
     """The buffers that streamed tiles (:func:`made`) write their own encodings into, one per name (``"q"``,
     ``"k"``) and dtype: a streamed tile is attended and let go before the next is made, so its buffers are free
     again, and a tile writes into pages already mapped and warm in the cache instead of fresh ones (a page
-    fault per 4 KiB). One arena per thread is kept from call to call (:func:`arena`), holding at most
-    :data:`ARENA_BYTES`; a larger request gets a fresh tensor that is not kept."""
+    fault per 4 KiB). A half-precision small tile's backward (:func:`_small_backward`) keeps its temporaries
+    there too (names ``"b…"``; the arena is idle during a backward). One arena per thread is kept from call to
+    call (:func:`arena`), holding at most :data:`ARENA_BYTES`; a larger request gets a fresh tensor that is not
+    kept."""
 
     def __init__(self, cap: int | None = None) -> None:
         self.cap = ARENA_BYTES if cap is None else cap
@@ -286,26 +288,36 @@ def _small_backward(dO, q, k, v, O, L, dropout, causal, attn_mask=None, scale=1.
     float32 products on an AVX512-BF16 EPYC; decay's forward + backward at T = 2048 0.92× and 0.88–0.97× on one
     and two threads)."""
     work = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
-    qf, kf, vf, dOf, Of = (x.to(work) for x in (q, k, v, dO, O))
-    S = torch.matmul(qf, kf.transpose(-1, -2)).mul_(scale)  # (N, H, w, S)
-    if attn_mask is not None:
-        S.add_(attn_mask.to(work))
-    if causal:
-        w, n = S.shape[-2:]
-        S.masked_fill_(torch.ones(w, n, dtype=torch.bool, device=S.device).triu_(1), -math.inf)
-    P = S.sub_(L.to(work).unsqueeze(-1)).exp_()  # (N, H, w, S): the merged row's probabilities
-    dS = torch.matmul(dOf, vf.transpose(-1, -2)).sub_((dOf * Of).sum(-1, keepdim=True)).mul_(P)  # (N, H, w, S)
-    if q.dtype == torch.bfloat16:
-        # the three products that are the gradients in bfloat16 (float32's range; the CPU's matrix kernels
-        # accumulate in float32 and round once, as the flash kernel does with its probabilities): P and c·dS
-        # rounded to it once. float16 keeps float32 products: its range would flush small terms of dS
-        Ph, dSh = P.to(q.dtype), dS.mul_(scale).to(q.dtype)
-        dV = torch.matmul(Ph.transpose(-1, -2), dO.to(q.dtype))  # (N, H, S, Dv)
-        return torch.matmul(dSh, k.to(q.dtype)), torch.matmul(dSh.transpose(-1, -2), q), dV.to(v.dtype)
-    dV = torch.matmul(P.transpose(-1, -2), dOf)  # (N, H, S, Dv)
-    dQ = torch.matmul(dS, kf).mul_(scale)  # (N, H, w, D)
-    dK = torch.matmul(dS.transpose(-1, -2), qf).mul_(scale)  # (N, H, S, D)
-    return dQ.to(q.dtype), dK.to(k.dtype), dV.to(v.dtype)
+    with arena() as scratch:  # the temporaries in this thread's arena (idle during a backward): pages already mapped
+
+        def into(name: str, shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return scratch.slot(name, q.device)(tuple(shape), dtype)
+
+        def widened(name: str, x: torch.Tensor) -> torch.Tensor:
+            return x if x.dtype == work else into(name, x.shape, work).copy_(x)
+
+        qf, kf, vf, dOf, Of = (widened(n, x) for n, x in zip(("bq", "bk", "bv", "bdO", "bO"), (q, k, v, dO, O)))
+        N, H, w, n = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        S = torch.matmul(qf, kf.transpose(-1, -2), out=into("bS", (N, H, w, n), work)).mul_(scale)  # (N, H, w, S)
+        if attn_mask is not None:
+            S.add_(attn_mask.to(work))
+        if causal:
+            S.masked_fill_(torch.ones(w, n, dtype=torch.bool, device=S.device).triu_(1), -math.inf)
+        P = S.sub_(L.to(work).unsqueeze(-1)).exp_()  # (N, H, w, S): the merged row's probabilities
+        dS = torch.matmul(dOf, vf.transpose(-1, -2), out=into("bdS", (N, H, w, n), work))  # (N, H, w, S)
+        dS.sub_((dOf * Of).sum(-1, keepdim=True)).mul_(P)
+        if q.dtype == torch.bfloat16:
+            # the three products that are the gradients in bfloat16 (float32's range; the CPU's matrix kernels
+            # accumulate in float32 and round once, as the flash kernel does with its probabilities): P and c·dS
+            # rounded to it once. float16 keeps float32 products: its range would flush small terms of dS
+            Ph = into("bPh", P.shape, q.dtype).copy_(P)
+            dSh = into("bdSh", dS.shape, q.dtype).copy_(dS.mul_(scale))
+            dV = torch.matmul(Ph.transpose(-1, -2), dO.to(q.dtype))  # (N, H, S, Dv)
+            return torch.matmul(dSh, k.to(q.dtype)), torch.matmul(dSh.transpose(-1, -2), q), dV.to(v.dtype)
+        dV = torch.matmul(P.transpose(-1, -2), dOf)  # (N, H, S, Dv)
+        dQ = torch.matmul(dS, kf).mul_(scale)  # (N, H, w, D)
+        dK = torch.matmul(dS.transpose(-1, -2), qf).mul_(scale)  # (N, H, S, D)
+        return dQ.to(q.dtype), dK.to(k.dtype), dV.to(v.dtype)
 
 
 def _merge(shape, rows, outs, lses, sinks):
