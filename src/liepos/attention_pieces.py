@@ -542,16 +542,17 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
         o, Li = _flash(*fitted, 0.0, p.causal, attn_mask=p.bias, scale=c)
     r = p.rows
     B, H, T = shape
-    if not state and p.first and r == Rows(0, 1, T, 0, T) and o.dtype == Li.dtype:
-        state += [o, Li]  # the first tile holds every row: its output, in whatever order, is the running state
-        return
-    if (not state and p.first and B == 1 and r.start == 0 and r.a == 0 and r.b == r.period and r.count * r.period == T
-            and o.dtype == Li.dtype and o.transpose(0, 1).is_contiguous()):
-        # the first tile's blocks are every row in order and its output (count, H, w, ·) lies in memory as
-        # (H, count, w, ·) (the kernel writes in q's order, and a tile's rows of one batch row keep the heads'
-        # order, :meth:`liepos.Encoding._span`): it is the running (1, H, T, ·) state, not copied into a fresh one
-        state += [o.transpose(0, 1).view(B, H, T, o.shape[-1]), Li.transpose(0, 1).reshape(B, H, T)]
-        return
+    every = r.start == 0 and r.a == 0 and r.b == r.period and r.count * r.period == T  # every row, in order
+    if not state and p.first and every and o.dtype == Li.dtype:
+        if r.count == 1:  # one block over every row: its output, in whatever order, is the running state
+            state += [o, Li]
+            return
+        if B == 1 and o.transpose(0, 1).is_contiguous():
+            # blocks whose output (count, H, w, ·) lies in memory as (H, count, w, ·) (the kernel writes in q's
+            # order, and a tile's rows of one batch row keep the heads' order, :meth:`liepos.Encoding._span`): it
+            # is the running (1, H, T, ·) state, not copied into a fresh one
+            state += [o.transpose(0, 1).view(B, H, T, o.shape[-1]), Li.transpose(0, 1).reshape(B, H, T)]
+            return
     if not state:
         state += [torch.empty(B, H, T, o.shape[-1], dtype=Li.dtype, device=o.device),
                   torch.empty((B, H, T), dtype=Li.dtype, device=o.device)]
