@@ -316,16 +316,16 @@ def test_tiles_keep_a_query_whose_factor_underflows():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_diagonal_blocks_at_the_edge_of_their_budget(dtype):
-    """The diagonal budget lets a block's factors reach e^{±DIAGONAL_EXPONENT} (e^{±22}): a masked pair
-    (the block's last key seen from its first query) scores e^{1.38·30}·q_i k_i, far above every visible
+    """The diagonal budget lets a block's factors reach e^{±DIAGONAL_EXPONENT} (e^{±32}): a masked pair
+    (the block's last key seen from its first query) scores e^{2.2·28}·q_i k_i, far above every visible
     one, and the causal kernel overwrites it before the softmax; the smallest factor stays a normal number
-    and so does every visible product (``e^{−λ(t − s)} ≥ e^{−44}``). The output is the reference's."""
-    rate = 1.38  # allowed 22 / 1.38 = 15.9 around the origin: blocks of 31 rows
+    and so does every visible product of factors (``e^{−λ(t − s)} ≥ e^{−64}``). The output is the reference's."""
+    rate = 2.2  # allowed 32 / 2.2 = 14.5 around the origin: blocks of 29 rows
     enc = lp.decay([rate, 0.5, 0.0])
     T = 512
     size = causal_tiling.tile_size(origin_budget.allowed(causal_tiling.diagonal_budget((rate, 0.0, math.inf), dtype)),
                                    T)
-    assert size == 2 * math.floor(causal_tiling.DIAGONAL_EXPONENT / rate) + 1 == 31
+    assert size == 2 * math.floor(causal_tiling.DIAGONAL_EXPONENT / rate) + 1 == 29
     q, k, v = inputs(T, 2, 3, dtype, seed=12)
     q, k = 8 * q, 8 * k
     o = size // 2

@@ -166,7 +166,7 @@ def test_within_the_budget_is_every_distance_to_the_row_origin_up_to_the_limits_
 def test_diagonal_tiles_are_sized_as_documented():
     """``tile_size``: every time within ``allowed`` of the middle origin (``2⌊allowed⌋ + 1`` rows); below 32
     rows that, a whole sequence when it fits, else the multiple of the flash kernel's 32 rows giving the fewest
-    flash calls, the larger on a tie; and the diagonal budget is ``min(22, log(max) / 2)``."""
+    flash calls, the larger on a tie; and the diagonal budget is ``min(32, log(max) / 2)``."""
     import math
 
     from liepos import causal_tiling as ct
@@ -181,7 +181,7 @@ def test_diagonal_tiles_are_sized_as_documented():
         calls = {u: sum(map(len, ct.tile_plan(T, u))) for u in range(32, top + 1, 32)}
         assert w % 32 == 0 and calls[w] == min(calls.values()) and w == max(u for u, n in calls.items() if n == calls[w])
     b = (1.0, 29.0, 512.0)
-    assert ct.diagonal_budget(b, torch.float32) == ct.diagonal_budget(b, torch.bfloat16) == (1.0, 22.0, 512.0)
+    assert ct.diagonal_budget(b, torch.float32) == ct.diagonal_budget(b, torch.bfloat16) == (1.0, 32.0, 512.0)
     assert ct.diagonal_budget(b, torch.float16) == (1.0, math.log(torch.finfo(torch.float16).max) / 2, 512.0)
 
 

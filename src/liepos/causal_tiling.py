@@ -88,9 +88,11 @@ FLASH_ROWS = 32
 
 
 # largest |λ|·|t − o| of a tiled diagonal block: a query factor e^{−λ(t − o)} and a key factor
-# e^{λ(s − o)} each ≥ e^{−22} ≈ 2^-31.7, so every product the kernel forms of them, e^{−λ(t − s)}, is at
-# least 2^-63.5 times the raw entries' product: a normal float32 / bfloat16 number (no microcode assist)
-DIAGONAL_EXPONENT = 22.0
+# e^{λ(s − o)} each ≥ e^{−32} ≈ 2^-46.2, so every product of two of them the kernel forms, e^{−λ(t − s)}, is
+# at least e^{−64} ≈ 2^-92.3: a normal float32 / bfloat16 number (no microcode assist), and so is its product
+# with any two raw entries whose own product is at least 2^-34. At the catalogue decay's fastest rate, 1/2,
+# blocks of 128 rows (e^{±22} gave 64: one more flash call, one more encoding and merge of every row)
+DIAGONAL_EXPONENT = 32.0
 
 
 def diagonal_budget(b: tuple[float, float, float], dtype: torch.dtype) -> tuple[float, float, float]:
@@ -98,7 +100,7 @@ def diagonal_budget(b: tuple[float, float, float], dtype: torch.dtype) -> tuple[
     :data:`DIAGONAL_EXPONENT` (at most the square root of the dtype's range) instead of the cube root of
     the range. Only the causal kernel reads them, and it overwrites every masked score (``s > t``, where
     ``F(t − o)ᵀ G(s − o)`` grows) before the softmax, while every visible product is at most the true
-    ``e^{−λ(t − s)}`` and at least ``e^{−44}``: neither factor nor product is a subnormal number. The
+    ``e^{−λ(t − s)}`` and at least ``e^{−64}``: neither factor nor product of factors is a subnormal number. The
     general path adds its mask and keeps the cube root."""
     rate, _, poly_span = b
     work = dtype if dtype in (torch.float16, torch.float64, torch.float32) else torch.float32
