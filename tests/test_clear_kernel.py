@@ -114,8 +114,11 @@ def test_the_gradient_passes_through_the_clearing(any_size):
 @pytest.mark.parametrize("name", ["decay", "retnet", "jordan"])
 def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
     """At the benchmark's shape the tiles take the native ops (each tile clearing its own encoded q and k in
-    place), and give the bits of the torch ops' clearing. (RetNet at 1024 is one causal block, within the
-    diagonal budget: nothing to clear; at 2048 its fast head fades.)"""
+    place, or decay's and RetNet's in the pass that encodes them), and give the bits of the torch ops' clearing.
+    (RetNet at 1024 is one causal block, within the diagonal budget: nothing to clear; at 2048 its fast head
+    fades.)"""
+    from liepos import causal_tiling
+
     monkeypatch.setattr(_kernels, "_ran", set())
     enc = lp.build(name, 64, 8) if name != "jordan" else lp.build(name, 64)
     T = 2048 if name == "retnet" else 1024
@@ -124,8 +127,50 @@ def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
     pos = torch.arange(T)
     with torch.no_grad():
         got = lp.attention(q, k, v, enc, positions=pos)
-        assert {"clear_ torch.float32", "absmax torch.float32"} <= set(_kernels.status()["native"])
+        ran = set(_kernels.status()["native"])
+        assert "absmax torch.float32" in ran
+        fused = {"decay": "scale torch.float32", "retnet": "planes torch.float32"}.get(name)  # cleared as encoded
+        assert (fused in ran and "clear_ torch.float32" not in ran) if fused else "clear_ torch.float32" in ran, ran
         monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: None)
         monkeypatch.setattr(_kernels, "absmax", lambda x: None)
+        monkeypatch.setattr(causal_tiling, "clear_thresholds", lambda *a: None)  # the tiles cleared after encoding
         want = lp.attention(q, k, v, enc, positions=pos)
-    assert torch.equal(got, want)
+    if name == "retnet":  # its planes there by the native op (fused multiply-adds), here by torch's complex product
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * float(want.abs().max()))
+    else:
+        assert torch.equal(got, want)
+
+
+@given(dtype=st.sampled_from(DTYPES), pairs=st.booleans(), conj=st.booleans(), kind=st.sampled_from(["contiguous", "bshd"]),
+       tau=st.sampled_from([0.0, 1e-7, 1e-3, 0.5, "an output's own magnitude"]), specials=SPECIALS,
+       seed=st.integers(0, 2**16), S=st.integers(1, 9), D=st.sampled_from([2, 16, 64]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_scale_and_planes_clear_in_their_own_pass_as_clear_does(dtype, pairs, conj, kind, tau, specials, seed, S, D,
+                                                                   any_size):
+    """``multiply(..., clear=τ)`` (the encodings of a tile between its keys and its queries) writes the bits of
+    ``multiply`` followed by ``clear_below``: the product rounded to x's dtype, +0 where that is below τ
+    (an output exactly at τ kept), NaN kept; τ = 0 clears nothing, -0 included."""
+    x = _view(_values(1e-2, specials, (2, 3, 2 * S, D), seed, dtype), kind)
+    g = torch.Generator().manual_seed(seed + 1)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    if pairs:
+        t = torch.polar(torch.rand(2 * S, D // 2, generator=g, dtype=work), torch.rand(2 * S, D // 2, generator=g,
+                                                                                         dtype=work) * 6)
+    else:
+        t = torch.rand(2 * S, D, generator=g, dtype=work) * 10.0 ** torch.randint(-12, 1, (2 * S, D), generator=g)
+    plain = _kernels.multiply(x, t, torch.empty(x.shape, dtype=dtype), conj=conj and pairs)
+    assert plain is not None
+    if tau == "an output's own magnitude":
+        finite = plain[plain.isfinite() & (plain != 0)]
+        tau = float(finite.abs().flatten()[seed % finite.numel()]) if finite.numel() else 1e-3
+    got = _kernels.multiply(x, t, torch.empty(x.shape, dtype=dtype), conj=conj and pairs, clear=tau)
+    want = _kernels.clear_below(plain, tau)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    assert got is not None and torch.equal(got.contiguous().view(bits), want.view(bits))
+
+
+def test_a_bad_clearing_threshold_is_refused_by_name(any_size):
+    _kernels._ops()
+    x = torch.ones(1, 1, 2, 2)
+    with pytest.raises(RuntimeError, match="scale: tau must be at least 0, got -1"):
+        torch.ops.liepos_native.scale(x, x, 2, torch.empty_like(x), -1.0)

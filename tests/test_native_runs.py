@@ -230,13 +230,14 @@ def test_attention_equals_itself_without_the_new_kernels(name, dtype, monkeypatc
     with torch.no_grad():
         got = lp.attention(q, k, v, enc)
         ran = set(_kernels.status()["native"])
-        # decay and Jordan: the off-diagonal tiles' own q and k cleared in place, and the tiles merged (xpos and
-        # RetNet at this length: one causal block, within the diagonal budget, nothing to clear; its bfloat16
-        # output still passes the merge, which writes it into the float32 state); Jordan's half precision
-        # attends in float32
+        # Jordan: the off-diagonal tiles' own q and k cleared in place, decay's in the pass that encodes them, and
+        # the tiles merged (xpos and RetNet at this length: one causal block, within the diagonal budget, nothing
+        # to clear; its bfloat16 output still passes the merge, which writes it into the float32 state); Jordan's
+        # half precision attends in float32
         work = torch.float32 if name == "jordan" else dtype
         one_block = name in ("xpos", "retnet")
-        assert (f"clear_ {work}" in ran) != one_block, ran
+        assert (f"clear_ {work}" in ran) == (name == "jordan"), ran
+        assert (f"scale {work}" in ran) == (name == "decay"), ran
         assert f"merge {work}" in ran or (one_block and work == torch.float32), ran
         monkeypatch.setattr(_kernels, "merge", lambda *a: False)
         monkeypatch.setattr(_kernels, "multiply", lambda *a, **kw: None)

@@ -190,3 +190,42 @@ def test_query_and_key_of_an_integer_range_equal_the_general_path(name, p0, S, f
     got = fn(x, positions)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # bit for bit (an inf·0 NaN alike)
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_span_cleared_in_its_pass_equals_the_span_cleared_after(name, dtype):
+    """``_span(..., clear=τ)``: the span's values with every entry below τ +0, the same bits whether its encoding
+    takes the clearing into its one native pass (decay dims, rotation planes) or clears after it (Jordan terms, the
+    half layout, slots), into a buffer or a fresh tensor; refused with a gradient."""
+    from liepos._fast import clear_small
+
+    enc = ENCODINGS[name]()
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(1, 2, 300, enc.content_dim, dtype=F64, generator=g) * 1e-3).to(dtype)
+    buf = lambda shape, dt: torch.empty(shape, dtype=dt)  # noqa: E731
+    for side, p0, fade in (("query", 0, True), ("key", -300, False)):
+        want = clear_small(enc._span(x, p0, side, fade=fade), 3e-4)
+        for into in (buf, None):
+            got = enc._span(x, p0, side, fade=fade, into=into, clear=3e-4)
+            assert torch.equal(got, want) and (got == 0).any()
+    with pytest.raises(ValueError, match=r"clear=0.0003 needs no gradient \(a cleared entry would take none\)"):
+        enc._span(x.float().requires_grad_(), 0, "key", into=buf, clear=3e-4)
+
+
+def test_between_tiles_come_cleared_from_their_encoding(monkeypatch):
+    """Streamed (no gradient), a fading encoding's tiles between keys and queries are cleared by the encoding's own
+    pass: no clearing pass runs over them after, and the output has the bits of the separate clearing."""
+    from liepos import _kernels, causal_tiling
+
+    enc = lp.build("decay", 64, 8)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 8, 1024, 64, generator=g) for _ in range(3))
+    passes, real = [], _kernels.clear_below
+    monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: passes.append(1) or real(x, tau, into))
+    with torch.no_grad():
+        got = attention(q, k, v, enc)
+        assert passes == []
+        monkeypatch.setattr(causal_tiling, "clear_thresholds", lambda *a: None)  # the clearing after each encoding
+        want = attention(q, k, v, enc)
+    assert passes and torch.equal(got, want)

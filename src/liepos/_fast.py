@@ -53,7 +53,7 @@ import liepos._triton as _triton
 from liepos.tables import Tables
 
 __all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast", "transform", "empty_out", "table_window",
-           "arange_start"]
+           "arange_start", "clear_small"]
 
 _LOW = (torch.float16, torch.bfloat16)
 # float32 scratch per chunk when a half-precision input is processed (elements)
@@ -402,16 +402,49 @@ def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype,
     return y.permute(*inv, x.dim() - 1)
 
 
+def clear_small(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` with every entry below ``tau`` in magnitude set to +0 (every other entry, NaN included, as it is),
+    half precision compared in float32: the native clear op (:func:`liepos._kernels.clear_below`; ``into``: x
+    itself, cleared in place, or a contiguous buffer of its shape and dtype), else ``masked_fill`` (in place when
+    ``into`` is x, else a fresh tensor)."""
+    y = _kernels.clear_below(x, tau, into=into)
+    if y is not None:
+        return y
+    a = x.abs()
+    small = (a if a.dtype in (torch.float32, torch.float64) else a.float()) < tau
+    return x.masked_fill_(small, 0) if into is x else x.masked_fill(small, 0)
+
+
+def _multiplied_cleared(x: torch.Tensor, ft: FastTables, conj: bool, out_dtype: torch.dtype | None,
+                        into: torch.Tensor | None, clear: float) -> torch.Tensor | None:
+    """The transform and its clearing as one native pass, when it is one diagonal run (decay dims, or rotation
+    planes of any damping) over every column: :func:`liepos._kernels.multiply` with ``clear``; else None."""
+    r = ft.runs[0] if len(ft.runs) == 1 else None
+    if (r is None or r.kind not in ("real", "complex") or r.lo != 0 or r.hi != x.shape[-1] or ft.coupling is not None
+            or (ft.slot_vals is not None and not conj) or (out_dtype or x.dtype) != x.dtype):
+        return None
+    out = into if into is not None else empty_out(x, x.shape[-1], x.dtype)
+    return _kernels.multiply(x, r.tab, out, conj=conj, clear=clear)
+
+
 def transform(
     x: torch.Tensor, ft: FastTables, inplace: bool, conj: bool = False, out_dtype: torch.dtype | None = None,
-    into: torch.Tensor | None = None,
+    into: torch.Tensor | None = None, clear: float = 0.0,
 ) -> torch.Tensor:
     """``y = M x`` (``conj``: ``Mᵀ x``) of ``x``'s first ``ft.content`` columns, the slot values appended
     (not under ``conj``): the kernel dispatch of :func:`apply_fast` (Triton, the one-pass kernels, the torch
     ops) without its autograd and its input checks; ``inplace`` writes into ``x``, which the caller has
     checked can hold the result. ``into`` (out of place): a tensor of the result's shape and dtype, sharing no
     memory with ``x``, written instead of a fresh one (a caller's reused buffer, its pages already mapped);
-    the result is what is returned, which a path with its own output (Triton) leaves ``into`` unwritten for."""
+    the result is what is returned, which a path with its own output (Triton) leaves ``into`` unwritten for.
+    ``clear > 0`` (out of place): every entry of the result below it in magnitude is +0 (:func:`clear_small`),
+    in the transform's own pass where that is one native kernel call."""
+    if clear:
+        y = None if inplace else _multiplied_cleared(x, ft, conj, out_dtype, into, clear)
+        if y is None:
+            y = transform(x, ft, inplace, conj, out_dtype, into)
+            y = clear_small(y, clear, into=y)
+        return y
     width = ft.width if not conj else ft.content
     if into is not None and (inplace or into.shape != (*x.shape[:-1], width)
                              or into.dtype != (out_dtype or x.dtype) or into.device != x.device):
@@ -602,10 +635,14 @@ def _overlaps(x: torch.Tensor) -> bool:
 
 def apply_fast(
     x: torch.Tensor, ft: FastTables, inplace: bool = False, out_dtype: torch.dtype | None = None,
-    into: torch.Tensor | None = None,
+    into: torch.Tensor | None = None, clear: float = 0.0,
 ) -> torch.Tensor:
     """``M x`` with slots appended; differentiable in ``x`` through :class:`_Apply`. ``into``: where to write
-    the result when nothing needs a gradient (:func:`transform`'s); the returned tensor is the result."""
+    the result when nothing needs a gradient (:func:`transform`'s); the returned tensor is the result.
+    ``clear``: :func:`transform`'s, out of place and without a gradient only."""
+    if clear and (inplace or (torch.is_grad_enabled() and x.requires_grad)):
+        raise ValueError(f"apply_fast: clear={clear!r} needs an output of its own and no gradient (the cleared "
+                         "entries would take none)")
     if inplace and ft.width != x.shape[-1]:
         raise ValueError(f"inplace needs an output as wide as the input ({x.shape[-1]}); slots make it {ft.width}")
     if inplace and _overlaps(x):
@@ -615,10 +652,10 @@ def apply_fast(
             f"inplace=True needs a tensor whose elements have memory of their own, got shape {tuple(x.shape)} "
             f"with strides {x.stride()} (an expanded or self-overlapping view): pass x.contiguous(), or inplace=False")
     if ft.identity and ft.slot_vals is None:
-        return x if inplace else x.clone()
+        return x if inplace else clear_small(x, clear) if clear else x.clone()
     if torch.is_grad_enabled() and x.requires_grad:
         return _Apply.apply(x, ft, inplace, out_dtype)
-    return transform(x, ft, inplace, out_dtype=out_dtype, into=into)
+    return transform(x, ft, inplace, out_dtype=out_dtype, into=into, clear=clear)
 
 
 # ---------------------------------------------------------------------- the cache

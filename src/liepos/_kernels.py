@@ -589,10 +589,13 @@ def apply_terms(
     return y
 
 
-def multiply(x: torch.Tensor, t: torch.Tensor, into: torch.Tensor, conj: bool = False) -> torch.Tensor | None:
+def multiply(x: torch.Tensor, t: torch.Tensor, into: torch.Tensor, conj: bool = False,
+             clear: float = 0.0) -> torch.Tensor | None:
     """``into = t · x`` in one pass (the native scale op), or for a complex ``t`` the interleaved rotation
     planes ``into[2i] + i·into[2i+1] = t[i] · (x[2i] + i·x[2i+1])`` (the native planes op; ``conj``: by
-    ``conj(t[i])``), half precision computed in float32 in registers.
+    ``conj(t[i])``), half precision computed in float32 in registers. ``clear``: in the same pass, every
+    output whose value in x's dtype is below it in magnitude is written as +0, as :func:`clear_below` of the
+    result would write it (NaN kept).
 
     ``x``: (B, H, S, W) with unit-stride rows; ``t``: a table broadcastable to ``(B, H, S, W)`` (real, of the
     work dtype) or to ``(B, H, S, W / 2)`` (complex, of the work dtype's complex type), its last axis
@@ -620,9 +623,9 @@ def multiply(x: torch.Tensor, t: torch.Tensor, into: torch.Tensor, conj: bool = 
     name = "planes" if pairs else "scale"
     _ran.add(f"{name} {x.dtype}")
     if pairs:
-        ops.planes(x, tr, conj, _tile(x, into, x.shape[2]), into)
+        ops.planes(x, tr, conj, _tile(x, into, x.shape[2]), into, clear)
     else:
-        ops.scale(x, tr, _tile(x, into, x.shape[2]), into)
+        ops.scale(x, tr, _tile(x, into, x.shape[2]), into, clear)
     return into
 
 

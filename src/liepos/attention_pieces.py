@@ -42,10 +42,10 @@ import torch.nn.functional as Fn
 
 from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
+from liepos._fast import clear_small
 
-__all__ = ["CLEAR_LOGIT", "pieces", "available", "Rows", "Tile", "Arena", "ARENA_BYTES", "arena", "slot", "tiles",
-           "row_source",
-           "made", "fresh", "absmax"]
+__all__ = ["CLEAR_LOGIT", "clear_thresholds", "pieces", "available", "Rows", "Tile", "Arena", "ARENA_BYTES", "arena",
+           "slot", "tiles", "row_source", "made", "fresh", "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -109,7 +109,8 @@ class Tile:
     owned: bool = False  # q and k were written for this tile alone (:func:`fresh`): cleared in place when streamed
     # clearing (:func:`_cleared`): ``bound = (Q, K)``, upper bounds of max |q| and max |k| its maker knows (the
     # thresholds from them, no pass to find the largest entries); ``clean``: no entry of q or k can underflow
-    # into the subnormal range by the encoding (factors bounded away from 0, the diagonal budget): not cleared
+    # into the subnormal range by the encoding (factors bounded away from 0, the diagonal budget), or its maker
+    # cleared them already (in the encoding's own pass, :func:`clear_thresholds`): not cleared here
     bound: tuple[float, float] | None = None
     clean: bool = False
 
@@ -350,6 +351,17 @@ def _rows_unit(x: torch.Tensor) -> torch.Tensor:
 CLEAR_LOGIT = {torch.float32: 2.0**-30, torch.bfloat16: 2.0**-30, torch.float64: 2.0**-59}
 
 
+def clear_thresholds(dtype: torch.dtype, D: int, c: float, bound: tuple[float, float]) -> tuple[float, float] | None:
+    """``(τ_q, τ_k) = (δ / (2 D c K), δ / (2 D c Q))`` of :func:`_cleared` for q and k of ``dtype`` and width
+    ``D`` (as the flash kernel reads them) whose entries are at most ``bound = (Q, K)`` in magnitude; None where
+    nothing is cleared (float16, a bound that is 0, inf or NaN)."""
+    delta = CLEAR_LOGIT.get(dtype)
+    qm, km = bound
+    if delta is None or not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
+        return None
+    return delta / (2 * D * c * km), delta / (2 * D * c * qm)
+
+
 def _cleared(q: torch.Tensor, k: torch.Tensor, c: float, scratch: dict | None = None,
              owned: bool = False, bound: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` with every entry too small for any score to see set to exactly 0.
@@ -369,14 +381,12 @@ def _cleared(q: torch.Tensor, k: torch.Tensor, c: float, scratch: dict | None = 
     find them: the thresholds are smaller, so fewer entries clear and no logit moves further, while what
     stays is still at least ``τ`` (the bound a caller gives must keep ``τ_q τ_k`` a normal number).
     """
-    delta = CLEAR_LOGIT.get(q.dtype)
-    if delta is None or q.numel() == 0 or k.numel() == 0:
+    if q.dtype not in CLEAR_LOGIT or q.numel() == 0 or k.numel() == 0:
         return q, k
-    qm, km = (absmax(q), absmax(k)) if bound is None else bound
-    D = q.shape[-1]
-    if not (math.isfinite(qm) and math.isfinite(km)) or qm == 0 or km == 0:
+    taus = clear_thresholds(q.dtype, q.shape[-1], c, (absmax(q), absmax(k)) if bound is None else bound)
+    if taus is None:
         return q, k
-    tq, tk = delta / (2 * D * c * km), delta / (2 * D * c * qm)
+    tq, tk = taus
     if owned and scratch is not None and not (q.requires_grad or k.requires_grad):
         if _kernels.clear_below(q, tq, into=q) is not None and _kernels.clear_below(k, tk, into=k) is not None:
             return q, k
@@ -415,11 +425,7 @@ def _below(x: torch.Tensor, tau: float, out: torch.Tensor | None = None) -> torc
 
 
 def _cleared_values(x: torch.Tensor, tau: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    y = _kernels.clear_below(x, tau, into=out)
-    if y is not None:
-        return y
-    a = x.abs()  # half precision compared in float32, as the native op compares it
-    return x.masked_fill((a if a.dtype in (torch.float32, torch.float64) else a.float()) < tau, 0)
+    return clear_small(x, tau, into=out)
 
 
 class _Cleared(torch.autograd.Function):

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from liepos.attention_call import Call
-from liepos.attention_pieces import Arena, Rows, Tile, absmax, fresh, made, row_source, slot
+from liepos.attention_pieces import Arena, Rows, Tile, absmax, clear_thresholds, fresh, made, row_source, slot
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
 
@@ -147,6 +147,8 @@ def tiled(call: Call, b) -> torch.Tensor | None:
         return None
     diag, off = tile_plan(T, size)
     bound = fading_bound(call) if off else None  # the between tiles' thresholds, from one pass over q and k
+    # streamed (no gradient), the between tiles' encodings are cleared in their own pass (Tile.clean)
+    taus = None if bound is None else clear_thresholds(q.dtype, max(q.shape[-1], v.shape[-1]), call.c, bound)
     # each tile's rows of q, k and v (for a gradient, as one autograd node per tensor: :func:`row_source`)
     krows = [d[0] for d in diag] + [t[1] for t in off]
     qs = row_source(q, [d[0] for d in diag] + [t[0] for t in off])
@@ -161,9 +163,11 @@ def tiled(call: Call, b) -> torch.Tensor | None:
                     clean=True)
 
     def between(rq: Rows, rk: Rows, arena: Arena | None = None) -> Tile:
-        qe = enc._span(qs(rq), 0, "query", fade=True, into=slot(arena, "q", q.device))  # t − p ≥ 0
-        ke = enc._span(ks(rk), -rk.width, "key", into=slot(arena, "k", q.device))  # s − p < 0
-        return Tile(rq, qe, ke, vs(rk), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), bound=bound)
+        tq, tk = (0.0, 0.0) if arena is None or taus is None else taus
+        qe = enc._span(qs(rq), 0, "query", fade=True, into=slot(arena, "q", q.device), clear=tq)  # t − p ≥ 0
+        ke = enc._span(ks(rk), -rk.width, "key", into=slot(arena, "k", q.device), clear=tk)  # s − p < 0
+        return Tile(rq, qe, ke, vs(rk), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), bound=bound,
+                    clean=tq > 0)
 
     makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]
     return made((B, H, T), makers, call.c, call.sinks)

@@ -26,7 +26,8 @@ import torch
 
 import liepos._graph as _graph
 from liepos._checks import check_choice, check_int, check_real, check_real_tensor, check_tensor, describe
-from liepos._fast import CACHE, FastTables, apply_fast, arange_start, empty_out, fast_tables, table_window
+from liepos._fast import (CACHE, FastTables, apply_fast, arange_start, clear_small, empty_out, fast_tables,
+                          table_window)
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
 from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, check_span, make_plan
@@ -564,7 +565,8 @@ class Encoding:
         return arange_start(positions)  # (S,) or (1, S), an integer range, or None
 
     def _span(self, x: torch.Tensor, p0: int, side: str, fade: bool = False,
-              into: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
+              into: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+              clear: float = 0.0) -> torch.Tensor:
         """:meth:`query` (``fade``: :meth:`_query_after`) or :meth:`key` of ``x`` at the integer times
         ``p0 … p0 + S − 1`` (``S = x.shape[-2]``), for a caller whose times are such a range by construction and
         whose ``x`` it has checked already (the tiles of :mod:`liepos.causal_tiling` and :mod:`liepos.faded_keys`,
@@ -573,15 +575,20 @@ class Encoding:
         ``query(x, torch.arange(p0, p0 + S))``; anything else (several axes, a traced or meta call, learned
         parameters, a length it does not know) goes through :meth:`query` / :meth:`key` themselves. ``into``: a
         provider of the output (given its shape and dtype; a buffer the caller reuses from tile to tile) when
-        nothing needs a gradient."""
+        nothing needs a gradient. ``clear`` (no gradient): every output entry below it in magnitude is +0
+        (:func:`liepos._fast.clear_small`), in the encoding's own pass where that is one native kernel call."""
         S = x.shape[-2]
+        if clear and torch.is_grad_enabled() and x.requires_grad:
+            raise ValueError(f"_span: clear={clear!r} needs no gradient (a cleared entry would take none)")
         if (S == 0 or self.num_axes is not None or torch.compiler.is_compiling() or x.is_meta
                 or not self._fast_usable(x, None)
                 or (self.length_rule is not None and (self.length is None or p0 + S > self.length))):
             pos = torch.arange(p0, p0 + S, dtype=torch.float64, device=x.device)
             if side == "key":
-                return self.key(x, pos)
-            return self._query_after(x, pos) if fade else self.query(x, pos)
+                y = self.key(x, pos)
+            else:
+                y = self._query_after(x, pos) if fade else self.query(x, pos)
+            return clear_small(y, clear) if clear and S else y  # a fresh copy: y may be x itself
         check_span(self.generator, float(p0), float(p0 + S - 1), side, x.dtype, fade=fade)
         if side == "query":
             x = self._scaled(x)
@@ -591,7 +598,7 @@ class Encoding:
         grad = torch.is_grad_enabled() and x.requires_grad
         # into's buffer laid out in x's memory order, as a fresh output would be (a tile's rows keep the heads' order)
         out = None if into is None or grad or ft.identity else empty_out(x, ft.width, out_dtype, into)
-        return apply_fast(x, ft, out_dtype=out_dtype, into=out)
+        return apply_fast(x, ft, out_dtype=out_dtype, into=out, clear=clear)
 
     def _content(self, x: torch.Tensor, positions: Any, side: str) -> torch.Tensor:
         """The content dims of :meth:`query` / :meth:`key` alone, ``(…, content_dim)``: no slot columns.

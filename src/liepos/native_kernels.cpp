@@ -4,9 +4,10 @@
 //
 //   terms(x, t, offsets, masks, tile, out):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]]
 //   halves(x, c, s, tile, out):              out[k] = c x[k] - s x[k+P],  out[k+P] = s x[k] + c x[k+P]
-//   scale(x, t, tile, out):                  out[d] = t[d] x[d]
-//   planes(x, t, conj, tile, out):           out[2i] = re x[2i] - im x[2i+1],  out[2i+1] = im x[2i] + re x[2i+1]
-//                                            (re, im) = (t[2i], ±t[2i+1]), - when conj: interleaved rotation planes
+//   scale(x, t, tile, out, tau):             out[d] = t[d] x[d]
+//   planes(x, t, conj, tile, out, tau):      out[2i] = re x[2i] - im x[2i+1],  out[2i+1] = im x[2i] + re x[2i+1]
+//                                            (re, im) = (t[2i], ±t[2i+1]), - when conj: interleaved rotation planes;
+//                                            both then clear: a rounded output below tau in magnitude is +0
 //   clear(x, tau, out):                      out[i] = 0 where |x[i]| < tau, else x[i] (its bits); out contiguous
 //   clear_(x, tau):                          clear in place (x's rows of unit stride, any other strides)
 //   absmax(x) -> max_i |x[i]| as a 0-d float64 tensor (NaN when x holds a NaN)
@@ -30,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
@@ -426,10 +428,25 @@ void halves_inplace(at::Tensor x, const at::Tensor& c, const at::Tensor& sn, int
 // scale: out[d] = t[d] x[d]; planes: the interleaved rotation planes, t[2i], t[2i+1] the real and imaginary parts
 // of plane i's complex factor (a complex table viewed as real; conj: its conjugate, im negated), out[2i] =
 // re x[2i] - im x[2i+1], out[2i+1] = im x[2i] + re x[2i+1]. Iteration d (or plane i) reads and writes only its
-// own columns: out may be x.
+// own columns: out may be x. Each output is then cleared as clear_ would clear it: its value rounded to X below
+// tau in magnitude is stored as +0 (tau = 0 clears nothing; NaN is kept), in the same pass.
+template <typename X, typename W> inline W rounded(W f) {  // f rounded to X and read back (X = W: f itself)
+  if constexpr (std::is_same_v<X, W>) {
+    return f;
+  } else {
+    X h;
+    st(h, f);
+    return ld(h);
+  }
+}
+template <typename X, typename W> inline void st_clear(X& out, W f, W tau) {
+  const W r = rounded<X, W>(f);
+  st(out, std::abs(r) < tau ? W(0) : r);
+}
+
 template <typename X, typename W, int64_t DC, bool PAIRS, bool CONJ>
 __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict__ tp, int64_t dn, const Rows g,
-                                         int64_t lo, int64_t hi) {
+                                         int64_t lo, int64_t hi, const W tau) {
   const int64_t D = DC > 0 ? DC : dn;
   FOR_ROWS(g, lo, hi, xo, yo, to) {
     const X* xr = xp + xo;
@@ -439,46 +456,50 @@ __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict
 #pragma GCC ivdep
       for (int64_t i = 0; i < D / 2; i++) {
         const W x0 = ld(xr[2 * i]), x1 = ld(xr[2 * i + 1]), re = tr[2 * i], im = CONJ ? -tr[2 * i + 1] : tr[2 * i + 1];
-        st(yr[2 * i], re * x0 - im * x1);
-        st(yr[2 * i + 1], im * x0 + re * x1);
+        st_clear(yr[2 * i], re * x0 - im * x1, tau);
+        st_clear(yr[2 * i + 1], im * x0 + re * x1, tau);
       }
     } else {
 #pragma GCC ivdep
-      for (int64_t d = 0; d < D; d++) st(yr[d], tr[d] * ld(xr[d]));
+      for (int64_t d = 0; d < D; d++) st_clear(yr[d], tr[d] * ld(xr[d]), tau);
     }
   }
 }
 
 template <typename X, int64_t DC, bool PAIRS, bool CONJ>
-void mul_rows(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor& out) {
+void mul_rows(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor& out, double tau) {
   using W = typename Work<X>::type;
+  const W tw = static_cast<W>(tau);  // compared in the work type, as clear compares
   const X* xp = x.const_data_ptr<X>();
   X* yp = out.mutable_data_ptr<X>();
   const W* tp = t.const_data_ptr<W>();
   const int64_t D = x.size(3);
   tiled_rows(x, out, t, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
-    mul_chunk<X, W, DC, PAIRS, CONJ>(xp, yp, tp, D, g, lo, hi);
+    mul_chunk<X, W, DC, PAIRS, CONJ>(xp, yp, tp, D, g, lo, hi, tw);
   });
 }
 
 template <typename X, bool PAIRS, bool CONJ>
-void mul_width(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor& out) {
+void mul_width(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor& out, double tau) {
   switch (x.size(3)) {  // the common widths with a constant trip count
-    case 32: return mul_rows<X, 32, PAIRS, CONJ>(x, t, tile, out);
-    case 64: return mul_rows<X, 64, PAIRS, CONJ>(x, t, tile, out);
-    case 128: return mul_rows<X, 128, PAIRS, CONJ>(x, t, tile, out);
-    default: return mul_rows<X, 0, PAIRS, CONJ>(x, t, tile, out);
+    case 32: return mul_rows<X, 32, PAIRS, CONJ>(x, t, tile, out, tau);
+    case 64: return mul_rows<X, 64, PAIRS, CONJ>(x, t, tile, out, tau);
+    case 128: return mul_rows<X, 128, PAIRS, CONJ>(x, t, tile, out, tau);
+    default: return mul_rows<X, 0, PAIRS, CONJ>(x, t, tile, out, tau);
   }
 }
 
 template <typename X>
-void mul_typed(const at::Tensor& x, const at::Tensor& t, bool pairs, bool conj, int64_t tile, at::Tensor& out) {
-  if (!pairs) return mul_width<X, false, false>(x, t, tile, out);
-  return conj ? mul_width<X, true, true>(x, t, tile, out) : mul_width<X, true, false>(x, t, tile, out);
+void mul_typed(const at::Tensor& x, const at::Tensor& t, bool pairs, bool conj, int64_t tile, at::Tensor& out,
+               double tau) {
+  if (!pairs) return mul_width<X, false, false>(x, t, tile, out, tau);
+  return conj ? mul_width<X, true, true>(x, t, tile, out, tau) : mul_width<X, true, false>(x, t, tile, out, tau);
 }
 
-void mul_impl(const at::Tensor& x, const at::Tensor& t, bool pairs, bool conj, int64_t tile, at::Tensor& out) {
+void mul_impl(const at::Tensor& x, const at::Tensor& t, bool pairs, bool conj, int64_t tile, at::Tensor& out,
+              double tau) {
   check_rows(x, out, x.size(3));
+  TORCH_CHECK(tau >= 0, "liepos_native::", pairs ? "planes" : "scale", ": tau must be at least 0, got ", tau);
   const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   TORCH_CHECK(t.dim() == 4 && t.sizes() == x.sizes() && t.stride(3) == 1 && t.scalar_type() == work &&
                   (!pairs || x.size(3) % 2 == 0),
@@ -486,19 +507,19 @@ void mul_impl(const at::Tensor& x, const at::Tensor& t, bool pairs, bool conj, i
               " does not match x ", x.sizes(), " (want x's shape in ", work, ", last axis contiguous",
               pairs ? ", an even width)" : ")");
   switch (x.scalar_type()) {
-    case at::kFloat: return mul_typed<float>(x, t, pairs, conj, tile, out);
-    case at::kDouble: return mul_typed<double>(x, t, pairs, conj, tile, out);
-    case at::kBFloat16: return mul_typed<c10::BFloat16>(x, t, pairs, conj, tile, out);
-    case at::kHalf: return mul_typed<c10::Half>(x, t, pairs, conj, tile, out);
+    case at::kFloat: return mul_typed<float>(x, t, pairs, conj, tile, out, tau);
+    case at::kDouble: return mul_typed<double>(x, t, pairs, conj, tile, out, tau);
+    case at::kBFloat16: return mul_typed<c10::BFloat16>(x, t, pairs, conj, tile, out, tau);
+    case at::kHalf: return mul_typed<c10::Half>(x, t, pairs, conj, tile, out, tau);
     default: TORCH_CHECK(false, "liepos_native::", pairs ? "planes" : "scale", ": unsupported dtype ", x.scalar_type());
   }
 }
 
-void scale_out(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor out) {
-  mul_impl(x, t, false, false, tile, out);
+void scale_out(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor out, double tau) {
+  mul_impl(x, t, false, false, tile, out, tau);
 }
-void planes_out(const at::Tensor& x, const at::Tensor& t, bool conj, int64_t tile, at::Tensor out) {
-  mul_impl(x, t, true, conj, tile, out);
+void planes_out(const at::Tensor& x, const at::Tensor& t, bool conj, int64_t tile, at::Tensor out, double tau) {
+  mul_impl(x, t, true, conj, tile, out, tau);
 }
 
 // ------------------------------------------------------------------------------------------------ clear, absmax
@@ -757,8 +778,8 @@ TORCH_LIBRARY(liepos_native, m) {
   m.def("terms_(Tensor(a!) x, Tensor t, int[] offsets, Tensor masks, int tile) -> ()");
   m.def("halves(Tensor x, Tensor c, Tensor s, int tile, Tensor(a!) out) -> ()");
   m.def("halves_(Tensor(a!) x, Tensor c, Tensor s, int tile) -> ()");
-  m.def("scale(Tensor x, Tensor t, int tile, Tensor(a!) out) -> ()");
-  m.def("planes(Tensor x, Tensor t, bool conj, int tile, Tensor(a!) out) -> ()");
+  m.def("scale(Tensor x, Tensor t, int tile, Tensor(a!) out, float tau=0.0) -> ()");
+  m.def("planes(Tensor x, Tensor t, bool conj, int tile, Tensor(a!) out, float tau=0.0) -> ()");
   m.def("clear(Tensor x, float tau, Tensor(a!) out) -> ()");
   m.def("clear_(Tensor(a!) x, float tau) -> ()");
   m.def("absmax(Tensor x) -> Tensor");
