@@ -430,23 +430,51 @@ void halves_inplace(at::Tensor x, const at::Tensor& c, const at::Tensor& sn, int
 // re x[2i] - im x[2i+1], out[2i+1] = im x[2i] + re x[2i+1]. Iteration d (or plane i) reads and writes only its
 // own columns: out may be x. Each output is then cleared as clear_ would clear it: its value rounded to X below
 // tau in magnitude is stored as +0 (tau = 0 clears nothing; NaN is kept), in the same pass.
-template <typename X, typename W> inline W rounded(W f) {  // f rounded to X and read back (X = W: f itself)
+// the threshold as X's magnitude bits for half precision: the smallest pattern whose value is at least tau, so
+// |v| < tau exactly when (bits(v) & 0x7fff) is below it (v not NaN: a NaN's bits lie above every finite tau's)
+template <typename X> uint16_t cut_bits(float tau) {
+  if (!(tau > 0)) return 0;
+  const auto value = [](uint16_t b) {
+    X y;
+    y.x = b;
+    return ld(y);
+  };
+  X h;
+  st(h, tau);
+  uint16_t t = h.x & 0x7fff;  // the nearest; then the exact boundary (at most the pattern of inf, >= every tau)
+  while (value(t) < tau) t++;
+  while (t > 0 && value(t - 1) >= tau) t--;
+  return t;
+}
+template <typename X, typename W> struct Cut {  // clear's comparison, in the work type or on half bits
+  W tau;
+  uint16_t bits;
+};
+template <typename X, typename W> Cut<X, W> make_cut(double tau) {
+  const W t = static_cast<W>(tau);  // compared in the work type, as clear compares
   if constexpr (std::is_same_v<X, W>) {
-    return f;
+    return {t, 0};
   } else {
-    X h;
-    st(h, f);
-    return ld(h);
+    return {t, cut_bits<X>(t)};
   }
 }
-template <typename X, typename W> inline void st_clear(X& out, W f, W tau) {
-  const W r = rounded<X, W>(f);
-  st(out, std::abs(r) < tau ? W(0) : r);
+template <bool CLEAR, typename X, typename W> inline void st_clear(X& out, W f, const Cut<X, W>& cut) {
+  if constexpr (!CLEAR) {
+    st(out, f);
+  } else if constexpr (std::is_same_v<X, W>) {
+    out = std::abs(f) < cut.tau ? W(0) : f;
+  } else {  // rounded once, then its magnitude bits compared: +0 below the cut
+    X h;
+    st(h, f);
+    h.x = (h.x & 0x7fff) < cut.bits ? uint16_t(0) : h.x;
+    out = h;
+  }
 }
 
-template <typename X, typename W, int64_t DC, bool PAIRS, bool CONJ>
+// CLEAR: a compiled loop of its own (in bfloat16 the comparison costs a third of the pass; tau = 0 does not pay it)
+template <typename X, typename W, int64_t DC, bool PAIRS, bool CONJ, bool CLEAR>
 __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict__ tp, int64_t dn, const Rows g,
-                                         int64_t lo, int64_t hi, const W tau) {
+                                         int64_t lo, int64_t hi, const Cut<X, W> cut) {
   const int64_t D = DC > 0 ? DC : dn;
   FOR_ROWS(g, lo, hi, xo, yo, to) {
     const X* xr = xp + xo;
@@ -456,12 +484,13 @@ __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict
 #pragma GCC ivdep
       for (int64_t i = 0; i < D / 2; i++) {
         const W x0 = ld(xr[2 * i]), x1 = ld(xr[2 * i + 1]), re = tr[2 * i], im = CONJ ? -tr[2 * i + 1] : tr[2 * i + 1];
-        st_clear(yr[2 * i], re * x0 - im * x1, tau);
-        st_clear(yr[2 * i + 1], im * x0 + re * x1, tau);
+        // explicit fused multiply-adds: the same rounding in both loops whatever the compiler contracts
+        st_clear<CLEAR>(yr[2 * i], std::fma(re, x0, -(im * x1)), cut);
+        st_clear<CLEAR>(yr[2 * i + 1], std::fma(im, x0, re * x1), cut);
       }
     } else {
 #pragma GCC ivdep
-      for (int64_t d = 0; d < D; d++) st_clear(yr[d], tr[d] * ld(xr[d]), tau);
+      for (int64_t d = 0; d < D; d++) st_clear<CLEAR>(yr[d], tr[d] * ld(xr[d]), cut);
     }
   }
 }
@@ -469,13 +498,17 @@ __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict
 template <typename X, int64_t DC, bool PAIRS, bool CONJ>
 void mul_rows(const at::Tensor& x, const at::Tensor& t, int64_t tile, at::Tensor& out, double tau) {
   using W = typename Work<X>::type;
-  const W tw = static_cast<W>(tau);  // compared in the work type, as clear compares
+  const Cut<X, W> cut = make_cut<X, W>(tau);
   const X* xp = x.const_data_ptr<X>();
   X* yp = out.mutable_data_ptr<X>();
   const W* tp = t.const_data_ptr<W>();
   const int64_t D = x.size(3);
   tiled_rows(x, out, t, tile, [&](const Rows& g, int64_t lo, int64_t hi) {
-    mul_chunk<X, W, DC, PAIRS, CONJ>(xp, yp, tp, D, g, lo, hi, tw);
+    if (tau > 0) {
+      mul_chunk<X, W, DC, PAIRS, CONJ, true>(xp, yp, tp, D, g, lo, hi, cut);
+    } else {
+      mul_chunk<X, W, DC, PAIRS, CONJ, false>(xp, yp, tp, D, g, lo, hi, cut);
+    }
   });
 }
 
