@@ -95,6 +95,36 @@ def test_one_block_over_every_row_is_the_output_in_its_own_order(monkeypatch):
     assert torch.allclose(got, lp.attention(q.double(), k.double(), v.double(), lp.xpos(64)).float(), atol=1e-5)
 
 
+@pytest.mark.parametrize("sinks", [False, True])
+def test_the_only_tile_in_bfloat16_is_the_output(sinks, monkeypatch):
+    """A stream whose one tile holds every row (one causal piece; xPos over 2048 rows is one causal block) returns
+    the flash kernel's bfloat16 output itself: no float32 state written, merged and cast back, and the same bits as
+    that path. With sinks, which are folded into the float32 state after the last tile, the state is kept."""
+    outs, merged = [], []
+    real, real_merge = attention_pieces._flash, attention_pieces._kernels.merge
+
+    def spy(*a, **kw):
+        o, L = real(*a, **kw)[:2]
+        outs.append(o.untyped_storage().data_ptr())
+        return o, L
+
+    monkeypatch.setattr(attention_pieces, "_flash", spy)
+    monkeypatch.setattr(attention_pieces._kernels, "merge", lambda *a: merged.append(1) or real_merge(*a))
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 4, 1024, 64, generator=g).bfloat16() for _ in range(3))
+    s = torch.randn(4, generator=g) if sinks else None
+    with torch.no_grad():
+        got = attention_pieces.pieces(q, [(k, v, True)], 0.125, s)
+        assert len(outs) == 1 and (got.untyped_storage().data_ptr() == outs[0]) != sinks and bool(merged) == sinks
+        if not sinks:  # the same through the encoded call
+            enc_out = lp.attention(q, k, v, lp.xpos(64))
+            assert len(outs) == 2 and enc_out.untyped_storage().data_ptr() == outs[1]
+        real_into = attention_pieces._merge_into
+        monkeypatch.setattr(attention_pieces, "_merge_into", lambda *a, **kw: real_into(*a, **{**kw, "only": False}))
+        kept = attention_pieces.pieces(q, [(k, v, True)], 0.125, s)  # through the float32 state
+    assert got.dtype == torch.bfloat16 and torch.equal(got, kept)
+
+
 def test_the_small_tiles_backward_takes_its_temporaries_from_the_arena(monkeypatch):
     """A bfloat16 backward forms its small tiles' products in buffers of this thread's arena (the same storage on
     a second step: pages already mapped), and its gradients are bit for bit those of fresh temporaries."""

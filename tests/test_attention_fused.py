@@ -355,10 +355,10 @@ def test_streamed_tiles_are_let_go_one_at_a_time_and_equal_the_saved_ones(monkey
     alive, peak = [], []
     real = attention_pieces._merge_into
 
-    def spy(state, shape, p, *a):
+    def spy(state, shape, p, *a, **kw):
         alive.append(weakref.ref(p.q))
         peak.append(sum(r() is not None for r in alive))
-        return real(state, shape, p, *a)
+        return real(state, shape, p, *a, **kw)
 
     monkeypatch.setattr(attention_pieces, "_merge_into", spy)
     enc = lp.build("decay", 8)

@@ -523,11 +523,13 @@ def _streamed(shape: tuple[int, int, int], first: Callable[[Arena | None], Tile]
         D, Dv, dtype = head.q.shape[-1], head.v.shape[-1], head.q.dtype
         p: Tile | None = head
         del head
+        nxt = next(makers, None)
         while p is not None:
-            _merge_into(state, shape, p, c, D, Dv, scratch)
+            # the only tile (no sinks to fold in after): its output, in its own dtype, is the call's
+            _merge_into(state, shape, p, c, D, Dv, scratch, only=nxt is None and sinks is None and not state)
             p = None  # this tile is let go before the next is made
-            nxt = next(makers, None)
             p = None if nxt is None else nxt(buffers)
+            nxt = None if p is None else next(makers, None)
     O, L = state
     if sinks is not None:
         O.mul_(torch.exp(L - torch.logaddexp(L, _sink_rows(sinks, L.dtype))).unsqueeze(-1))
@@ -536,9 +538,11 @@ def _streamed(shape: tuple[int, int, int], first: Callable[[Arena | None], Tile]
 
 
 def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: int, Dv: int,
-                scratch: dict | None = None) -> None:
+                scratch: dict | None = None, only: bool = False) -> None:
     """Attend one tile and merge it into the running ``state = [O, L]`` (allocated by the first); its
-    cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`)."""
+    cleared q and k are written into ``scratch``'s buffers (:func:`_cleared`). ``only``: no other tile follows
+    and nothing is folded into the output after, so a tile holding every row in order is the output in the
+    kernel's dtype (half precision too: no float32 state written and cast back)."""
     if not (p.k.shape[2] and p.q.shape[2] and p.q.shape[0]):
         return
     fitted = _fit(p.q, p.k, p.v, D, Dv, c, scratch, p.owned, p.bound, p.clean)
@@ -549,7 +553,7 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     r = p.rows
     B, H, T = shape
     every = r.start == 0 and r.a == 0 and r.b == r.period and r.count * r.period == T  # every row, in order
-    if not state and p.first and every and o.dtype == Li.dtype:
+    if not state and p.first and every and (o.dtype == Li.dtype or only):
         if r.count == 1:  # one block over every row: its output, in whatever order, is the running state
             state += [o, Li]
             return
