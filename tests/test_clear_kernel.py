@@ -68,7 +68,11 @@ def test_clear_and_absmax_equal_the_torch_ops(dtype, kind, scale, tau, specials,
     assert torch.equal(got.view(bits), want.contiguous().view(bits))
     m, ref = _kernels.absmax(x), float(x.abs().amax())
     assert m == ref or (math.isnan(m) and math.isnan(ref))
-    assert {f"clear {dtype}", f"absmax {dtype}"} <= set(_kernels.status()["native"])
+    big, small = _kernels.absrange(x)
+    nonzero = a[(a != 0) & ~a.isnan()]
+    assert big == m or (math.isnan(big) and math.isnan(m))
+    assert small == (float(nonzero.min()) if nonzero.numel() else math.inf)
+    assert {f"clear {dtype}", f"absmax {dtype}", f"absrange {dtype}"} <= set(_kernels.status()["native"])
 
 
 def test_the_torch_fallback_gives_the_same_values(any_size):
@@ -101,6 +105,7 @@ def test_the_ops_pass_opcheck(any_size):
     x = torch.randn(1, 2, 5, 8)[:, :, ::2]
     torch.library.opcheck(torch.ops.liepos_native.clear.default, (x, 0.5, torch.empty(x.shape)))
     torch.library.opcheck(torch.ops.liepos_native.absmax.default, (x,))
+    torch.library.opcheck(torch.ops.liepos_native.absrange.default, (x,))
 
 
 def test_the_gradient_passes_through_the_clearing(any_size):
@@ -174,3 +179,31 @@ def test_a_bad_clearing_threshold_is_refused_by_name(any_size):
     x = torch.ones(1, 1, 2, 2)
     with pytest.raises(RuntimeError, match="scale: tau must be at least 0, got -1"):
         torch.ops.liepos_native.scale(x, x, 2, torch.empty_like(x), -1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_alibi_tiles_skip_a_clearing_that_would_change_nothing(dtype, monkeypatch):
+    """ALiBi's tiles read rows of q and k as they are: one pass over each (absrange) bounds them all, and where no
+    nonzero entry lies below its threshold no tile is cleared, with the bits of clearing every tile; a tiny entry
+    (1e-30, far below q's threshold) makes the tiles clear again, and it is cleared: the output of the entry 0."""
+    from liepos import attention_pieces, recentre
+
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 8, 2048, 64, generator=g).to(dtype) for _ in range(3))
+    enc = lp.alibi(64, num_heads=8)
+    passes, real = [], _kernels.clear_below
+    monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: passes.append(1) or real(x, tau, into))
+    fit, seen = attention_pieces._fit, []
+    monkeypatch.setattr(attention_pieces, "_fit", lambda q_, k_, v_, *a: seen.append(a[-2:]) or fit(q_, k_, v_, *a))
+    with torch.no_grad():
+        got = lp.attention(q, k, v, enc)
+        assert passes == [] and seen and all(clean and bound is not None for bound, clean in seen)
+        tiny = q.clone()
+        tiny[0, 3, 1500, 7] = 1e-30
+        seen.clear()
+        cleared = lp.attention(tiny, k, v, enc)
+        assert passes and all(not clean and bound is not None for bound, clean in seen)
+        monkeypatch.setattr(recentre, "raw_clearing", lambda *a: None)  # every tile finds its own bound, clears
+        assert torch.equal(lp.attention(q, k, v, enc), got)
+        tiny[0, 3, 1500, 7] = 0.0
+        assert torch.equal(cleared, lp.attention(tiny, k, v, enc))

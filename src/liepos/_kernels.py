@@ -18,44 +18,35 @@ without a full-size temporary, so where the native kernel does not run (or ``int
 wider output) the compiled kernel runs in slabs of the leading axes of about :data:`SLAB_BYTES`
 (L3-resident), writing a fresh slab that a ``copy_`` puts where it belongs.
 
-Native kernels (CPU): :func:`multiply`, a run of real factors or of interleaved rotation planes (complex
-factors) in one pass, half precision read and written directly; :func:`merge`, a flash tile's output merged
-into the running output of its rows by their log-sum-exps; :func:`apply_terms`, the whole transform of a
-Jordan-coupled encoding as a sum of column-shifted terms ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from
-:func:`liepos._fast._terms`), and the half-layout rotation (in place and out of place; the Inductor loop
-runs it where the native kernels do not: CUDA, no C++ compiler); and :func:`clear_below` / :func:`absmax`,
-which keep subnormal numbers out of the flash kernel's q and k (one pass each, where the torch ops take several
-and allocate). All are ``torch.library`` CPU ops (``torch.ops.liepos_native.terms``/``halves`` and their
-in-place forms ``terms_``/``halves_``, ``scale``/``planes`` (in place when ``out`` is ``x``), ``clear``, ``absmax``; the written
-tensor annotated ``Tensor(a!)``; one C++ source, ``native_kernels.cpp``, with the term structures of liepos's
-Jordan encodings — the offsets of blocks of size 2 and 3, alone or beside rotation planes, the widths 64 and
-128 — compiled as constants, any other structure passed at run time) whose rows run in parallel on torch's
-own intra-op thread pool (``at::parallel_for``; the library links no OpenMP runtime of its own). They are
-built by ``torch.utils.cpp_extension`` — which needs a C++ compiler (``$CXX``, else ``c++``) and ``ninja`` —
-once per source, torch, compiler (path and version) and CPU, at the first use (never at import; the first use
-builds once, tens of seconds, under cpp_extension's file lock), into a build directory of this user that nobody
-else can write (:data:`CACHE_ENV`; created 0700, the library verified against its SHA-256 sidecar before it is
-loaded, a truncated or foreign file rebuilt with one warning); x of float32, float64, bfloat16 or float16 is
-read and written directly (half precision computed in float32 in registers and rounded as torch rounds).
+Native kernels (CPU), ``torch.library`` ops of ``torch.ops.liepos_native`` from one C++ source,
+``native_kernels.cpp`` (the written tensor annotated ``Tensor(a!)``): :func:`multiply` (``scale``/``planes``), a
+run of real factors or interleaved rotation planes in one pass, clearing entries below a threshold in the same
+pass; :func:`merge`, a flash tile's output merged into its rows' running output by log-sum-exp;
+:func:`apply_terms` (``terms``/``terms_``), a Jordan-coupled transform as column-shifted terms
+``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from :func:`liepos._fast._terms`; the offsets of blocks of
+size 2 and 3, alone or beside rotation planes, and the widths 64 and 128 compiled as constants); the half-layout
+rotation (``halves``/``halves_``, where the Inductor loop does not run it: CUDA, no C++ compiler); and
+:func:`clear_below` / :func:`absmax` / :func:`absrange`, which keep subnormal numbers out of the flash kernel's q
+and k in one pass each. Rows run on torch's own intra-op pool (``at::parallel_for``; no OpenMP runtime of the
+library's own). ``torch.utils.cpp_extension`` builds them (a C++ compiler, ``$CXX`` else ``c++``, and ``ninja``)
+once per source, torch, compiler and CPU at the first use (never at import; tens of seconds, under its file lock)
+into a build directory of this user nobody else can write (:data:`CACHE_ENV`; 0700, the library checked against
+its SHA-256 sidecar before it is loaded, a truncated or foreign file rebuilt with one warning); float32, float64,
+bfloat16 and float16 are read and written directly (half precision in float32 registers, rounded as torch rounds).
 
 The Inductor loop is compiled once per *variant* (kernel, dtypes, device, which axes have size 1) with dynamic
 shapes, so a new sequence length, batch or head count never recompiles; lazily at first use, under a lock. Each
 variant gets its own code object, hence its own dynamo cache and recompile limit.
 
-The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when
-
-* ``LIEPOS_KERNELS=0`` (also ``false``/``off``/``no``) is set — logged once at INFO;
-* the device is neither CPU nor CUDA, or ``torch._dynamo``/``torch._inductor`` cannot be imported;
-* compiling a variant fails (no Triton, …), or the native ops cannot be built (no C++ compiler, no ninja,
-  an unwritable cache) — warned once naming the reason, and never tried again; a kernel cache others could
-  write into (a symlink, another owner, group- or world-writable) is refused with one warning, never used;
-* the input is small (under :data:`MIN_ELEMS` elements: a compiled call costs ~30 µs of guards and
-  wrappers, more than the torch ops on a decode step; the terms kernel, whose fallback is one
-  ``addcmul_`` per coupling pair, runs at any size, :data:`MIN_ELEMS_TERMS`) or not in a layout the
-  kernel takes.
-
-Either way the result is the same rotation up to float rounding (tests compare both against each other
-and the float64 dense reference).
+The fallback (:func:`liepos._fast._rot`, the slab-wise torch ops) runs when ``LIEPOS_KERNELS=0`` (or
+``false``/``off``/``no``; logged once at INFO); on a device neither CPU nor CUDA, or without
+``torch._dynamo``/``torch._inductor``; when compiling a variant or building the native ops fails (no Triton, no
+C++ compiler or ninja, an unwritable cache: warned once with the reason, never tried again; a kernel cache others
+could write into, a symlink, another owner, group- or world-writable, is refused with one warning); for a small
+input (under :data:`MIN_ELEMS` elements, where ~30 µs of a compiled call's guards cost more than the torch ops
+on a decode step; the terms kernel, whose fallback is one ``addcmul_`` per coupling pair, runs at any size,
+:data:`MIN_ELEMS_TERMS`) or a layout the kernel does not take. Either way the result is the same up to float
+rounding (tests compare both against each other and the float64 dense reference).
 """
 
 from __future__ import annotations
@@ -80,7 +71,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "absmax", "apply_terms", "clear_below", "enabled",
+    "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "absmax", "absrange", "apply_terms", "clear_below",
+    "enabled",
     "flushed", "library", "merge", "multiply", "off",
     "rotate_halves", "status",
 ]
@@ -283,12 +275,8 @@ def rotate_halves(
 
 
 # ---------------------------------------------------------------------- native kernels (C++, torch.library ops)
-# Two loops Inductor does not write well: a sum of column-shifted terms (Jordan coupling: each output column
-# reads its neighbours, which Inductor guards with a computed mask per vector, ~2× the loads of the row) and
-# the half-layout rotation *in place* (both halves loaded, both stored, in one iteration: Inductor needs a
-# full-size temporary for a store into the tensor it reads at another index). Both are CPU ops of the
-# ``liepos_native`` namespace (native_kernels.cpp, the common term structures as constants), built once
-# per machine, torch and compiler by torch.utils.cpp_extension and parallel on torch's own thread pool.
+# loops Inductor does not write well: column-shifted terms (it masks every vector, ~2× the loads of a row), the
+# half-layout rotation in place (it needs a full-size temporary to store into the tensor it reads elsewhere)
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 _NAME = "liepos_native"
 # -fopenmp is a compile flag only: at::parallel_for's OpenMP backend is inline in torch's headers and needs
@@ -749,6 +737,17 @@ def absmax(x: torch.Tensor) -> float | None:
     return float(ops.absmax(x))
 
 
+def absrange(x: torch.Tensor) -> tuple[float, float] | None:
+    """``(max |x|, min |x| over nonzero entries)``: the first as :func:`absmax` gives it, the second ``inf`` when every
+    entry is 0 (a NaN is no magnitude), in one pass (the native absrange op); None where :func:`absmax` is."""
+    ops = _ops() if _rows_ok(x) else None
+    if ops is None:
+        return None
+    _ran.add(f"absrange {x.dtype}")
+    big, small = ops.absrange(x).tolist()
+    return big, small
+
+
 def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, into: torch.Tensor) -> torch.Tensor | None:
     """The half-layout rotation of 4-D ``x`` (width 2P) into ``into`` (may be x): one native pass."""
     if not _native_ok(x, into, c, s) or c.shape != s.shape or x.shape[-1] != 2 * c.shape[-1]:
@@ -788,6 +787,9 @@ def _register_fakes() -> None:
     if "absmax" not in _fakes:
         torch.library.register_fake(f"{_NAME}::absmax")(_scalar_output)
         _fakes.add("absmax")
+    if "absrange" not in _fakes:
+        torch.library.register_fake(f"{_NAME}::absrange")(lambda x: x.new_empty((2,), dtype=torch.float64))
+        _fakes.add("absrange")
 
 
 def _no_output(*args: Any) -> None:

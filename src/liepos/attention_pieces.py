@@ -44,8 +44,8 @@ from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 from liepos._fast import clear_small
 
-__all__ = ["CLEAR_LOGIT", "clear_thresholds", "pieces", "available", "Rows", "Tile", "Arena", "ARENA_BYTES", "arena",
-           "slot", "tiles", "row_source", "made", "fresh", "absmax"]
+__all__ = ["CLEAR_LOGIT", "clear_thresholds", "raw_clearing", "pieces", "available", "Rows", "Tile", "Arena",
+           "ARENA_BYTES", "arena", "slot", "tiles", "row_source", "made", "fresh", "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -362,6 +362,22 @@ def clear_thresholds(dtype: torch.dtype, D: int, c: float, bound: tuple[float, f
     return delta / (2 * D * c * km), delta / (2 * D * c * qm)
 
 
+def raw_clearing(q: torch.Tensor, k: torch.Tensor, c: float, D: int) -> tuple[tuple[float, float], bool] | None:
+    """For tiles that read rows of ``q`` and ``k`` as they are (no encoding of their own): ``(bound, clean)``,
+    the bound ``(max |q|, max |k|)`` every tile's clearing may take (:attr:`Tile.bound`), and whether that clearing
+    would change nothing (every nonzero entry of q at least ``τ_q``, of k at least ``τ_k``, :func:`clear_thresholds`
+    for width ``D``; :attr:`Tile.clean`): one pass over each (the native absrange op), where the clearing took two
+    per tile. None where the op does not run (the tiles find their own)."""
+    if q.dtype != k.dtype:  # the tiles read k in q's dtype: its rounding is not k's
+        return None
+    rq, rk = _kernels.absrange(q.detach()), _kernels.absrange(k.detach())
+    if rq is None or rk is None:
+        return None
+    bound = (rq[0], rk[0])
+    taus = clear_thresholds(q.dtype, D, c, bound)  # None: the clearing leaves every entry as it is
+    return bound, taus is None or (rq[1] >= taus[0] and rk[1] >= taus[1])
+
+
 def _cleared(q: torch.Tensor, k: torch.Tensor, c: float, scratch: dict | None = None,
              owned: bool = False, bound: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` and ``k`` with every entry too small for any score to see set to exactly 0.
@@ -581,18 +597,21 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     lv.copy_(torch.logaddexp(lv, Ls))
 
 
-def pieces(q: torch.Tensor, parts: list[tuple], c: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+def pieces(q: torch.Tensor, parts: list[tuple], c: float, sinks: torch.Tensor | None = None,
+           bound: tuple[float, float] | None = None, clean: bool = False) -> torch.Tensor:
     """``softmax(c · q [k_1; k_2; …]ᵀ [+ β]) [v_1; v_2; …]`` over pieces ``(k_i, v_i, is_causal[, β_i])``,
     in ``q``'s dtype.
 
     ``q (B, H, Sq, D)``; ``k_i (B, Hk, S_i, D)``, ``v_i (B, Hk, S_i, Dv)``, ``Hk`` dividing ``H``;
     an ``is_causal`` piece is the square diagonal block (``S_i = Sq``); ``β_i (B, H, 1, S_i)``, a
     per-key bias of the logits (float32). Empty pieces are skipped. ``sinks``: ``(H,)`` or per row
-    ``(B, H, Sq)``.
+    ``(B, H, Sq)``. ``bound``, ``clean``: every piece's :class:`Tile` fields (bounds of max |q| and max |k|;
+    nothing the clearing would change).
     """
     B, H, Sq, _ = q.shape
     every = Rows(0, 1, Sq, 0, Sq)
-    ts = [Tile(every, q, p[0], p[1], p[2], bias=p[3] if len(p) > 3 else None) for p in parts if p[0].shape[2]]
+    ts = [Tile(every, q, p[0], p[1], p[2], bias=p[3] if len(p) > 3 else None, bound=bound, clean=clean)
+          for p in parts if p[0].shape[2]]
     if not ts:
         raise ValueError("pieces needs at least one piece with keys")
     ts[0] = dataclasses.replace(ts[0], first=True)  # it holds every row: the streamed merge starts from it

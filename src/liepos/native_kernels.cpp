@@ -11,6 +11,7 @@
 //   clear(x, tau, out):                      out[i] = 0 where |x[i]| < tau, else x[i] (its bits); out contiguous
 //   clear_(x, tau):                          clear in place (x's rows of unit stride, any other strides)
 //   absmax(x) -> max_i |x[i]| as a 0-d float64 tensor (NaN when x holds a NaN)
+//   absrange(x) -> (absmax, the smallest |x[i]| > 0, inf when none) as a float64 tensor of 2
 //   denormals(flush) -> prev, restore_denormals(prev): flush-to-zero on torch's intra-op threads, and back
 //   merge(O, L, o, Li, first):               per row, L' = log(e^L + e^Li), O' = O + e^(Li - L') (o - O)
 //
@@ -32,6 +33,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
@@ -678,6 +680,57 @@ at::Tensor absmax(const at::Tensor& x) {
   return at::scalar_tensor(m, at::TensorOptions().dtype(at::kDouble));
 }
 
+// absrange: max |x| as absmax gives it, and the smallest magnitude of a nonzero entry (inf when there is none; a NaN
+// is no magnitude), as one vectorised integer max and min over x's bits
+template <typename X>
+std::pair<double, double> absrange_typed(const at::Tensor& x) {
+  using B = Bits<X>;
+  using U = typename B::type;
+  const Flat f = flat(x, "absrange");
+  const X* xp = x.const_data_ptr<X>();
+  using R = std::pair<U, U>;  // (largest magnitude bits, smallest nonzero magnitude bits)
+  const R r = at::parallel_reduce(
+      0, x.numel() / std::max<int64_t>(1, f.D), row_grain(f.D), R(U(0), std::numeric_limits<U>::max()),
+      [&](int64_t lo, int64_t hi, R acc) {
+        U big = acc.first, small = acc.second;
+        for (int64_t r = lo; r < hi; r++) {
+          const U* xr = reinterpret_cast<const U*>(xp + f.row(r));
+          for (int64_t d = 0; d < f.D; d++) {
+            const U m = xr[d] & B::abs;
+            big = std::max<U>(big, m);
+            small = std::min<U>(small, m == 0 ? std::numeric_limits<U>::max() : m);
+          }
+        }
+        return R(big, small);
+      },
+      [](R a, R b) { return R(std::max(a.first, b.first), std::min(a.second, b.second)); });
+  const auto value = [](U bits) {
+    X v;
+    std::memcpy(&v, &bits, sizeof(X));
+    return static_cast<double>(ld(v));
+  };
+  const double big = r.first > B::inf ? std::numeric_limits<double>::quiet_NaN() : value(r.first);
+  const double small = r.second >= B::inf ? std::numeric_limits<double>::infinity() : value(r.second);
+  return {big, small};
+}
+
+at::Tensor absrange(const at::Tensor& x) {
+  std::pair<double, double> m{0.0, std::numeric_limits<double>::infinity()};
+  if (x.numel() > 0) {
+    switch (x.scalar_type()) {
+      case at::kFloat: m = absrange_typed<float>(x); break;
+      case at::kDouble: m = absrange_typed<double>(x); break;
+      case at::kBFloat16: m = absrange_typed<c10::BFloat16>(x); break;
+      case at::kHalf: m = absrange_typed<c10::Half>(x); break;
+      default: TORCH_CHECK(false, "liepos_native::absrange: unsupported dtype ", x.scalar_type());
+    }
+  }
+  at::Tensor out = at::empty({2}, at::TensorOptions().dtype(at::kDouble));
+  out.mutable_data_ptr<double>()[0] = m.first;
+  out.mutable_data_ptr<double>()[1] = m.second;
+  return out;
+}
+
 // ------------------------------------------------------------------------------------------------ merge
 // One tile's output o and log-sum-exp Li merged into the running (O, L) of the rows it holds, row by row:
 // L' = log(e^L + e^Li), O' = O + w (o - O) with w = e^(Li - L') = 1 / (1 + e^(L - Li)); a row the tile gives no
@@ -816,6 +869,7 @@ TORCH_LIBRARY(liepos_native, m) {
   m.def("clear(Tensor x, float tau, Tensor(a!) out) -> ()");
   m.def("clear_(Tensor(a!) x, float tau) -> ()");
   m.def("absmax(Tensor x) -> Tensor");
+  m.def("absrange(Tensor x) -> Tensor");
   m.def("merge(Tensor(a!) O, Tensor(b!) L, Tensor o, Tensor Li, bool first) -> ()");
   m.def("denormals(bool flush) -> Tensor");
   m.def("restore_denormals(Tensor prev) -> ()");
@@ -831,6 +885,7 @@ TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
   m.impl("clear", &clear_out);
   m.impl("clear_", &clear_inplace);
   m.impl("absmax", &absmax);
+  m.impl("absrange", &absrange);
   m.impl("merge", &merge);
 }
 

@@ -27,13 +27,15 @@ and its key windows are modules of their own (:mod:`liepos.origin_budget`, :mod:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as Fn
 
 from liepos.attention_call import Call, row_norms
-from liepos.attention_pieces import available, pieces
+from liepos.attention_pieces import available, fresh, pieces, raw_clearing
 from liepos.attention_sdpa import sdpa
 from liepos.causal_tiling import tile_plan
 from liepos.faded_keys import tiled_or_faded
@@ -169,12 +171,17 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
     if slopes is not None:
         with torch.no_grad():  # every key's norm, once: each block's window reads its prefix
             knorm = row_norms(call.k)  # (B, Hk, Sk)
-    out = torch.cat([_diagonal(call, lo, hi, o, slopes, knorm, bias) for lo, hi, o in _blocks(call, b)], dim=2)
+    # NoPE content under the bias (ALiBi's): tiles that read rows of q and k as they are take one pass over each
+    # (once, on the first such block) for every tile's clearing bound, and whether it would change anything at all
+    Dk = max(D, call.v.shape[-1])
+    raw = functools.cache(lambda: raw_clearing(call.q, call.k, call.c, Dk)) if bias else None
+    out = torch.cat([_diagonal(call, lo, hi, o, slopes, knorm, bias, raw) for lo, hi, o in _blocks(call, b)], dim=2)
     return out[..., :Dv] if narrow else out
 
 
 def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch.Tensor, torch.Tensor] | None,
-              knorm: torch.Tensor | None, bias: bool) -> torch.Tensor:
+              knorm: torch.Tensor | None, bias: bool,
+              raw: Callable[[], tuple[tuple[float, float], bool] | None] | None = None) -> torch.Tensor:
     """Equal, strictly increasing query and key times: the block ``lo:hi`` sees every key before it
     (no mask) and its own keys causally (``is_causal``), two fused kernels merged exactly.
 
@@ -182,7 +189,9 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
     budget allows) and only the diagonal piece sees them, where the causal kernel overwrites every
     masked score (an overflow there is never read). ``slopes``: a linear bias (ALiBi), whose keys
     far before the block are left out per head (:func:`window_starts`, from the keys' norms ``knorm``);
-    ``bias``: it rides as a per-key mask (:func:`key_bias`) on the content dims, not in slot columns."""
+    ``bias``: it rides as a per-key mask (:func:`key_bias`) on the content dims, not in slot columns. ``raw``:
+    :func:`~liepos.attention_pieces.raw_clearing` of the call's q and k (computed once), taken where the block's
+    tiles read them as they are."""
     tq = call.qpos[:, lo:hi]
     enc = call.enc
     qe = enc._content(call.q[:, :, lo:hi], tq - o, "query") if bias else enc.query(call.q[:, :, lo:hi], tq - o)
@@ -205,8 +214,10 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
     def head_sinks(hs: slice) -> torch.Tensor | None:
         return None if sinks is None else sinks[hs] if sinks.dim() == 1 else sinks[:, hs]
 
+    r = None if raw is None or fresh(qe, call.q) or fresh(ke, call.k) else raw()
+    bound, clean = (None, False) if r is None else r
     if starts is None or all(st == first for st in starts):
-        y = pieces(qe, parts(slice(None), 0), call.c, sinks)
+        y = pieces(qe, parts(slice(None), 0), call.c, sinks, bound, clean)
     else:
         # per-head windows (keys per head: a per-head bias has its keys repeated to every head);
         # heads in a run of equal starts (ALiBi's slopes fall with the head) share one call, as views
@@ -216,7 +227,7 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
             if h1 < H and starts[h1] == starts[h0]:
                 continue
             hs = slice(h0, h1)
-            y[:, hs] = pieces(qe[:, hs], parts(hs, starts[h0] - first), call.c, head_sinks(hs))
+            y[:, hs] = pieces(qe[:, hs], parts(hs, starts[h0] - first), call.c, head_sinks(hs), bound, clean)
             h0 = h1
     if call.venc is not None:
         y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
