@@ -229,7 +229,7 @@ ALL_THREADS = torch.get_num_threads()  # as torch starts, before any --threads
 
 # profiler op names counted as encoding q, k (and v): the one-pass kernels' elementwise work
 ENCODE_OPS = {"aten::mul", "aten::mul_", "aten::addcmul_", "aten::add_", "aten::neg", "aten::index", "aten::select",
-              "aten::copy_", "liepos::apply_terms", "liepos::rotate_halves"}  # the last two: native kernels
+              "aten::copy_"} | {f"liepos_native::{op}" for op in ("scale", "planes", "terms", "terms_", "halves", "halves_")}
 
 
 def breakdown(T: int, dtype: torch.dtype) -> str:
@@ -381,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_flush_denormal(False)  # kept, but for the flushed contenders' calls
     if a.breakdown or a.memory:
         for T in a.lengths or [8192]:
-            print((breakdown if a.breakdown else memory)(T, torch.float32))
+            for d in a.dtypes:
+                print((breakdown if a.breakdown else memory)(T, getattr(torch, d)))
         return 0
     Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
     rounds = a.rounds or (3 if a.quick else 5)

@@ -1,0 +1,123 @@
+"""One change of the fused attention path, old against new, in the same process and the same rounds.
+
+    python benchmarks/ab.py diagonal-exponent --encodings decay retnet --threads 1 --dtype bfloat16
+    python benchmarks/ab.py clear-in-encoding --encodings decay retnet --threads 2
+    python benchmarks/ab.py only-tile --encodings xpos --dtype bfloat16 --lengths 2048
+    python benchmarks/ab.py raw-bounds --encodings alibi --backward
+
+Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
+make, so each change is timed here against the code it replaced, restored for the old contender's call alone
+(a switch below: a module constant or function of the path as it was). Every round times causal SDPA, the
+new and the old call once each, in a rotating order; the figure is the median over rounds of the per-round
+quotient ``(new / SDPA) / (old / SDPA)``: below 1, the change is faster. Shape as ``attention.py``'s (batch 1,
+8 heads, head dim 64, positions 0 … T − 1); the outputs of old and new are compared once and their largest
+difference recorded. Writes ``benchmarks/results/ab_<switch>_<dtype>[_<threads>t][_bwd].{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as Fn
+from attention import _inputs, _step, encodings, machine  # benchmarks/attention.py: the same shape and steps
+from rounds import interleaved, save
+
+import liepos as lp
+from liepos import attention_pieces, causal_tiling, recentre
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@contextlib.contextmanager
+def _patched(module: object, name: str, value: object) -> Iterator[None]:
+    before = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, before)
+
+
+def _merge_without_only(*a, real=attention_pieces._merge_into, **kw):
+    return real(*a, **{**kw, "only": False})
+
+
+# each switch: what it restores, and a context manager that restores it for the old contender's call
+SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]] = {
+    "diagonal-exponent": ("diagonal blocks' factors within e^{±22} (now e^{±32})",
+                          lambda: _patched(causal_tiling, "DIAGONAL_EXPONENT", 22.0)),
+    "clear-in-encoding": ("the between tiles' q and k cleared in a pass after their encoding (now in it)",
+                          lambda: _patched(causal_tiling, "clear_thresholds", lambda *a: None)),
+    "only-tile": ("the only tile written into a float32 state and cast back (now it is the output)",
+                  lambda: _patched(attention_pieces, "_merge_into", _merge_without_only)),
+    "raw-bounds": ("ALiBi's tiles each finding their largest entries and clearing (now one pass for all)",
+                   lambda: _patched(recentre, "raw_clearing", lambda *a: None)),
+}
+
+
+def measure(switch: str, names: list[str], T: int, dtype: torch.dtype, rounds: int, backward: bool) -> dict:
+    qkv = _inputs(T, dtype, backward)
+    restore = SWITCHES[switch][1]
+    sdpa = _step(lambda q, k, v: Fn.scaled_dot_product_attention(q, k, v, is_causal=True), qkv, backward)
+    out = {}
+    for name in names:
+        enc = encodings()[name]
+        new = _step(lambda q, k, v, enc=enc: lp.attention(q, k, v, enc), qkv, backward)
+
+        def old(new=new):
+            with restore():
+                new()
+
+        with torch.no_grad():
+            a = lp.attention(*qkv, enc)
+            with restore():
+                b = lp.attention(*qkv, enc)
+        times = interleaved({"sdpa": sdpa, "new": new, "old": old}, rounds, number=1)
+        q = [(n / s) / (o / s) for s, n, o in zip(times["sdpa"], times["new"], times["old"])]
+        out[name] = {"new": statistics.median(n / s for s, n in zip(times["sdpa"], times["new"])),
+                     "old": statistics.median(o / s for s, o in zip(times["sdpa"], times["old"])),
+                     "quotient": statistics.median(q), "quotients": q,
+                     "max_abs_diff": float((a.float() - b.float()).abs().max())}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("switch", choices=sorted(SWITCHES))
+    p.add_argument("--encodings", nargs="+", default=["decay", "retnet"], choices=sorted(encodings()))
+    p.add_argument("--lengths", type=int, nargs="+", default=[2048])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--threads", type=int, help="torch's thread count (default: as torch starts)")
+    p.add_argument("--backward", action="store_true", help="forward + backward (q, k, v need a gradient)")
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    dtype = getattr(torch, a.dtype)
+    load0 = os.getloadavg()[0]
+    results = {T: measure(a.switch, a.encodings, T, dtype, a.rounds, a.backward) for T in a.lengths}
+    meta = machine()
+    lines = [f"old: {SWITCHES[a.switch][0]}; {a.dtype}, {'forward + backward' if a.backward else 'forward'}, "
+             f"{meta['threads']} threads, {meta['cpu']}\n\nCPU flags: {' '.join(meta['cpu_flags'])}\n",
+             "| encoding | T | new / SDPA | old / SDPA | quotient new / old (median of rounds) | max abs difference |",
+             "|---|---|---|---|---|---|"]
+    for T, res in results.items():
+        for n, r in res.items():
+            lines.append(f"| {n} | {T} | {r['new']:.3f} | {r['old']:.3f} | **{r['quotient']:.3f}** | "
+                         f"{r['max_abs_diff']:.2e} |")
+    text = "\n".join(lines)
+    print(text)
+    name = f"ab_{a.switch}_{a.dtype}" + (f"_{a.threads}t" if a.threads else "") + ("_bwd" if a.backward else "")
+    save(RESULTS, name, "ab.py", (load0, os.getloadavg()[0]), text, machine=meta, dtype=a.dtype,
+         backward=a.backward, results={str(T): r for T, r in results.items()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""The same-process comparison of one change (benchmarks/ab.py, not timings): the old contender's call runs the
+code the change replaced and nothing else does, and the quotient is the median of the per-round ones."""
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import liepos as lp
+from liepos import _kernels, attention_pieces
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def ab():
+    sys.path.insert(0, str(BENCH))  # the script imports its siblings attention.py and rounds.py
+    try:
+        yield importlib.import_module("ab")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def _flash_calls(enc, q, monkeypatch):
+    calls, real = [], attention_pieces._flash
+    monkeypatch.setattr(attention_pieces, "_flash", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with torch.no_grad():
+        lp.attention(q, q, q, enc)
+    monkeypatch.setattr(attention_pieces, "_flash", real)
+    return len(calls)
+
+
+def test_each_switch_restores_the_old_code_for_its_call_alone(ab, monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 2048, 64, generator=g)
+    decay = lp.build("decay", 64, 8)
+    new = _flash_calls(decay, q, monkeypatch)
+    with ab.SWITCHES["diagonal-exponent"][1]():
+        assert _flash_calls(decay, q, monkeypatch) == new + 1  # blocks of 64 rows: one family more
+    assert _flash_calls(decay, q, monkeypatch) == new
+    monkeypatch.setattr(_kernels, "_ran", set())
+    with ab.SWITCHES["clear-in-encoding"][1](), torch.no_grad():
+        lp.attention(q, q, q, decay)
+    assert "clear_ torch.float32" in _kernels.status()["native"]
+    merged, real = [], _kernels.merge
+    monkeypatch.setattr(_kernels, "merge", lambda *a: merged.append(1) or real(*a))
+    qb = q.bfloat16()
+    with torch.no_grad():
+        lp.attention(qb, qb, qb, lp.xpos(64))
+        assert not merged
+        with ab.SWITCHES["only-tile"][1]():
+            lp.attention(qb, qb, qb, lp.xpos(64))
+        assert merged
+
+
+def test_the_quotient_is_the_median_of_the_rounds(ab, monkeypatch):
+    fake = {"sdpa": [1.0, 2.0, 1.0], "new": [2.0, 3.0, 1.0], "old": [2.0, 4.0, 2.0]}
+    monkeypatch.setattr(ab, "interleaved", lambda fns, rounds, number: {n: fake[n] for n in fns})
+    got = ab.measure("only-tile", ["xpos"], 256, torch.float32, 3, False)["xpos"]
+    assert got["quotient"] == pytest.approx(sorted([1.0, 0.75, 0.5])[1])
+    assert got["new"] == pytest.approx(sorted([2.0, 1.5, 1.0])[1]) and got["max_abs_diff"] == 0.0
