@@ -4,6 +4,7 @@
     python benchmarks/ab.py clear-in-encoding --encodings decay retnet --threads 2
     python benchmarks/ab.py only-tile --encodings xpos --dtype bfloat16 --lengths 2048
     python benchmarks/ab.py raw-bounds --encodings alibi --backward
+    python benchmarks/ab.py native-norms --encodings alibi retnet --lengths 2048 8192
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -29,7 +30,7 @@ from attention import _inputs, _step, encodings, machine  # benchmarks/attention
 from rounds import interleaved, save
 
 import liepos as lp
-from liepos import attention_pieces, causal_tiling, recentre
+from liepos import _kernels, attention_pieces, causal_tiling, recentre
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,6 +59,8 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                   lambda: _patched(attention_pieces, "_merge_into", _merge_without_only)),
     "raw-bounds": ("ALiBi's tiles each finding their largest entries and clearing (now one pass for all)",
                    lambda: _patched(recentre, "raw_clearing", lambda *a: None)),
+    "native-norms": ("the keys' and queries' row norms (ALiBi's windows, faded keys) by torch's vector_norm (now one "
+                     "native pass reading half precision as stored)", lambda: _patched(_kernels, "norms", lambda x: None)),
 }
 
 

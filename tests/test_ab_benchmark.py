@@ -53,6 +53,20 @@ def test_each_switch_restores_the_old_code_for_its_call_alone(ab, monkeypatch):
         with ab.SWITCHES["only-tile"][1]():
             lp.attention(qb, qb, qb, lp.xpos(64))
         assert merged
+    alibi, cleared = lp.alibi(64, num_heads=8), []
+    real_clear = _kernels.clear_below
+    monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: cleared.append(1) or real_clear(x, tau, into))
+    monkeypatch.setattr(_kernels, "_ran", set())
+    with torch.no_grad():
+        lp.attention(qb, qb, qb, alibi)
+        assert not cleared and "norms torch.bfloat16" in _kernels.status()["native"]
+        with ab.SWITCHES["raw-bounds"][1]():
+            lp.attention(qb, qb, qb, alibi)
+        assert cleared  # every tile found its own bound and cleared
+        monkeypatch.setattr(_kernels, "_ran", set())
+        with ab.SWITCHES["native-norms"][1]():
+            lp.attention(qb, qb, qb, alibi)
+        assert "norms torch.bfloat16" not in _kernels.status()["native"]
 
 
 def test_the_quotient_is_the_median_of_the_rounds(ab, monkeypatch):

@@ -207,3 +207,24 @@ def test_alibi_tiles_skip_a_clearing_that_would_change_nothing(dtype, monkeypatc
         assert torch.equal(lp.attention(q, k, v, enc), got)
         tiny[0, 3, 1500, 7] = 0.0
         assert torch.equal(cleared, lp.attention(tiny, k, v, enc))
+
+
+@given(dtype=st.sampled_from(DTYPES), kind=st.sampled_from(["contiguous", "bshd", "stepped", "expanded"]),
+       scale=st.sampled_from([1e-3, 1.0, 1e3]), seed=st.integers(0, 2**16), S=st.integers(1, 9),
+       D=st.sampled_from([1, 3, 16, 64, 70]))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_row_norms_in_one_pass_equal_the_float64_norms(dtype, kind, scale, seed, S, D, any_size):
+    """The native norms op (the keys' norms of ALiBi's windows and of faded keys): every row's norm of x as stored,
+    in the work dtype, within the work dtype's rounding of the float64 norm, on any view the kernels take."""
+    from liepos.attention_call import row_norms
+
+    x = _view(_values(scale, [], (2, 3, 2 * S, D), seed, dtype), kind)
+    got = _kernels.norms(x)
+    want = torch.linalg.vector_norm(x.double(), dim=-1)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    assert got is not None and got.dtype == work and got.shape == x.shape[:3]
+    assert float(((got.double() - want).abs() / want.clamp_min(1e-300)).max()) <= 4 * D * torch.finfo(work).eps
+    if dtype != torch.float64:  # what the attention's bounds read: the native pass (float64 keeps float32 norms)
+        assert torch.equal(row_norms(x), got)
+    assert f"norms {dtype}" in _kernels.status()["native"]
+    torch.library.opcheck(torch.ops.liepos_native.norms.default, (x,))

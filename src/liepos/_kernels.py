@@ -25,10 +25,10 @@ pass; :func:`merge`, a flash tile's output merged into its rows' running output 
 :func:`apply_terms` (``terms``/``terms_``), a Jordan-coupled transform as column-shifted terms
 ``y[d] = Σ_j [mask_j(d)] T_j[d] · x[d + o_j]`` (tables from :func:`liepos._fast._terms`; the offsets of blocks of
 size 2 and 3, alone or beside rotation planes, and the widths 64 and 128 compiled as constants); the half-layout
-rotation (``halves``/``halves_``, where the Inductor loop does not run it: CUDA, no C++ compiler); and
+rotation (``halves``/``halves_``, where the Inductor loop does not run it: CUDA, no C++ compiler);
 :func:`clear_below` / :func:`absmax` / :func:`absrange`, which keep subnormal numbers out of the flash kernel's q
-and k in one pass each. Rows run on torch's own intra-op pool (``at::parallel_for``; no OpenMP runtime of the
-library's own). ``torch.utils.cpp_extension`` builds them (a C++ compiler, ``$CXX`` else ``c++``, and ``ninja``)
+and k, and :func:`norms`, each one pass. Rows run on torch's own pool (``at::parallel_for``; no OpenMP runtime
+of the library's own). ``torch.utils.cpp_extension`` builds them (a C++ compiler, ``$CXX`` else ``c++``, and ``ninja``)
 once per source, torch, compiler and CPU at the first use (never at import; tens of seconds, under its file lock)
 into a build directory of this user nobody else can write (:data:`CACHE_ENV`; 0700, the library checked against
 its SHA-256 sidecar before it is loaded, a truncated or foreign file rebuilt with one warning); float32, float64,
@@ -72,9 +72,7 @@ import torch
 
 __all__ = [
     "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "absmax", "absrange", "apply_terms", "clear_below",
-    "enabled",
-    "flushed", "library", "merge", "multiply", "off",
-    "rotate_halves", "status",
+    "enabled", "flushed", "library", "merge", "multiply", "norms", "off", "rotate_halves", "status",
 ]
 
 ENV = "LIEPOS_KERNELS"
@@ -724,28 +722,32 @@ def clear_below(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -
     return y
 
 
-def absmax(x: torch.Tensor) -> float | None:
-    """``max |x|`` of 4-D ``x`` (unit-stride rows) in one pass without a temporary (the native absmax op): NaN
-    when x holds a NaN, as ``float(x.abs().amax())``. None when the op does not run (small input, rows not of
-    unit stride, kernels off, no compiler, another device)."""
-    if not _rows_ok(x):
-        return None
-    ops = _ops()
+def _reduced(op: str, x: torch.Tensor) -> Any:
+    """The native one-pass reduction ``op`` of 4-D ``x`` (unit-stride rows, no temporary), or None where it does
+    not run (small input, rows not of unit stride, kernels off, no compiler, another device)."""
+    ops = _ops() if _rows_ok(x) else None
     if ops is None:
         return None
-    _ran.add(f"absmax {x.dtype}")
-    return float(ops.absmax(x))
+    _ran.add(f"{op} {x.dtype}")
+    return getattr(ops, op)(x)
+
+
+def absmax(x: torch.Tensor) -> float | None:
+    """``max |x|`` (the native absmax op; NaN when x holds one, as ``float(x.abs().amax())``), or None (:func:`_reduced`)."""
+    m = _reduced("absmax", x)
+    return None if m is None else float(m)
 
 
 def absrange(x: torch.Tensor) -> tuple[float, float] | None:
     """``(max |x|, min |x| over nonzero entries)``: the first as :func:`absmax` gives it, the second ``inf`` when every
-    entry is 0 (a NaN is no magnitude), in one pass (the native absrange op); None where :func:`absmax` is."""
-    ops = _ops() if _rows_ok(x) else None
-    if ops is None:
-        return None
-    _ran.add(f"absrange {x.dtype}")
-    big, small = ops.absrange(x).tolist()
-    return big, small
+    entry is 0 (a NaN is no magnitude), in one pass (the native absrange op); None where :func:`_reduced` is."""
+    r = _reduced("absrange", x)
+    return None if r is None else (float(r[0]), float(r[1]))
+
+
+def norms(x: torch.Tensor) -> torch.Tensor | None:
+    """Every row's ``‖x[b, h, s, :]‖``, (B, H, S) in the work dtype, x read as stored (native norms), or None."""
+    return _reduced("norms", x)
 
 
 def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, into: torch.Tensor) -> torch.Tensor | None:
@@ -784,17 +786,15 @@ def _register_fakes() -> None:
         if op not in _fakes:
             torch.library.register_fake(f"{_NAME}::{op}")(_no_output)
             _fakes.add(op)
-    if "absmax" not in _fakes:
-        torch.library.register_fake(f"{_NAME}::absmax")(_scalar_output)
-        _fakes.add("absmax")
-    if "absrange" not in _fakes:
-        torch.library.register_fake(f"{_NAME}::absrange")(lambda x: x.new_empty((2,), dtype=torch.float64))
-        _fakes.add("absrange")
+    for op, fake in (("absmax", lambda x: x.new_empty((), dtype=torch.float64)),
+                     ("absrange", lambda x: x.new_empty((2,), dtype=torch.float64)),
+                     ("norms", lambda x: x.new_empty(x.shape[:3], dtype=torch.float64 if x.dtype == torch.float64
+                                                     else torch.float32))):
+        if op not in _fakes:
+            torch.library.register_fake(f"{_NAME}::{op}")(fake)
+            _fakes.add(op)
 
 
 def _no_output(*args: Any) -> None:
     return None
 
-
-def _scalar_output(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((), dtype=torch.float64)

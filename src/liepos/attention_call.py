@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from liepos import _kernels
 from liepos._checks import all_finite, check_bool, check_int, check_real, check_real_tensor, check_tensor
 from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
@@ -31,8 +32,11 @@ HALF_GROWTH = math.exp(math.log(torch.finfo(torch.float16).max) / 3)
 
 def row_norms(x: torch.Tensor) -> torch.Tensor:
     """``‖x[…, i, :]‖`` of every row, without a gradient: in float32 for float32 and half precision (read as
-    stored, no float32 copy of x), in float32 for float64 as well (the bounds built on it leave room for that)."""
+    stored, no float32 copy of x: one native pass where it runs), in float32 for float64 as well (the bounds built
+    on it leave room for that)."""
     x = x.detach()
+    if x.dtype != torch.float64 and (n := _kernels.norms(x)) is not None:
+        return n
     if x.dtype in (torch.bfloat16, torch.float16):
         return torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32)
     return x.float().norm(dim=-1)

@@ -12,6 +12,7 @@
 //   clear_(x, tau):                          clear in place (x's rows of unit stride, any other strides)
 //   absmax(x) -> max_i |x[i]| as a 0-d float64 tensor (NaN when x holds a NaN)
 //   absrange(x) -> (absmax, the smallest |x[i]| > 0, inf when none) as a float64 tensor of 2
+//   norms(x) -> ||x[b, h, s, :]|| of every row, (B, H, S) in the work type
 //   denormals(flush) -> prev, restore_denormals(prev): flush-to-zero on torch's intra-op threads, and back
 //   merge(O, L, o, Li, first):               per row, L' = log(e^L + e^Li), O' = O + e^(Li - L') (o - O)
 //
@@ -731,6 +732,43 @@ at::Tensor absrange(const at::Tensor& x) {
   return out;
 }
 
+// norms: ||x[r, :]|| of every row as float (double for double x), the squares summed in the work type in eight
+// interleaved partial sums: one pass, half precision read as stored (no float copy of x)
+template <typename X>
+void norms_typed(const at::Tensor& x, at::Tensor& out) {
+  using W = typename Work<X>::type;
+  const Flat f = flat(x, "norms");
+  const X* xp = x.const_data_ptr<X>();
+  W* op = out.mutable_data_ptr<W>();
+  const int64_t rows = x.numel() / std::max<int64_t>(1, f.D);
+  at::parallel_for(0, rows, row_grain(f.D), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; r++) {
+      const X* xr = xp + f.row(r);
+      W acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight partial sums: one vector of lanes, not one serial chain
+      int64_t d = 0;
+      for (; d + 8 <= f.D; d += 8)
+        for (int j = 0; j < 8; j++) acc[j] += ld(xr[d + j]) * ld(xr[d + j]);
+      for (; d < f.D; d++) acc[0] += ld(xr[d]) * ld(xr[d]);
+      op[r] = std::sqrt(((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])));
+    }
+  });
+}
+
+at::Tensor norms(const at::Tensor& x) {
+  (void)flat(x, "norms");
+  const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor out = at::empty({x.size(0), x.size(1), x.size(2)}, x.options().dtype(work));
+  if (x.numel() == 0) return out.zero_();
+  switch (x.scalar_type()) {
+    case at::kFloat: norms_typed<float>(x, out); break;
+    case at::kDouble: norms_typed<double>(x, out); break;
+    case at::kBFloat16: norms_typed<c10::BFloat16>(x, out); break;
+    case at::kHalf: norms_typed<c10::Half>(x, out); break;
+    default: TORCH_CHECK(false, "liepos_native::norms: unsupported dtype ", x.scalar_type());
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------------------------------------ merge
 // One tile's output o and log-sum-exp Li merged into the running (O, L) of the rows it holds, row by row:
 // L' = log(e^L + e^Li), O' = O + w (o - O) with w = e^(Li - L') = 1 / (1 + e^(L - Li)); a row the tile gives no
@@ -870,6 +908,7 @@ TORCH_LIBRARY(liepos_native, m) {
   m.def("clear_(Tensor(a!) x, float tau) -> ()");
   m.def("absmax(Tensor x) -> Tensor");
   m.def("absrange(Tensor x) -> Tensor");
+  m.def("norms(Tensor x) -> Tensor");
   m.def("merge(Tensor(a!) O, Tensor(b!) L, Tensor o, Tensor Li, bool first) -> ()");
   m.def("denormals(bool flush) -> Tensor");
   m.def("restore_denormals(Tensor prev) -> ()");
@@ -886,6 +925,7 @@ TORCH_LIBRARY_IMPL(liepos_native, CPU, m) {
   m.impl("clear_", &clear_inplace);
   m.impl("absmax", &absmax);
   m.impl("absrange", &absrange);
+  m.impl("norms", &norms);
   m.impl("merge", &merge);
 }
 
