@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import liepos as lp
 from liepos import _kernels
-from liepos.attention_pieces import _below, _cleared_values
+from liepos._fast import clear_small
+from liepos.attention_pieces import _below
 
 pytestmark = pytest.mark.skipif(_kernels._missing() is not None,
                                 reason=f"the native kernels cannot be built here: {_kernels._missing()}")
@@ -80,7 +81,7 @@ def test_the_torch_fallback_gives_the_same_values(any_size):
     got = _kernels.clear_below(x, 1e-3)
     with _kernels.off():
         assert _kernels.clear_below(x, 1e-3) is None and _kernels.absmax(x) is None
-        fallback = _cleared_values(x, 1e-3)
+        fallback = clear_small(x, 1e-3)
     assert torch.equal(got.isnan(), fallback.isnan()) and torch.equal(got.nan_to_num(), fallback.nan_to_num())
 
 

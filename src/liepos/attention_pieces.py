@@ -437,19 +437,16 @@ def _below(x: torch.Tensor, tau: float, out: torch.Tensor | None = None) -> torc
     shape and dtype to write into (without autograd), else a fresh one."""
     if x.requires_grad:
         return _Cleared.apply(x, tau)
-    return _cleared_values(x, tau, out)
-
-
-def _cleared_values(x: torch.Tensor, tau: float, out: torch.Tensor | None = None) -> torch.Tensor:
     return clear_small(x, tau, into=out)
 
 
+
 class _Cleared(torch.autograd.Function):
-    """``_cleared_values`` forward, the identity backward (the gradient of the uncleared ``x``)."""
+    """:func:`~liepos._fast.clear_small` forward, the identity backward (the gradient of the uncleared ``x``)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, tau: float) -> torch.Tensor:
-        return _cleared_values(x, tau)
+        return clear_small(x, tau)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:

@@ -667,17 +667,21 @@ double absmax_typed(const at::Tensor& x) {
   return static_cast<double>(ld(v));
 }
 
-at::Tensor absmax(const at::Tensor& x) {
-  double m = 0;
-  if (x.numel() > 0) {
-    switch (x.scalar_type()) {
-      case at::kFloat: m = absmax_typed<float>(x); break;
-      case at::kDouble: m = absmax_typed<double>(x); break;
-      case at::kBFloat16: m = absmax_typed<c10::BFloat16>(x); break;
-      case at::kHalf: m = absmax_typed<c10::Half>(x); break;
-      default: TORCH_CHECK(false, "liepos_native::absmax: unsupported dtype ", x.scalar_type());
-    }
+// the reductions' dispatch on x's dtype: f(X{}) for X = float, double, BFloat16 or Half
+template <typename F>
+auto by_dtype(const at::Tensor& x, const char* op, const F& f) {
+  switch (x.scalar_type()) {
+    case at::kFloat: return f(float{});
+    case at::kDouble: return f(double{});
+    case at::kBFloat16: return f(c10::BFloat16{});
+    case at::kHalf: return f(c10::Half{});
+    default: TORCH_CHECK(false, "liepos_native::", op, ": unsupported dtype ", x.scalar_type());
   }
+}
+
+at::Tensor absmax(const at::Tensor& x) {
+  const double m =
+      x.numel() > 0 ? by_dtype(x, "absmax", [&](auto tag) { return absmax_typed<decltype(tag)>(x); }) : 0.0;
   return at::scalar_tensor(m, at::TensorOptions().dtype(at::kDouble));
 }
 
@@ -716,16 +720,9 @@ std::pair<double, double> absrange_typed(const at::Tensor& x) {
 }
 
 at::Tensor absrange(const at::Tensor& x) {
-  std::pair<double, double> m{0.0, std::numeric_limits<double>::infinity()};
-  if (x.numel() > 0) {
-    switch (x.scalar_type()) {
-      case at::kFloat: m = absrange_typed<float>(x); break;
-      case at::kDouble: m = absrange_typed<double>(x); break;
-      case at::kBFloat16: m = absrange_typed<c10::BFloat16>(x); break;
-      case at::kHalf: m = absrange_typed<c10::Half>(x); break;
-      default: TORCH_CHECK(false, "liepos_native::absrange: unsupported dtype ", x.scalar_type());
-    }
-  }
+  const std::pair<double, double> m =
+      x.numel() > 0 ? by_dtype(x, "absrange", [&](auto tag) { return absrange_typed<decltype(tag)>(x); })
+                    : std::pair<double, double>{0.0, std::numeric_limits<double>::infinity()};
   at::Tensor out = at::empty({2}, at::TensorOptions().dtype(at::kDouble));
   out.mutable_data_ptr<double>()[0] = m.first;
   out.mutable_data_ptr<double>()[1] = m.second;
@@ -759,13 +756,7 @@ at::Tensor norms(const at::Tensor& x) {
   const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor out = at::empty({x.size(0), x.size(1), x.size(2)}, x.options().dtype(work));
   if (x.numel() == 0) return out.zero_();
-  switch (x.scalar_type()) {
-    case at::kFloat: norms_typed<float>(x, out); break;
-    case at::kDouble: norms_typed<double>(x, out); break;
-    case at::kBFloat16: norms_typed<c10::BFloat16>(x, out); break;
-    case at::kHalf: norms_typed<c10::Half>(x, out); break;
-    default: TORCH_CHECK(false, "liepos_native::norms: unsupported dtype ", x.scalar_type());
-  }
+  by_dtype(x, "norms", [&](auto tag) { norms_typed<decltype(tag)>(x, out); });
   return out;
 }
 
