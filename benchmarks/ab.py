@@ -5,6 +5,7 @@
     python benchmarks/ab.py only-tile --encodings xpos --dtype bfloat16 --lengths 2048
     python benchmarks/ab.py raw-bounds --encodings alibi --backward
     python benchmarks/ab.py native-norms --encodings alibi retnet --lengths 2048 8192
+    python benchmarks/ab.py native-kernel --encodings decay retnet --dtype bfloat16 --lengths 1024 2048 4096
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -61,6 +62,9 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                    lambda: _patched(recentre, "raw_clearing", lambda *a: None)),
     "native-norms": ("the keys' and queries' row norms (ALiBi's windows, faded keys) by torch's vector_norm (now one "
                      "native pass reading half precision as stored)", lambda: _patched(_kernels, "norms", lambda x: None)),
+    "native-kernel": ("a fading encoding's tiles, one flash call per family, merged per row (now one native kernel "
+                      "re-centring every pair of blocks where it pays)",
+                      lambda: _patched(causal_tiling, "pays", lambda *a: False)),
 }
 
 

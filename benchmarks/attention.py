@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as Fn
 
 import liepos as lp
-from liepos import attention_pieces, recentre
+from liepos import attention_pieces, recentre, recentred_kernel
 from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
 
 HEADS, DIM = 8, 64
@@ -117,9 +117,10 @@ def contenders(T: int, dtype: torch.dtype, flex: bool, backward: bool = False) -
 # the path each encoding must take: "sdpa" (one SDPA call, no re-centring), "fused" (the flash pieces of
 # the re-centred fused path, never the general block loop), "fused+mask" (ALiBi: the per-key mask on
 # the content's head size), "fused+faded" (a decay's keys past its fade as one key of score 0, through a
-# per-key count mask: RetNet's fast heads and decay once T passes their fade)
+# per-key count mask: RetNet's fast heads and decay once T passes their fade), "kernel" (the native kernel
+# that re-centres every pair of blocks in registers, liepos.recentred_kernel: a fading encoding where it pays)
 EXPECTED = {"nope": ("sdpa",), "rope": ("sdpa",), "rope_half": ("sdpa",), "xpos": ("fused",),
-            "retnet": ("fused", "fused+faded"), "decay": ("fused", "fused+faded"), "alibi": ("fused+mask",),
+            "retnet": ("fused", "fused+faded", "kernel"), "decay": ("fused", "fused+faded", "kernel"), "alibi": ("fused+mask",),
             "jordan": ("fused",)}
 # encodings whose half-precision call attends in float32 today (the polynomial parts of Jordan blocks),
 # asserted so, and named in the path column; ALiBi's bfloat16 content is attended in bfloat16 (its slots
@@ -131,8 +132,8 @@ def path(name: str, T: int, dtype: torch.dtype, backward: bool) -> str:
     """The path one untimed call of ``name`` takes, observed (flash pieces, their dtypes and masks, the
     general block loop) and asserted against :data:`EXPECTED`."""
     enc = encodings()[name]
-    flash, general = [], []
-    real_flash, real_run = attention_pieces._flash, recentre._run
+    flash, general, native = [], [], []
+    real_flash, real_run, real_kernel = attention_pieces._flash, recentre._run, recentred_kernel.kernel
 
     def spy_flash(q, k, v, *a, attn_mask=None, **kw):
         flash.append((q.dtype, q.shape[-1], attn_mask is not None))
@@ -140,23 +141,27 @@ def path(name: str, T: int, dtype: torch.dtype, backward: bool) -> str:
 
     attention_pieces._flash = spy_flash
     recentre._run = lambda *a, **kw: general.append(1) or real_run(*a, **kw)
+    recentred_kernel.kernel = lambda qe, *a: native.append(qe.dtype) or real_kernel(qe, *a)
     try:
         with torch.no_grad() if not backward else torch.enable_grad():
             _step(lambda q, k, v: lp.attention(q, k, v, enc), _inputs(T, dtype, backward), backward)()
     finally:
-        attention_pieces._flash, recentre._run = real_flash, real_run
-    kinds = sorted({str(d).replace("torch.", "") for d, _, _ in flash})
+        attention_pieces._flash, recentre._run, recentred_kernel.kernel = real_flash, real_run, real_kernel
+    kinds = sorted({str(d).replace("torch.", "") for d in [f[0] for f in flash] + native})
     masked = bool(flash) and any(m for _, _, m in flash)
-    seen = "sdpa" if not flash and not general else "general" if general else "fused" if not masked else (
-        "fused+mask" if name == "alibi" else "fused+faded")
+    seen = "sdpa" if not flash and not general and not native else "general" if general else (
+        "kernel" if native and not flash else "fused" if not masked else "fused+mask" if name == "alibi" else "fused+faded")
     want = EXPECTED[name]
     asked = str(dtype).replace("torch.", "")
     if dtype in (torch.bfloat16, torch.float16) and name in HALF_IN_FLOAT32:
         asked = "float32"
-    if seen not in want or (flash and kinds != [asked]) or (
+    if seen not in want or ((flash or native) and kinds != [asked]) or (
             seen == "fused+mask" and any(d != DIM for _, d, _ in flash)):
         raise SystemExit(f"{name} at T = {T}, {dtype}: expected the {' or '.join(want)} path, ran {seen} "
                          f"(flash calls {len(flash)}, dtypes {kinds}, head sizes {sorted({d for _, d, _ in flash})})")
+    if native:
+        return f"{seen}: {len(native)} native kernel call{'s' if len(native) > 1 else ''} in {'/'.join(kinds)}" + (
+            f", {len(flash)} flash calls" if flash else "")
     return seen if not flash else f"{seen}: {len(flash)} flash calls in {'/'.join(kinds)}"
 
 

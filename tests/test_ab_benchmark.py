@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos import _kernels, attention_pieces
+from liepos import _kernels, attention_pieces, causal_tiling, recentred_kernel
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -36,7 +36,13 @@ def test_each_switch_restores_the_old_code_for_its_call_alone(ab, monkeypatch):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 8, 2048, 64, generator=g)
     decay = lp.build("decay", 64, 8)
-    new = _flash_calls(decay, q, monkeypatch)
+    native, real_kernel = [], recentred_kernel.kernel
+    monkeypatch.setattr(recentred_kernel, "kernel", lambda *a: native.append(1) or real_kernel(*a))
+    assert _flash_calls(decay, q, monkeypatch) == 0 and len(native) == 1  # float32: the native kernel
+    with ab.SWITCHES["native-kernel"][1]():
+        new = _flash_calls(decay, q, monkeypatch)  # the tiles it replaced
+    assert new > 0 and len(native) == 1 and causal_tiling.pays is recentred_kernel.pays
+    monkeypatch.setattr(causal_tiling, "pays", lambda *a: False)  # the switches below are the tiling's
     with ab.SWITCHES["diagonal-exponent"][1]():
         assert _flash_calls(decay, q, monkeypatch) == new + 1  # blocks of 64 rows: one family more
     assert _flash_calls(decay, q, monkeypatch) == new

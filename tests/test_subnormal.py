@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import liepos as lp
-from liepos import _kernels, attention_pieces, causal_tiling
+from liepos import _kernels, attention_pieces, causal_tiling, recentred_kernel
 from liepos.catalogue import default_decay_rates
 
 F64 = torch.float64
@@ -62,6 +62,14 @@ def flash_inputs(monkeypatch) -> list[dict]:
                      "product": _smallest(q) * _smallest(k), "tiny": torch.finfo(q.dtype).tiny})
         return real(q, k, v, *a, attn_mask=attn_mask, **kw)
 
+    def spy_kernel(qe, ke, v, *a, real_kernel=recentred_kernel.kernel):
+        # the native kernel's inputs: the blocks' encodings at their middles, every factor within the diagonal
+        # budget (its corrected query rows are formed inside it, its threads' subnormals flushed for its run)
+        seen.append({"q": _subnormal(qe), "k": _subnormal(ke), "v": _subnormal(v), "mask": 0,
+                     "product": _smallest(qe) * _smallest(ke), "tiny": torch.finfo(qe.dtype).tiny})
+        return real_kernel(qe, ke, v, *a)
+
+    monkeypatch.setattr(recentred_kernel, "kernel", spy_kernel)
     # counted with subnormals kept: on x86 the flash calls run flushed (_kernels.flushed), which would read a
     # subnormal as 0 whatever the clearing did; without it the count is the construction's, as on any machine
     monkeypatch.setattr(_kernels, "flushed", lambda device: contextlib.nullcontext())
@@ -112,6 +120,7 @@ def test_the_count_sees_the_fades_without_clearing(flash_inputs, monkeypatch):
     """Without the clearing the far tiles' fades underflow to subnormal numbers: the count above can fail."""
     monkeypatch.setattr(attention_pieces, "_cleared", lambda q, k, c, scratch=None, owned=False, bound=None: (q, k))
     monkeypatch.setattr(causal_tiling, "clear_thresholds", lambda *a: None)  # nor in the encodings' own pass
+    monkeypatch.setattr(causal_tiling, "pays", lambda *a: False)  # the tiling's tiles, not the native kernel
     _run("decay", torch.float32, 2048, 0)
     assert sum(s["q"] + s["k"] for s in flash_inputs) > 0
 

@@ -275,7 +275,7 @@ def rotate_halves(
 # ---------------------------------------------------------------------- native kernels (C++, torch.library ops)
 # loops Inductor does not write well: column-shifted terms (it masks every vector, ~2× the loads of a row), the
 # half-layout rotation in place (it needs a full-size temporary to store into the tensor it reads elsewhere)
-SOURCE = Path(__file__).with_name("native_kernels.cpp")
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("native_kernels.cpp", "native_flash.cpp"))
 _NAME = "liepos_native"
 # -fopenmp is a compile flag only: at::parallel_for's OpenMP backend is inline in torch's headers and needs
 # _OPENMP; the library links no runtime (its GOMP symbols bind to the one torch loaded). Tried in this order;
@@ -378,9 +378,9 @@ def _missing() -> str | None:
 
 
 def _build_dir(cc: str) -> Path:
-    """The private build directory of this source, torch, compiler (path and version), CPU and flag sets."""
-    key = "\0".join((hashlib.sha256(SOURCE.read_bytes()).hexdigest(), torch.__version__, repr(_FLAGS), _machine(),
-                     _compiler_id(cc), str(torch._C._GLIBCXX_USE_CXX11_ABI)))
+    """The private build directory of these sources, torch, compiler (path and version), CPU and flag sets."""
+    key = "\0".join((*(hashlib.sha256(f.read_bytes()).hexdigest() for f in SOURCES), torch.__version__, repr(_FLAGS),
+                     _machine(), _compiler_id(cc), str(torch._C._GLIBCXX_USE_CXX11_ABI)))
     return _private_dir(_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:20])
 
 
@@ -460,8 +460,8 @@ def _build_locked(d: Path, cpp_extension: Any) -> Path:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # cpp_extension's notes on compiler versions: the build decides
-                path = cpp_extension.load(_NAME, [str(SOURCE)], extra_cflags=list(flags), build_directory=str(d),
-                                          is_python_module=False, verbose=False)
+                path = cpp_extension.load(_NAME, [str(f) for f in SOURCES], extra_cflags=list(flags),
+                                          build_directory=str(d), is_python_module=False, verbose=False)
         except Exception as err:  # a compiler error: the next flag set, then the torch ops
             errors.append(f"{' '.join(flags)}: {str(err).strip()[-300:]}")
             continue

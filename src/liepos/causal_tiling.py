@@ -20,6 +20,7 @@ from liepos.attention_call import Call
 from liepos.attention_pieces import Arena, Rows, Tile, absmax, clear_thresholds, fresh, made, row_source, slot
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
+from liepos.recentred_kernel import block_rows, pays, recentred_flash, usable
 
 __all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "fade_rates", "fading_bound", "FLASH_ROWS",
            "DIAGONAL_EXPONENT"]
@@ -146,6 +147,14 @@ def tiled(call: Call, b) -> torch.Tensor | None:
     if not torch.equal(t - t[:, :1], ramp.expand(B, T)):
         return None
     diag, off = tile_plan(T, size)
+    if off:  # more than one block: one native kernel re-centres every pair of blocks where it can
+        r = fade_rates(enc)
+        w = block_rows(allowed(diagonal_budget(b, q.dtype)), T)
+        if w is not None and pays(q.dtype, T, size) and usable(call, r is not None and float(r.min()) >= 0
+                                                                and b[0] > 0, w):
+            out = recentred_flash(call, w)
+            if out is not None:
+                return out
     bound = fading_bound(call) if off else None  # the between tiles' thresholds, from one pass over q and k
     # streamed (no gradient), the between tiles' encodings are cleared in their own pass (Tile.clean)
     taus = None if bound is None else clear_thresholds(q.dtype, max(q.shape[-1], v.shape[-1]), call.c, bound)

@@ -1,0 +1,162 @@
+"""The causal attention of a fading encoding in one native kernel, re-centring every pair of blocks in registers.
+
+The tiling of :mod:`liepos.causal_tiling` re-centres by encoding q and k again for every family of tiles
+(diagonal blocks, then the tiles between keys and queries, level by level) and runs one flash call per family,
+merged per row: at T = 2048, five encodings of every row, five flash calls (the diagonal ones as dear as the
+full blocks: the flash kernel's causal mask saves nothing below 512 rows) and four merges. For an encoding whose
+every block fades or rotates (decay dims, damped and plain rotation planes: :func:`~liepos.causal_tiling.
+fade_rates` ≥ 0 for every head, some block fading), this module encodes q and k once each, at the middle of
+their block of ``W`` rows (``W`` within the diagonal budget), and the native kernel
+``liepos_native::recentred_flash`` (``native_flash.cpp``) forms every score from them by
+
+    qᵀ A(t − s) k = (F(t − o_i) q)ᵀ A((i − j)·W) (G(s − o_j) k),      o_i = i·W + W/2,
+
+correcting the query rows of block ``i`` by ``A((i − j)·W)`` for key block ``j`` (one plane or dim's pair at a
+time: ``y_d = a_d x_d + b_d x_partner(d)``, the corrections' exact entries from the encoding itself in float64,
+rounded once to float32), then one online softmax per row in the kernel's own GEMMs (oneDNN's, AMX for
+bfloat16). The corrections fade (``|A(mW)| ≤ 1``); one that underflows float32 leaves a product below
+``e^{−W·λ}·e^{−43}`` of the row's scale (its block within ``e^{±λW/2}``): nothing a softmax can see.
+
+Taken for a causal self-attention over a unit range of times (:attr:`Call.simple`), float32 or bfloat16, with
+nothing needing a gradient, no sinks, and more than one block; every other call keeps the tiling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+
+from liepos import _kernels
+from liepos.attention_call import Call
+from liepos.attention_pieces import Rows
+from liepos.encoding import Encoding
+
+__all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "block_rows", "pays", "recentred_flash", "corrections",
+           "usable", "kernel", "RAN"]
+
+MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow with it; 128 and 256 measured alike)
+# bfloat16: the flash kernel's AMX GEMMs make the tiling's large tiles cheaper than this kernel's own softmax (a
+# Xeon with AMX, one thread, decay at T = 4096: 1.65× causal SDPA against the tiling's 1.51×; RetNet, whose
+# tiling has diagonal blocks of 1024 rows, 1.45–1.77× against 1.45–1.55× at T = 2048); the tiling's diagonal
+# blocks of 128 rows and fewer are dear (the flash kernel's causal mask saves nothing below 512 rows): the kernel
+# takes bfloat16 where they are at most this many rows and the sequence at most HALF_BLOCKS of them (decay at
+# T = 1024: 1.53× against 2.04×, at T = 2048 1.48× against 1.73×). float32 takes it wherever it runs (decay
+# 1.19× against 1.23× and RetNet 1.11× against 1.18× at T = 2048, decay 1.04× against 1.11× at T = 8192)
+HALF_DIAGONAL_ROWS, HALF_BLOCKS = 128, 16
+_LOG2E = 1.0 / math.log(2.0)
+_DTYPES = (torch.float32, torch.bfloat16)
+_CORRECTIONS: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
+_KEEP = 32  # correction tables kept (per encoding, block, length and scale)
+RAN: dict[str, int] = {}  # calls of the kernel in this process, per dtype ("float32": n): what ran, for benchmarks
+
+
+def block_rows(allowed: float, T: int) -> int | None:
+    """Rows of a block: the largest multiple of 64 up to :data:`MAX_BLOCK` whose times all lie within ``allowed``
+    of its middle (``W/2 ≤ allowed``), or T rounded up to even when that is smaller; None below 64 rows."""
+    w = min(MAX_BLOCK, int(2 * math.floor(allowed)) // 64 * 64) if math.isfinite(allowed) else MAX_BLOCK
+    if w < 64:
+        return None
+    return min(w, T + T % 2)
+
+
+def pays(dtype: torch.dtype, T: int, size: int) -> bool:
+    """Whether the kernel is faster than the tiling whose diagonal blocks have ``size`` rows, for ``T`` rows of
+    ``dtype`` (:data:`HALF_DIAGONAL_ROWS`, :data:`HALF_BLOCKS`)."""
+    return dtype == torch.float32 or (size <= HALF_DIAGONAL_ROWS and T <= HALF_BLOCKS * size)
+
+
+def usable(call: Call, fading: bool, block: int | None) -> bool:
+    """Whether the kernel takes ``call``: CPU, float32 or bfloat16 (bfloat16 where oneDNN packs it: AMX), nothing
+    needing a gradient, no sinks, an encoding of fading blocks (``fading``), the head size a multiple of 16 (at
+    most 512), and more than one block of ``block`` rows."""
+    q, k, v = call.q, call.k, call.v
+    T = q.shape[2]
+    if (block is None or not fading or T <= block or q.dtype not in _DTYPES or q.device.type != "cpu"
+            or call.sinks is not None or call.venc is not None or not _kernels.enabled(q.device, native=True)):
+        return False
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return False
+    if (q.shape[-1] % 16 or q.shape[-1] > 512 or v.shape[-1] > 512 or q.shape[1] % k.shape[1]
+            or v.stride(-1) != 1 or not (q.dtype == k.dtype == v.dtype)):
+        return False
+    ops = _kernels.library() and torch.ops.liepos_native
+    if not ops or not hasattr(ops, "recentred_flash"):
+        return False
+    return q.dtype == torch.float32 or bool(ops.packs_bfloat16())
+
+
+def corrections(enc: Encoding, block: int, nb: int, c: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(corr, partner)`` of the kernel: for every lag ``m·block`` (``m < nb``) the correction ``A(m·block)`` of an
+    encoded query row, as ``y_d = a_d x_d + b_d x_partner(d)``, float32 ``(H or 1, nb, 2, D)`` times ``c·log2(e)``,
+    and ``partner`` int64 ``(D,)`` (a dim's partner in its plane, itself for a decay dim); None when the encoding's
+    correction is not of that form (a dim coupled to more than one other). Kept per encoding, block, length and
+    scale (the last :data:`_KEEP`)."""
+    key = (enc.version, block, nb, c)
+    if key in _CORRECTIONS:
+        _CORRECTIONS.move_to_end(key)
+        return _CORRECTIONS[key]
+    D, Hc = enc.dim, enc.num_heads or 1
+    eye = torch.eye(D, dtype=torch.float64).expand(nb, Hc, D, D)  # (nb, Hc, D rows e_r, D)
+    lags = (torch.arange(nb, dtype=torch.float64) * block).unsqueeze(-1).expand(nb, D)  # (nb, D): row r at m·block
+    with torch.no_grad():
+        M = enc._query_after(eye, lags)  # (nb, Hc, D, D): M[m, h, r] = F(m·block) e_r, the image of dim r
+    nz = (M != 0).any(0).any(0)  # (D, D): which dims an image ever reaches
+    off = nz & ~torch.eye(D, dtype=torch.bool)
+    found = None
+    if bool((off.sum(0) <= 1).all()):
+        partner = torch.where(off.any(0), off.float().argmax(0), torch.arange(D))  # column d's other row
+        if bool((partner[partner] == torch.arange(D)).all()):
+            d = torch.arange(D)
+            a = M[:, :, d, d]  # y_d = M[d, d] x_d + M[partner(d), d] x_partner(d), the second 0 for a decay dim
+            b = torch.where(partner == d, 0.0, M[:, :, partner, d])
+            corr = torch.stack([a, b], dim=2).movedim(1, 0)  # (nb, Hc, 2, D) -> (Hc, nb, 2, D)
+            found = ((corr * (c * _LOG2E)).float().contiguous(), partner.contiguous())
+    _CORRECTIONS[key] = found
+    if len(_CORRECTIONS) > _KEEP:
+        _CORRECTIONS.popitem(last=False)
+    return found
+
+
+def _encoded(enc: Encoding, x: torch.Tensor, block: int, side: str) -> torch.Tensor:
+    """``x (B, H, T, D)`` encoded at the middle of its blocks of ``block`` rows (the last one partial): row
+    ``i·block + a`` at time ``a − block/2``, as ``(B, H, T, D)``."""
+    B, H, T, D = x.shape
+    full, tail = divmod(T, block)
+    parts = []
+    if full:
+        rows = Rows(0, full, block, 0, block)
+        y = enc._span(rows.gather(x), -(block // 2), side, into=_fresh)  # (B·full, H, block, D)
+        parts.append(rows.scatter(y).reshape(B, H, full * block, D))  # (B, H, full, block, D) -> (B, H, T', D)
+    if tail:
+        rows = Rows(full * block, 1, tail, 0, tail)
+        parts.append(rows.scatter(enc._span(rows.gather(x), -(block // 2), side, into=_fresh)).reshape(B, H, tail, D))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def kernel(qe: torch.Tensor, ke: torch.Tensor, v: torch.Tensor, corr: torch.Tensor, partner: torch.Tensor,
+           block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``liepos_native::recentred_flash`` itself: ``(out, lse)`` (the one call of the op, which tests observe)."""
+    return torch.ops.liepos_native.recentred_flash(qe, ke, v, corr, partner, block)
+
+
+def _fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def recentred_flash(call: Call, block: int) -> torch.Tensor | None:
+    """The call's causal attention ``(B, H, T, Dv)`` in q's dtype through the native kernel, blocks of ``block``
+    rows; None when the encoding's correction has no pair form (the caller tiles)."""
+    q, k, v, enc = call.q, call.k, call.v, call.enc
+    T = q.shape[2]
+    nb = -(-T // block)
+    found = corrections(enc, block, nb, call.c)
+    if found is None:
+        return None
+    corr, partner = found
+    qe, ke = _encoded(enc, q, block, "query"), _encoded(enc, k, block, "key")
+    out, _ = kernel(qe, ke, v, corr, partner, block)
+    name = str(q.dtype).replace("torch.", "")
+    RAN[name] = RAN.get(name, 0) + 1
+    return out

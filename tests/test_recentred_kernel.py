@@ -1,0 +1,175 @@
+"""The native re-centring kernel (liepos.recentred_kernel): the attention it gives equals the float64 reference
+within the precision contract and the tiling it replaces, over random shapes (hypothesis: batch, heads, grouped
+keys, head sizes, lengths not a multiple of the block, both layouts, decay dims, damped and plain rotation
+planes); it runs exactly where it should (no gradient, no sinks, float32 everywhere, bfloat16 where it pays and
+oneDNN packs bfloat16), and its corrections are the encoding's own A(m·W)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import liepos as lp
+from liepos import _kernels, causal_tiling, recentred_kernel
+from liepos.catalogue import default_decay_rates
+
+F64 = torch.float64
+pytestmark = pytest.mark.skipif(_kernels.library() is None, reason="the native kernels cannot be built here")
+
+
+def _packs_bfloat16() -> bool:
+    return bool(torch.ops.liepos_native.packs_bfloat16())
+
+
+def _damped(dim: int, layout: str = "interleaved") -> lp.Encoding:
+    P = dim // 2
+    return lp.Encoding(lp.Generator(-default_decay_rates(P), lp.rope_freqs(dim), [1] * P), layout=layout,
+                       name="damped")
+
+
+def _encoding(kind: str, dim: int, heads: int) -> lp.Encoding:
+    """Encodings whose tiling has diagonal blocks of 128 rows (fastest rate 1/2), so that a few hundred rows
+    make several of the kernel's blocks: the catalogue decay, per-head decays, damped rotations (both layouts);
+    RetNet (blocks of 1024) for the correction tables."""
+    if kind == "decay":
+        return lp.build("decay", dim, heads)
+    if kind == "per_head":
+        rates = default_decay_rates(dim) * torch.linspace(1.0, 0.25, heads, dtype=F64).unsqueeze(-1)  # (H, D)
+        return lp.decay(rates)
+    if kind == "retnet":
+        return lp.retnet(dim, num_heads=heads)
+    if kind == "retnet_half":
+        return lp.retnet(dim, num_heads=heads, layout="half")
+    return _damped(dim, "half" if kind == "damped_half" else "interleaved")
+
+
+def _ran(monkeypatch) -> list:
+    calls, real = [], recentred_kernel.kernel
+    monkeypatch.setattr(recentred_kernel, "kernel", lambda *a: calls.append(a[-1]) or real(*a))
+    return calls
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["decay", "per_head", "damped", "damped_half"]), B=st.integers(1, 2),
+       heads=st.sampled_from([(2, 2), (4, 2), (2, 1)]), D=st.sampled_from([16, 32, 64]), Dv=st.sampled_from([16, 48, 64]),
+       T=st.integers(200, 600), half=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_equals_the_float64_reference(monkeypatch, kind, B, heads, D, Dv, T, half, seed):
+    """Blocks of 64 rows (so that a few hundred rows make several), every pair of blocks re-centred in the kernel:
+    within 16·eps·max|v| of the float64 attention on the same rounded inputs (the fused path's contract)."""
+    dtype = torch.bfloat16 if half else torch.float32
+    if half and not _packs_bfloat16():
+        return
+    H, Hk = heads
+    if kind == "per_head" and Hk != H:
+        Hk = H  # a per-head encoding with grouped keys is repeated per head before the kernel
+    monkeypatch.setattr(recentred_kernel, "MAX_BLOCK", 64)
+    monkeypatch.setattr(causal_tiling, "pays", lambda *a: True)
+    calls = _ran(monkeypatch)
+    enc = _encoding(kind, D, H)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, D, dtype=F64, generator=g).to(dtype)
+    k = torch.randn(B, Hk, T, D, dtype=F64, generator=g).to(dtype)
+    v = torch.randn(B, Hk, T, Dv, dtype=F64, generator=g).to(dtype)
+    with torch.no_grad():
+        out = lp.attention(q, k, v, enc)
+    assert calls, "the kernel did not run"
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), enc)
+    assert out.dtype == dtype and out.shape == (B, H, T, Dv)
+    tol = 16 * torch.finfo(dtype).eps * float(v.double().abs().max())
+    assert float((out.double() - ref).abs().max()) <= tol
+
+
+@pytest.mark.parametrize("name", ["decay", "retnet"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_equals_the_tiling_it_replaces(monkeypatch, name, dtype):
+    """T = 2048: the kernel and the tiles of causal_tiling give the same attention to within their roundings."""
+    if dtype == torch.bfloat16 and not _packs_bfloat16():
+        pytest.skip("oneDNN packs no bfloat16 on this CPU (no AMX): the tiling serves bfloat16")
+    monkeypatch.setattr(causal_tiling, "pays", lambda *a: True)
+    calls = _ran(monkeypatch)
+    enc = lp.build(name, 64, 4)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 4, 2048, 64, dtype=F64, generator=g).to(dtype) for _ in range(3))
+    with torch.no_grad():
+        new = lp.attention(q, k, v, enc)
+        assert len(calls) == 1
+        monkeypatch.setattr(causal_tiling, "pays", lambda *a: False)
+        old = lp.attention(q, k, v, enc)
+        assert len(calls) == 1
+    tol = 32 * torch.finfo(dtype).eps * float(v.double().abs().max())
+    assert float((new.double() - old.double()).abs().max()) <= tol
+
+
+def test_runs_only_where_it_should(monkeypatch):
+    calls = _ran(monkeypatch)
+    enc = lp.build("decay", 64, 2)
+    q, k, v = (torch.randn(1, 2, 1024, 64) for _ in range(3))
+    with torch.no_grad():
+        lp.attention(q, k, v, enc)
+    assert len(calls) == 1  # float32, more than one block, no gradient
+    q.requires_grad_(True)
+    lp.attention(q, k, v, enc).sum().backward()  # a gradient: the tiling
+    with torch.no_grad():
+        lp.attention(q, k, v, enc, sinks=torch.zeros(2))  # sinks: the tiling
+        lp.attention(q[:, :, :100], k[:, :, :100], v[:, :, :100], enc)  # one block: the tiling
+        with _kernels.off():
+            lp.attention(q, k, v, enc)  # native kernels off
+        lp.attention(q, k, v, lp.build("jordan", 64))  # a Jordan block: no pair form
+    assert len(calls) == 1
+
+
+def test_pays():
+    """float32 wherever the kernel runs; bfloat16 where the tiling's diagonal blocks are small and few."""
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert recentred_kernel.pays(f32, 8192, 1024)
+    assert recentred_kernel.pays(bf16, 2048, 128) and recentred_kernel.pays(bf16, 1024, 128)
+    assert not recentred_kernel.pays(bf16, 4096, 128) and not recentred_kernel.pays(bf16, 2048, 1024)
+
+
+def test_block_rows():
+    assert recentred_kernel.block_rows(64.0, 2048) == 128  # decay at rate 1/2: e^{±32}
+    assert recentred_kernel.block_rows(1009.0, 2048) == recentred_kernel.MAX_BLOCK
+    assert recentred_kernel.block_rows(math.inf, 2048) == recentred_kernel.MAX_BLOCK
+    assert recentred_kernel.block_rows(64.0, 99) == 100  # one block: T rounded up to even
+    assert recentred_kernel.block_rows(31.0, 2048) is None  # below 64 rows
+
+
+@pytest.mark.parametrize("kind", ["retnet", "retnet_half", "damped", "damped_half", "decay", "per_head"])
+def test_corrections_are_the_encodings_own(kind):
+    """corr[h, m] applied to an encoded query row equals the encoding at lag m·W applied to it (float64), to the
+    float32 rounding of the table's entries."""
+    D, H, W, nb = 16, 2, 64, 4
+    enc = _encoding(kind, D, H)
+    corr, partner = recentred_kernel.corrections(enc, W, nb, 1.0)
+    x = torch.randn(1, corr.shape[0], 3, D, dtype=F64)
+    for m in range(nb):
+        want = enc._query_after(x, torch.full((3,), float(m * W), dtype=F64))
+        a, b = corr[:, m, 0].double() / recentred_kernel._LOG2E, corr[:, m, 1].double() / recentred_kernel._LOG2E
+        a, b = a.view(1, -1, 1, D), b.view(1, -1, 1, D)
+        got = a * x + b * x[..., partner]
+        scale = a.abs() * x.abs() + b.abs() * x[..., partner].abs()  # each table entry rounded once to float32
+        tiny = 2 * torch.finfo(torch.float32).tiny * float(x.abs().max())  # an entry that underflows float32: 0
+        assert bool(((got - want).abs() <= 2.0**-22 * scale + tiny).all())
+
+
+def test_no_pair_form_is_refused():
+    """A coupling of more than two dims (a Jordan block) has no pair form: None, and the call is tiled."""
+    assert recentred_kernel.corrections(lp.build("jordan", 12), 64, 3, 1.0) is None
+
+
+def test_the_op_refuses_what_it_cannot_take():
+    ops = torch.ops.liepos_native
+    x = torch.randn(1, 2, 128, 16)
+    corr, partner = torch.zeros(1, 2, 2, 16), torch.arange(16)
+    with pytest.raises(RuntimeError, match="block"):
+        ops.recentred_flash(x, x, x, corr, partner, 63)
+    with pytest.raises(RuntimeError, match="corr"):
+        ops.recentred_flash(x, x, x, torch.zeros(1, 3, 2, 16), partner, 64)
+    with pytest.raises(RuntimeError, match="last axis"):
+        ops.recentred_flash(x, x, x.transpose(2, 3).contiguous().transpose(2, 3), corr, partner, 64)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        ops.recentred_flash(x.double(), x.double(), x.double(), corr, partner, 64)
