@@ -118,7 +118,7 @@ def test_the_gradient_passes_through_the_clearing(any_size):
 
 
 @pytest.mark.parametrize("name", ["decay", "retnet", "jordan"])
-def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch):
+def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch, tiling):
     """At the benchmark's shape the tiles take the native ops (each tile clearing its own encoded q and k in
     place, or decay's and RetNet's in the pass that encodes them), and give the bits of the torch ops' clearing.
     (RetNet at 1024 is one causal block, within the diagonal budget: nothing to clear; at 2048 its fast head

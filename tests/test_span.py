@@ -138,7 +138,7 @@ def _bound_call(enc, q, k):
     return types.SimpleNamespace(enc=enc, q=q, k=k)
 
 
-def test_diagonal_tiles_are_not_cleared_and_between_tiles_take_the_bound(monkeypatch):
+def test_diagonal_tiles_are_not_cleared_and_between_tiles_take_the_bound(monkeypatch, tiling):
     """The tiled triangle of a fading encoding: its diagonal blocks go to the kernel as encoded (within the diagonal
     budget nothing underflows), its other tiles cleared by the bound, with no pass to find their largest entries;
     the output equals float64 attention to float32 rounding."""
@@ -213,7 +213,7 @@ def test_a_span_cleared_in_its_pass_equals_the_span_cleared_after(name, dtype):
         enc._span(x.float().requires_grad_(), 0, "key", into=buf, clear=3e-4)
 
 
-def test_between_tiles_come_cleared_from_their_encoding(monkeypatch):
+def test_between_tiles_come_cleared_from_their_encoding(monkeypatch, tiling):
     """Streamed (no gradient), a fading encoding's tiles between keys and queries are cleared by the encoding's own
     pass: no clearing pass runs over them after, and the output has the bits of the separate clearing."""
     from liepos import _kernels, causal_tiling
