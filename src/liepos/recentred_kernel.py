@@ -37,13 +37,13 @@ __all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "block_rows", "pays
            "usable", "kernel", "RAN"]
 
 MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow with it; 128 and 256 measured alike)
-# bfloat16: the flash kernel's AMX GEMMs make the tiling's large tiles cheaper than this kernel's own softmax (a
-# Xeon with AMX, one thread, decay at T = 4096: 1.65× causal SDPA against the tiling's 1.51×; RetNet, whose
-# tiling has diagonal blocks of 1024 rows, 1.45–1.77× against 1.45–1.55× at T = 2048); the tiling's diagonal
-# blocks of 128 rows and fewer are dear (the flash kernel's causal mask saves nothing below 512 rows): the kernel
-# takes bfloat16 where they are at most this many rows and the sequence at most HALF_BLOCKS of them (decay at
-# T = 1024: 1.53× against 2.04×, at T = 2048 1.48× against 1.73×). float32 takes it wherever it runs (decay
-# 1.19× against 1.23× and RetNet 1.11× against 1.18× at T = 2048, decay 1.04× against 1.11× at T = 8192)
+# bfloat16: the flash kernel's AMX GEMMs make the tiling's large tiles cheaper than this kernel's own softmax
+# (on a Xeon with AMX, from T = 4096 on for the catalogue decay, and for RetNet, whose tiling has diagonal blocks
+# of 1024 rows, at every length tried), while the tiling's diagonal blocks of 128 rows and fewer are dear (the
+# flash kernel's causal mask saves nothing below 512 rows): bfloat16 takes the kernel where they hold at most
+# this many rows and the sequence at most HALF_BLOCKS of them (`benchmarks/ab.py native-kernel`: decay 0.78 of
+# the tiling's time at T = 1024, 0.89 at 2048, on one thread). float32 takes it wherever it runs (decay 0.84
+# at T = 2048 on one thread, 0.69 on two; 0.95–0.99 at T = 8192–16384; RetNet 0.88–0.95)
 HALF_DIAGONAL_ROWS, HALF_BLOCKS = 128, 16
 _LOG2E = 1.0 / math.log(2.0)
 _DTYPES = (torch.float32, torch.bfloat16)
