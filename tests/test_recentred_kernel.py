@@ -18,7 +18,8 @@ from liepos import _kernels, causal_tiling, recentred_kernel
 from liepos.catalogue import default_decay_rates
 
 F64 = torch.float64
-pytestmark = pytest.mark.skipif(_kernels.library() is None, reason="the native kernels cannot be built here")
+pytestmark = pytest.mark.skipif(_kernels.library() is None or not recentred_kernel.gemms(),
+                                reason="the native kernels cannot be built here, or oneDNN's GEMMs do not run here")
 
 
 def _packs_bfloat16() -> bool:
@@ -119,6 +120,8 @@ def test_runs_only_where_it_should(monkeypatch):
         with _kernels.off():
             lp.attention(q, k, v, enc)  # native kernels off
         lp.attention(q, k, v, lp.build("jordan", 64))  # a Jordan block: no pair form
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+        lp.attention(q, k, v, enc)  # no oneDNN GEMMs of its kind (not x86 with AVX2): the tiling
     assert len(calls) == 1
 
 

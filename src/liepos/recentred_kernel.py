@@ -34,7 +34,7 @@ from liepos.attention_pieces import Rows
 from liepos.encoding import Encoding
 
 __all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "block_rows", "pays", "recentred_flash", "corrections",
-           "usable", "kernel", "RAN"]
+           "usable", "kernel", "gemms"]
 
 MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow with it; 128 and 256 measured alike)
 # bfloat16: the flash kernel's AMX GEMMs make the tiling's large tiles cheaper than this kernel's own softmax
@@ -49,7 +49,6 @@ _LOG2E = 1.0 / math.log(2.0)
 _DTYPES = (torch.float32, torch.bfloat16)
 _CORRECTIONS: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
 _KEEP = 32  # correction tables kept (per encoding, block, length and scale)
-RAN: dict[str, int] = {}  # calls of the kernel in this process, per dtype ("float32": n): what ran, for benchmarks
 
 
 def block_rows(allowed: float, T: int) -> int | None:
@@ -67,14 +66,23 @@ def pays(dtype: torch.dtype, T: int, size: int) -> bool:
     return dtype == torch.float32 or (size <= HALF_DIAGONAL_ROWS and T <= HALF_BLOCKS * size)
 
 
+def gemms() -> bool:
+    """Whether oneDNN's batch-reduce GEMMs run here: an x86 CPU with AVX2 or AVX-512 and oneDNN enabled (elsewhere
+    the kernel's GEMMs would fall back to plain ones, a speed never measured: the tiling serves)."""
+    return bool(torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and torch.backends.mkldnn.is_available()
+                and torch.backends.mkldnn.enabled)
+
+
 def usable(call: Call, fading: bool, block: int | None) -> bool:
-    """Whether the kernel takes ``call``: CPU, float32 or bfloat16 (bfloat16 where oneDNN packs it: AMX), nothing
+    """Whether the kernel takes ``call``: CPU with oneDNN's GEMMs (:func:`gemms`), float32 or bfloat16 (bfloat16
+    where oneDNN packs it: AMX), nothing
     needing a gradient, no sinks, an encoding of fading blocks (``fading``), the head size a multiple of 16 (at
     most 512), and more than one block of ``block`` rows."""
     q, k, v = call.q, call.k, call.v
     T = q.shape[2]
     if (block is None or not fading or T <= block or q.dtype not in _DTYPES or q.device.type != "cpu"
-            or call.sinks is not None or call.venc is not None or not _kernels.enabled(q.device, native=True)):
+            or call.sinks is not None or call.venc is not None or not _kernels.enabled(q.device, native=True)
+            or not gemms()):
         return False
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         return False
@@ -157,6 +165,4 @@ def recentred_flash(call: Call, block: int) -> torch.Tensor | None:
     corr, partner = found
     qe, ke = _encoded(enc, q, block, "query"), _encoded(enc, k, block, "key")
     out, _ = kernel(qe, ke, v, corr, partner, block)
-    name = str(q.dtype).replace("torch.", "")
-    RAN[name] = RAN.get(name, 0) + 1
     return out
