@@ -14,11 +14,13 @@ their block of ``W`` rows (``W`` within the diagonal budget), and the native ker
 correcting the query rows of block ``i`` by ``A((i − j)·W)`` for key block ``j`` (one plane or dim's pair at a
 time: ``y_d = a_d x_d + b_d x_partner(d)``, the corrections' exact entries from the encoding itself in float64,
 rounded once to float32), then one online softmax per row in the kernel's own GEMMs (oneDNN's, AMX for
-bfloat16). The corrections fade (``|A(mW)| ≤ 1``); one that underflows float32 leaves a product below
-``e^{−W·λ}·e^{−43}`` of the row's scale (its block within ``e^{±λW/2}``): nothing a softmax can see.
+bfloat16). The corrections fade (``|A(mW)| ≤ 1``); one that underflows float32 (``λmW > 87``, so ``m ≥ 2``:
+``λW ≤ 64``) leaves a product below ``e^{λW − λmW} ≤ e^{−43}`` of the row's scale (each block's factors within
+``e^{±λW/2}``): nothing a softmax can see.
 
-Taken for a causal self-attention over a unit range of times (:attr:`Call.simple`), float32 or bfloat16, with
-nothing needing a gradient, no sinks, and more than one block; every other call keeps the tiling.
+Taken for a causal self-attention over a unit range of times (:attr:`Call.simple`) whose tiling has more than one
+block, with nothing needing a gradient and no sinks, on x86 with oneDNN's GEMMs (:func:`gemms`): float32 wherever
+it runs, bfloat16 where it pays (:func:`pays`) and oneDNN packs bfloat16 (AMX); every other call keeps the tiling.
 """
 
 from __future__ import annotations
