@@ -106,6 +106,7 @@ def test_equals_the_tiling_it_replaces(monkeypatch, name, dtype):
 
 
 def test_runs_only_where_it_should(monkeypatch):
+    monkeypatch.setattr(recentred_kernel, "_MEASURED", {"here": True})  # as on the CPU kind it was timed on
     calls = _ran(monkeypatch)
     enc = lp.build("decay", 64, 2)
     q, k, v = (torch.randn(1, 2, 1024, 64) for _ in range(3))
@@ -125,9 +126,13 @@ def test_runs_only_where_it_should(monkeypatch):
     assert len(calls) == 1
 
 
-def test_pays():
-    """float32 wherever the kernel runs; bfloat16 where the tiling's diagonal blocks are small and few."""
+def test_pays(monkeypatch):
+    """float32 wherever the kernel runs; bfloat16 where the tiling's diagonal blocks are small and few; neither on
+    a CPU of another kind than the one it was timed on."""
     f32, bf16 = torch.float32, torch.bfloat16
+    monkeypatch.setattr(recentred_kernel, "_MEASURED", {"here": False})
+    assert not recentred_kernel.pays(f32, 2048, 128) and not recentred_kernel.pays(bf16, 2048, 128)
+    monkeypatch.setattr(recentred_kernel, "_MEASURED", {"here": True})
     assert recentred_kernel.pays(f32, 8192, 1024)
     assert recentred_kernel.pays(bf16, 2048, 128) and recentred_kernel.pays(bf16, 1024, 128)
     assert not recentred_kernel.pays(bf16, 4096, 128) and not recentred_kernel.pays(bf16, 2048, 1024)

@@ -20,7 +20,8 @@ bfloat16). The corrections fade (``|A(mW)| ≤ 1``); one that underflows float32
 
 Taken for a causal self-attention over a unit range of times (:attr:`Call.simple`) whose tiling has more than one
 block, with nothing needing a gradient and no sinks, on x86 with oneDNN's GEMMs (:func:`gemms`): float32 wherever
-it runs, bfloat16 where it pays (:func:`pays`) and oneDNN packs bfloat16 (AMX); every other call keeps the tiling.
+it runs, bfloat16 where it pays (:func:`pays`), both on a CPU of the kind it was timed on (AMX: oneDNN packs
+bfloat16); every other call keeps the tiling.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from liepos.attention_pieces import Rows
 from liepos.encoding import Encoding
 
 __all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "block_rows", "pays", "recentred_flash", "corrections",
-           "usable", "kernel", "gemms"]
+           "usable", "kernel", "gemms", "measured_here"]
 
 MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow with it; 128 and 256 measured alike)
 # bfloat16: the flash kernel's AMX GEMMs make the tiling's large tiles cheaper than this kernel's own softmax
@@ -50,6 +51,7 @@ HALF_DIAGONAL_ROWS, HALF_BLOCKS = 128, 16
 _LOG2E = 1.0 / math.log(2.0)
 _DTYPES = (torch.float32, torch.bfloat16)
 _CORRECTIONS: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
+_MEASURED: dict[str, bool] = {}
 _KEEP = 32  # correction tables kept (per encoding, block, length and scale)
 
 
@@ -62,9 +64,22 @@ def block_rows(allowed: float, T: int) -> int | None:
     return min(w, T + T % 2)
 
 
+def measured_here() -> bool:
+    """Whether this CPU is of the kind the kernel was timed on: one where oneDNN packs bfloat16 (AMX). Elsewhere
+    the tiling serves: an earlier kernel of this design over BLAS sgemm took 1.45–1.56× SDPA's time on a 2-core
+    EPYC (the performance guide), and this one has not been timed there."""
+    if "here" not in _MEASURED:
+        ops = _kernels.library() and torch.ops.liepos_native
+        _MEASURED["here"] = bool(ops and hasattr(ops, "packs_bfloat16") and ops.packs_bfloat16())
+    return _MEASURED["here"]
+
+
 def pays(dtype: torch.dtype, T: int, size: int) -> bool:
     """Whether the kernel is faster than the tiling whose diagonal blocks have ``size`` rows, for ``T`` rows of
-    ``dtype`` (:data:`HALF_DIAGONAL_ROWS`, :data:`HALF_BLOCKS`)."""
+    ``dtype`` (:data:`HALF_DIAGONAL_ROWS`, :data:`HALF_BLOCKS`), on a CPU of the kind it was timed on
+    (:func:`measured_here`)."""
+    if not measured_here():
+        return False
     return dtype == torch.float32 or (size <= HALF_DIAGONAL_ROWS and T <= HALF_BLOCKS * size)
 
 
