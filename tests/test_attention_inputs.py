@@ -1,4 +1,4 @@
-"""Issue 13's attention items: never silently wrong, every refused call leaves the cache unchanged,
+"""Attention's inputs: never silently wrong, every refused call leaves the cache unchanged,
 non-finite keys that no query sees change nothing, the natural self-attention call means what it
 says, and the crashes of the adversarial run are named errors or work."""
 
@@ -138,6 +138,63 @@ def test_a_non_finite_key_or_value_no_query_sees_changes_nothing(name, bad):
     lp.attention(q[:, :, :4], kk[:, :, :4], v[:, :, :4], enc, cache=cache)
     out = lp.attention(q[:, :, 4:6], kk[:, :, 4:], v[:, :, 4:], enc, t[4:6], t[4:], cache=cache)
     assert torch.allclose(out, lp.attention(q, k, v, enc)[:, :, 4:6], atol=1e-10)
+
+
+# ---------------------------------------------------------------------- a non-finite query
+QUERY_PATHS = {  # every kernel family a query row can meet
+    "rope": lambda: lp.rope(64),  # SDPA's flash kernel
+    "xpos": lambda: lp.xpos(64),  # the causal tiling
+    "decay": lambda: lp.build("decay", 64, 2),  # the tiling (and the native kernel where it runs)
+    "retnet": lambda: lp.retnet(64, num_heads=2),  # faded keys
+    "alibi": lambda: lp.alibi(64, num_heads=2),  # the per-key mask
+    "jordan": lambda: lp.build("jordan", 64),  # float32 attention for half precision
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUERY_PATHS))
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_query_row_is_nan_in_its_row_alone(name, dtype, bad):
+    """Whatever kernel runs (SDPA's flash kernels give such a row 0 on some CPUs and dtypes, NaN on others), a
+    query row holding a NaN or an infinity is NaN, every other row is the clean call's, as the reference says."""
+    enc = QUERY_PATHS[name]()
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 700, 64, generator=g, dtype=F64).to(dtype) for _ in range(3))
+    qq = q.clone()
+    qq[0, 1, 333, 7] = bad
+    with torch.no_grad():
+        clean, out = lp.attention(q, k, v, enc), lp.attention(qq, k, v, enc)
+    assert torch.isnan(out[0, 1, 333]).all()
+    rest = torch.ones(700, dtype=torch.bool)
+    rest[333] = False
+    assert torch.equal(out[0, 0], clean[0, 0]) and torch.equal(out[0, 1, rest], clean[0, 1, rest])
+    if dtype == F64:
+        ref = lp.attention_reference(qq[..., :40, :], k[..., :40, :], v[..., :40, :], enc)
+        assert ref.isnan().sum() == 0 and not qq[..., :40, :].isnan().any()  # the bad row lies past 40
+        ref = lp.attention_reference(qq[..., 300:340, :], k[..., :340, :], v[..., :340, :], enc,
+                                     torch.arange(300, 340), torch.arange(340))
+        assert torch.isnan(ref[0, 1, 33]).all() and ref.isnan().sum() == 64
+
+
+def test_a_non_finite_query_is_nan_through_a_cache_and_masks():
+    """A decode step and a masked call keep the rule: the bad row NaN, the others as without it."""
+    enc = lp.xpos(D)
+    q, k, v = qkv()
+    qq = q.clone()
+    qq[1, 2, 10, 0] = math.nan
+    cache = lp.KVCache()
+    lp.attention(q[:, :, :10], k[:, :, :10], v[:, :, :10], enc, cache=cache)
+    step = lp.attention(qq[:, :, 10:], k[:, :, 10:], v[:, :, 10:], enc, cache=cache)
+    full = lp.attention(q, k, v, enc)[:, :, 10:]
+    assert torch.isnan(step[1, 2, 0]).all() and step.isnan().sum() == step.shape[-1]
+    keep = ~torch.isnan(step)
+    assert torch.allclose(step[keep], full[keep], atol=1e-10)
+    keys = torch.ones(2, 12, dtype=torch.bool)
+    keys[:, 3] = False
+    masked = lp.attention(qq, k, v, enc, key_padding_mask=keys, block_size=4)
+    ref = lp.attention_reference(qq, k, v, enc, mask=keys[:, None, None, :])
+    assert torch.equal(masked.isnan(), ref.isnan()) and masked.isnan().sum() == v.shape[-1]
+    assert torch.allclose(masked.nan_to_num(0.0), ref.nan_to_num(0.0), atol=1e-10)
 
 
 # ---------------------------------------------------------------------- 8. positions without key_positions

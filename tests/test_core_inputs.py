@@ -314,6 +314,24 @@ def test_all_finite_is_the_elementwise_check(n, dtype, bad, seed):
     assert all_finite(x, torch.zeros(2)) == bool(torch.isfinite(x).all())
 
 
+def test_all_finite_decides_after_a_libm_call_left_errno_set():
+    """A NaN's sum read after a C library call that set ``errno`` to ERANGE (an exp that overflows, as a native
+    kernel's may): Python's ``abs(complex(nan))`` then raises OverflowError; the check answers False."""
+    import ctypes
+    import ctypes.util
+
+    from liepos._checks import all_finite
+
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.exp.restype, libm.exp.argtypes = ctypes.c_double, [ctypes.c_double]
+    x = torch.tensor([1.0, math.nan, 2.0])
+    libm.exp(1000.0)  # errno = ERANGE
+    with pytest.raises(OverflowError):
+        abs(complex(math.nan))  # the state is real: the old reading of the sum fails here
+    libm.exp(1000.0)
+    assert all_finite(torch.ones(3), x) is False and all_finite(torch.ones(3)) is True
+
+
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.lists(st.floats(-300.0, 300.0), min_size=1, max_size=12), st.sampled_from(["query", "key"]),
        st.booleans(), st.floats(0.05, 3.0), st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))

@@ -61,9 +61,8 @@ def _ran(monkeypatch) -> list:
 def test_equals_the_float64_reference(monkeypatch, kind, B, heads, D, Dv, T, half, seed):
     """Blocks of 64 rows (so that a few hundred rows make several), every pair of blocks re-centred in the kernel:
     within 16·eps·max|v| of the float64 attention on the same rounded inputs (the fused path's contract)."""
-    dtype = torch.bfloat16 if half else torch.float32
-    if half and not _packs_bfloat16():
-        return
+    # bfloat16 only where oneDNN packs it (elsewhere the kernel refuses it: test_equals_the_tiling_it_replaces)
+    dtype = torch.bfloat16 if half and _packs_bfloat16() else torch.float32
     H, Hk = heads
     if kind == "per_head" and Hk != H:
         Hk = H  # a per-head encoding with grouped keys is repeated per head before the kernel
@@ -87,14 +86,22 @@ def test_equals_the_float64_reference(monkeypatch, kind, B, heads, D, Dv, T, hal
 @pytest.mark.parametrize("name", ["decay", "retnet"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_equals_the_tiling_it_replaces(monkeypatch, name, dtype):
-    """T = 2048: the kernel and the tiles of causal_tiling give the same attention to within their roundings."""
-    if dtype == torch.bfloat16 and not _packs_bfloat16():
-        pytest.skip("oneDNN packs no bfloat16 on this CPU (no AMX): the tiling serves bfloat16")
+    """T = 2048: the kernel and the tiles of causal_tiling give the same attention to within their roundings. On
+    a CPU where oneDNN packs no bfloat16 (no AMX) a bfloat16 call never reaches the kernel, even where it would
+    pay, and the op itself refuses bfloat16 by name."""
     monkeypatch.setattr(causal_tiling, "pays", lambda *a: True)
     calls = _ran(monkeypatch)
     enc = lp.build(name, 64, 4)
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 4, 2048, 64, dtype=F64, generator=g).to(dtype) for _ in range(3))
+    if dtype == torch.bfloat16 and not _packs_bfloat16():
+        with torch.no_grad():
+            out = lp.attention(q, k, v, enc)
+        assert not calls and out.dtype == dtype  # the tiling served it
+        corr, partner = recentred_kernel.corrections(enc, 128, 16, 0.125)
+        with pytest.raises(RuntimeError, match="bfloat16 needs oneDNN's packed GEMM"):
+            recentred_kernel.kernel(q, k, v, corr, partner, 128)
+        return
     with torch.no_grad():
         new = lp.attention(q, k, v, enc)
         assert len(calls) == 1

@@ -246,7 +246,9 @@ def all_finite(*xs: torch.Tensor) -> bool:
         if x.numel() and not (x.is_floating_point() or x.is_complex()) or x.is_meta:
             continue  # a meta tensor has shapes and no values: nothing to find, the finite path's shapes
         with torch.no_grad():
-            if x.numel() and not math.isfinite(abs(complex(x.detach().sum().item()))):
+            # the sum's finiteness by torch, not by Python's abs(complex): that one reads a stale errno on a
+            # NaN and raises OverflowError after any earlier libm call that set ERANGE
+            if x.numel() and not bool(torch.isfinite(x.detach().sum()).all()):
                 if not bool(torch.isfinite(x.detach()).all()):
                     return False
     return True

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 import liepos.attention_graph as attention_graph
+from liepos._checks import all_finite
 from liepos.attention_call import Call, bind, expand_batch, prepare, widened
 from liepos.attention_pieces import available, pieces
 from liepos.attention_sdpa import sdpa
@@ -90,8 +91,8 @@ def attention(
         temperature: a :class:`liepos.temperature.Temperature`: row i's logits times ``τ(t_i, n_i)``
             (``n_i`` its visible keys; Scalable-Softmax, Llama 4's temperature tuning), exact through a cache.
 
-    Queries with no visible key return zeros. A key or value that is NaN or infinite reaches only the
-    queries that see it.
+    Queries with no visible key return zeros. A NaN or infinite key or value reaches only the queries that
+    see it; a query row holding one returns NaN in its row alone, whatever kernel runs.
 
     The identity it implements, checked against :func:`attention_reference`::
 
@@ -117,11 +118,22 @@ def attention(
                 key_document_ids, cache, scale, allow_bidirectional, block_size, sinks, value_encoding)
     temperature = check_temperature(temperature, enc, q.shape[1])
     if (empty := _nothing_to_attend(q, k, v, x, cache)) is not None:
-        return empty
+        return _not_numbers(q, empty)
     call = _bound(x, temperature)
     needs = call.enc.needs_recentring or (call.venc is not None and call.venc.needs_recentring)
     out = recentred(call) if needs else _plain(call)
-    return out.to(v.dtype)
+    return _not_numbers(q, out.to(v.dtype))
+
+
+def _not_numbers(q: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` with NaN in every row whose query holds a NaN or an infinity. The kernels disagree there: the
+    flash kernels of SDPA give such a row 0 on some CPUs and dtypes and NaN on others, and a tile's merge
+    may drop it; one summing pass over ``q`` (:func:`~liepos._checks.all_finite`) finds none in the common
+    case."""
+    if not out.numel() or all_finite(q):
+        return out
+    bad = ~torch.isfinite(q).all(-1, keepdim=True)  # (B, H, Sq, 1): a query row not all finite
+    return out.masked_fill(bad, math.nan)
 
 
 def _bound(x: Any, temperature: Any) -> Call:
@@ -191,6 +203,17 @@ def _plain(call: Call) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- reference
+def _weights(scores: torch.Tensor, vis: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """The reference's softmax weights ``(B, H, Sq, Sk)`` over the visible keys: a row with none weighs nothing,
+    NaN scores (a NaN query) stay NaN, ``sinks`` ``(H,)`` join each row's denominator."""
+    scores = scores.masked_fill(~vis, -math.inf)
+    if sinks is not None:
+        B, H, Sq, _ = scores.shape
+        col = torch.as_tensor(sinks, dtype=torch.float64).reshape(1, H, 1, 1).expand(B, H, Sq, 1)  # (B, H, Sq, 1)
+        return torch.softmax(torch.cat((scores, col), -1), dim=-1)[..., :-1]
+    return torch.where(vis.any(-1, keepdim=True), torch.softmax(scores, dim=-1), 0.0)  # seen (B, H|1, Sq, 1)
+
+
 def _block_generators(g: Generator) -> list[tuple[Generator, int, int]]:
     out = []
     for i, (n, cplx, off, w) in enumerate(zip(g.sizes, g.complex, g.offsets, g.widths)):
@@ -239,7 +262,8 @@ def attention_reference(
 
     Independent of the fast path: no tables, no F/G factorisation, no re-centring; only
     :meth:`Generator.exp` of each block at the lags. Memory ``O(q_seq · k_seq · heads)`` per block;
-    meant for tests and small inputs. ``mask``: optional boolean (B|1, H|1, Sq, Sk), True = attend.
+    meant for tests and small inputs. ``mask``: optional boolean (B|1, H|1, Sq, Sk), True = attend. A row
+    with no visible key is 0; a query row holding a NaN or an infinity is NaN.
     """
     B, H, Sq, D = q.shape
     Hk = k.shape[1]
@@ -279,20 +303,16 @@ def attention_reference(
         vis = vis & torch.ones(Sq, Sk, dtype=torch.bool).tril(Sk - Sq)
     if mask is not None:
         vis = vis & mask
-    scores = scores.masked_fill(~vis, -math.inf)
-    if sinks is not None:
-        col = torch.as_tensor(sinks, dtype=torch.float64).reshape(1, H, 1, 1).expand(B, H, Sq, 1)  # (B, H, Sq, 1)
-        w = torch.softmax(torch.cat((scores, col), -1), dim=-1)[..., :Sk]
-    else:
-        w = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    w = _weights(scores, vis, sinks)
+    bad = ~torch.isfinite(q).all(-1, keepdim=True)  # (B, H, Sq, 1): a query not all finite gives NaN
     if value_encoding is None:
-        return w @ v64
+        return (w @ v64).masked_fill(bad, math.nan)
     vperm = value_encoding.plan.perm
     vc = v64.index_select(-1, vperm)  # canonical coordinates of the values
     out = torch.zeros(B, H, Sq, v.shape[-1], dtype=torch.float64)
     for off, wd, A in _lag_blocks(value_encoding.generator, lags):
         out[..., off : off + wd] = torch.einsum("bhts,bhtsde,bhse->bhtd", w, A, vc[..., off : off + wd])
-    return out.index_select(-1, value_encoding.plan.inv)
+    return out.index_select(-1, value_encoding.plan.inv).masked_fill(bad, math.nan)
 
 
 attention_graph.install(attention)  # the eager call the compiled op runs
