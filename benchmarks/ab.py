@@ -6,6 +6,7 @@
     python benchmarks/ab.py raw-bounds --encodings alibi --backward
     python benchmarks/ab.py native-norms --encodings alibi retnet --lengths 2048 8192
     python benchmarks/ab.py native-kernel --encodings decay retnet --dtype bfloat16 --lengths 1024 2048 4096
+    python benchmarks/ab.py native-kernel --everywhere      # the kernel timed on a CPU where it does not run
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -31,7 +32,7 @@ from attention import _inputs, _step, encodings, machine  # benchmarks/attention
 from rounds import interleaved, save
 
 import liepos as lp
-from liepos import _kernels, attention_pieces, causal_tiling, recentre
+from liepos import _kernels, attention_pieces, causal_tiling, recentre, recentred_kernel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -81,10 +82,19 @@ def measure(switch: str, names: list[str], T: int, dtype: torch.dtype, rounds: i
             with restore():
                 new()
 
-        with torch.no_grad():
-            a = lp.attention(*qkv, enc)
-            with restore():
-                b = lp.attention(*qkv, enc)
+        calls, real = [], recentred_kernel.kernel
+        recentred_kernel.kernel = lambda *x, calls=calls, real=real: calls.append(x[-1]) or real(*x)  # its calls
+        try:
+            with torch.no_grad():
+                a = lp.attention(*qkv, enc)
+                ran = len(calls)
+                with restore():
+                    b = lp.attention(*qkv, enc)
+        finally:
+            recentred_kernel.kernel = real
+        if switch == "native-kernel" and (ran != 1 or len(calls) != 1):
+            raise SystemExit(f"{name}: the native kernel ran {ran} times in the new call and {len(calls) - ran} in "
+                             "the old one (1 and 0 expected): nothing to compare here")
         times = interleaved({"sdpa": sdpa, "new": new, "old": old}, rounds, number=1)
         q = [(n / s) / (o / s) for s, n, o in zip(times["sdpa"], times["new"], times["old"])]
         out[name] = {"new": statistics.median(n / s for s, n in zip(times["sdpa"], times["new"])),
@@ -103,14 +113,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--threads", type=int, help="torch's thread count (default: as torch starts)")
     p.add_argument("--backward", action="store_true", help="forward + backward (q, k, v need a gradient)")
+    p.add_argument("--everywhere", action="store_true",
+                   help="native-kernel only: the new call takes the kernel on this CPU too, as on the kind it was "
+                        "timed on (recentred_kernel.measured_here), so it can be timed where it does not run by default")
     a = p.parse_args(argv)
+    if a.everywhere and a.switch != "native-kernel":
+        p.error(f"--everywhere applies to the native-kernel switch only, got {a.switch}")
+    if a.backward and a.switch == "native-kernel":
+        p.error("--backward: the native kernel never runs with a gradient (the tiling serves both contenders)")
     if a.threads:
         torch.set_num_threads(a.threads)
+    if a.everywhere:
+        recentred_kernel._MEASURED["here"] = True
     dtype = getattr(torch, a.dtype)
     load0 = os.getloadavg()[0]
     results = {T: measure(a.switch, a.encodings, T, dtype, a.rounds, a.backward) for T in a.lengths}
     meta = machine()
-    lines = [f"old: {SWITCHES[a.switch][0]}; {a.dtype}, {'forward + backward' if a.backward else 'forward'}, "
+    lines = [f"old: {SWITCHES[a.switch][0]}{' (the kernel forced on this CPU)' if a.everywhere else ''}; {a.dtype}, "
+             f"{'forward + backward' if a.backward else 'forward'}, "
              f"{meta['threads']} threads, {meta['cpu']}\n\nCPU flags: {' '.join(meta['cpu_flags'])}\n",
              "| encoding | T | new / SDPA | old / SDPA | quotient new / old (median of rounds) | max abs difference |",
              "|---|---|---|---|---|---|"]
@@ -120,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{r['max_abs_diff']:.2e} |")
     text = "\n".join(lines)
     print(text)
-    name = f"ab_{a.switch}_{a.dtype}" + (f"_{a.threads}t" if a.threads else "") + ("_bwd" if a.backward else "")
+    name = (f"ab_{a.switch}_{a.dtype}" + (f"_{a.threads}t" if a.threads else "") + ("_bwd" if a.backward else "")
+            + ("_everywhere" if a.everywhere else ""))
     save(RESULTS, name, "ab.py", (load0, os.getloadavg()[0]), text, machine=meta, dtype=a.dtype,
          backward=a.backward, results={str(T): r for T, r in results.items()})
     return 0

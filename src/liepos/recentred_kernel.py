@@ -65,9 +65,10 @@ def block_rows(allowed: float, T: int) -> int | None:
 
 
 def measured_here() -> bool:
-    """Whether this CPU is of the kind the kernel was timed on: one where oneDNN packs bfloat16 (AMX). Elsewhere
-    the tiling serves: an earlier kernel of this design over BLAS sgemm took 1.45–1.56× SDPA's time on a 2-core
-    EPYC (the performance guide), and this one has not been timed there."""
+    """Whether this CPU is of the kind the kernel pays on: one where oneDNN packs bfloat16 (AMX). Elsewhere the
+    tiling serves: on a 2-core AMD EPYC with AVX2 only this kernel took 1.6–2.0× the tiling's time in float32
+    (decay and RetNet, T = 2048 and 8192, one and two threads: ``benchmarks/ab.py native-kernel --everywhere``),
+    and an earlier kernel of this design over BLAS sgemm 1.45–1.56× SDPA's on an EPYC with AVX-512."""
     if "here" not in _MEASURED:
         ops = _kernels.library() and torch.ops.liepos_native
         _MEASURED["here"] = bool(ops and hasattr(ops, "packs_bfloat16") and ops.packs_bfloat16())
