@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as Fn
-from attention import _inputs, _step, encodings, machine  # benchmarks/attention.py: the same shape and steps
-from rounds import interleaved, save
+from attention import _inputs, _step, encodings  # benchmarks/attention.py: the same shape and steps
+from rounds import interleaved, machine, save
 
 import liepos as lp
 from liepos import _kernels, attention_pieces, causal_tiling, recentre, recentred_kernel

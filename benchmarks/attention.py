@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ import torch.nn.functional as Fn
 
 import liepos as lp
 from liepos import attention_pieces, recentre, recentred_kernel
-from rounds import interleaved, ratio  # benchmarks/rounds.py: the one timing loop
+from rounds import interleaved, machine, ratio  # benchmarks/rounds.py: the one timing loop and the machine
 
 HEADS, DIM = 8, 64
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -163,22 +162,6 @@ def path(name: str, T: int, dtype: torch.dtype, backward: bool) -> str:
         return f"{seen}: {len(native)} native kernel call{'s' if len(native) > 1 else ''} in {'/'.join(kinds)}" + (
             f", {len(flash)} flash calls" if flash else "")
     return seen if not flash else f"{seen}: {len(flash)} flash calls in {'/'.join(kinds)}"
-
-
-def machine() -> dict:
-    """The CPU model, its vector / matrix instruction-set flags and torch's thread count."""
-    model, flags = platform.processor() or platform.machine(), []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, val = line.partition(":")
-            if key.strip() == "model name":
-                model = val.strip()
-            if key.strip() == "flags":
-                flags = sorted(f for f in val.split() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cpu_flags": flags, "threads": torch.get_num_threads()}
 
 
 PEERS = {"sdpa (causal)": "torch SDPA, is_causal", "flex alibi (compiled)": "torch.compile of flex_attention"}

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from liepos.interop import from_hf  # noqa: E402
 from liepos.interop.hf_extend import MAPS, next_token_stats, scaling_maps  # noqa: E402
+from rounds import machine  # noqa: E402  # benchmarks/rounds.py: the CPU model and its flags
 
 LICENSES = Path("/usr/share/common-licenses")
 EDGES = [0, 2048, 4096, 8192, 12288, 16384, 24576, 32768]
@@ -90,17 +91,6 @@ def kjv_text() -> tuple[str, list[str]]:
             verse = json.loads(line)
             books.setdefault(verse["book"], []).append(verse["text"].strip())
     return "\n\n".join(" ".join(v) for v in books.values()), list(books)
-
-
-def cpu_model() -> str:
-    """The CPU's model name as ``/proc/cpuinfo`` (what ``lscpu`` reads) gives it, or the platform's word."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def passkey_sequence(tok, text_ids: list[int], length: int, keys: int, seed: int = 0):
@@ -235,7 +225,7 @@ def main(argv=None) -> int:
         "command": "python benchmarks/long_context.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": gguf.name, "text": f"{where}; {len(text_ids)} tokens)",
         "original": L0, "factor": factor, "keys": args.keys, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "cpu": cpu_model(), "machine": platform.machine(), "cpus": os.cpu_count(), "runs": {},
+        **machine(), "machine": platform.machine(), "cpus": os.cpu_count(), "runs": {},
     }
     old = out.with_suffix(".json")
     if args.resume and old.exists():

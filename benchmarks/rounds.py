@@ -9,6 +9,7 @@ machine hits every contender alike.
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 import sys
 from collections.abc import Callable
@@ -37,13 +38,31 @@ def ratio(times: list[float], yardstick: list[float]) -> float:
     return statistics.median([t / y for t, y in zip(times, yardstick)])
 
 
+def machine() -> dict:
+    """The CPU model (``/proc/cpuinfo``'s model name, what ``lscpu`` reads), its vector / matrix instruction-set
+    flags and torch's thread count."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key.strip() == "model name":
+                model = val.strip()
+            if key.strip() == "flags":
+                flags = sorted(f for f in val.split() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+                break
+    except OSError:
+        pass
+    return {"cpu": model, "cpu_flags": flags, "threads": torch.get_num_threads()}
+
+
 def save(folder: Path, name: str, script: str, load: tuple[float, float], text: str, **fields: object) -> None:
-    """``folder/name.{json,md}``: the command, torch, the thread count, the 1-minute load average before
-    and after the run, then ``fields`` (json) or the table ``text`` (md)."""
+    """``folder/name.{json,md}``: the command, torch, the CPU model and its flags (:func:`machine`), the thread
+    count, the 1-minute load average before and after the run, then ``fields`` (json) or the table ``text`` (md)."""
     cmd = " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
     folder.mkdir(exist_ok=True)
-    meta = {"command": cmd, "torch": torch.__version__, "threads": torch.get_num_threads(), "load_average": list(load)}
+    here = machine()
+    meta = {"command": cmd, "torch": torch.__version__, **here, "load_average": list(load)}
     (folder / f"{name}.json").write_text(json.dumps({**meta, **fields}, indent=1))
-    head = (f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"1-minute load average {load[0]:.2f} before, {load[1]:.2f} after)")
+    head = (f"`{cmd}` (torch {torch.__version__}, {here['cpu']}, {here['threads']} threads, "
+            f"1-minute load average {load[0]:.2f} before, {load[1]:.2f} after)\n\nCPU flags: {' '.join(here['cpu_flags'])}")
     (folder / f"{name}.md").write_text(f"{head}\n\n{text}\n")

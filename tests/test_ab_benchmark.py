@@ -2,6 +2,7 @@
 code the change replaced and nothing else does, and the quotient is the median of the per-round ones."""
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -82,3 +83,30 @@ def test_the_quotient_is_the_median_of_the_rounds(ab, monkeypatch):
     got = ab.measure("only-tile", ["xpos"], 256, torch.float32, 3, False)["xpos"]
     assert got["quotient"] == pytest.approx(sorted([1.0, 0.75, 0.5])[1])
     assert got["new"] == pytest.approx(sorted([2.0, 1.5, 1.0])[1]) and got["max_abs_diff"] == 0.0
+
+
+def test_every_results_file_names_the_cpu_and_its_flags(ab, tmp_path):
+    """``rounds.save``, the writer of every timing script: the CPU model and its instruction-set flags (as
+    ``/proc/cpuinfo`` gives them) in the json and in the md's head, beside torch and the thread count."""
+    import rounds
+
+    rounds.save(tmp_path, "x", "x.py", (0.5, 0.6), "| a |")
+    here = rounds.machine()
+    data = json.loads((tmp_path / "x.json").read_text())
+    assert data["cpu"] == here["cpu"] and data["cpu_flags"] == here["cpu_flags"] and data["threads"] >= 1
+    head = (tmp_path / "x.md").read_text()
+    assert here["cpu"] in head and f"CPU flags: {' '.join(here['cpu_flags'])}" in head
+    if Path("/proc/cpuinfo").exists() and "avx2" in Path("/proc/cpuinfo").read_text():
+        assert "avx2" in here["cpu_flags"]
+
+
+def test_the_native_kernel_is_compared_only_where_it_runs_in_the_new_call_alone(ab, monkeypatch):
+    """``ab.py native-kernel``: where the kernel would not run in the new call (here: forced off), the run
+    stops instead of timing two tilings; ``--everywhere`` only with that switch, ``--backward`` never with it."""
+    monkeypatch.setattr(recentred_kernel, "measured_here", lambda: False)
+    monkeypatch.setattr(causal_tiling, "pays", lambda *a: False)
+    with pytest.raises(SystemExit, match="ran 0 times in the new call"):
+        ab.measure("native-kernel", ["decay"], 256, torch.float32, 1, False)
+    for argv in (["raw-bounds", "--everywhere"], ["native-kernel", "--backward"]):
+        with pytest.raises(SystemExit):
+            ab.main(argv)

@@ -107,3 +107,37 @@ def test_a_call_with_no_keys_leaves_an_empty_cache_unbound():
         got = lp.attention(nxt(q), nxt(k), nxt(v), enc, cache=cache)
         assert len(cache) == 4
         assert torch.allclose(got, lp.attention(nxt(q), nxt(k), nxt(v), enc), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16])
+def test_nope_hands_sdpa_the_callers_q_and_k(monkeypatch, dtype):
+    """NoPE's encodings are the identity: the call reads q and k as they are (no copy of either) and equals
+    the reference; a value encoding still carries the values."""
+    from liepos import attend
+
+    seen = []
+    real = attend.sdpa
+    monkeypatch.setattr(attend, "sdpa", lambda qe, ke, *a, **kw: seen.append((qe, ke)) or real(qe, ke, *a, **kw))
+    q, k, v = (x.to(dtype) for x in _qkv(7, S=6))
+    out = lp.attention(q, k, v, lp.nope(8))
+    (qe, ke), = seen
+    assert qe.data_ptr() == q.data_ptr() and ke.data_ptr() == k.data_ptr()
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), lp.nope(8))
+    assert torch.allclose(out.double(), ref, atol=1e-12 if dtype == F64 else 2e-2)
+    out = lp.attention(q, k, v, lp.nope(8), value_encoding=lp.rope(8))
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), lp.nope(8), value_encoding=lp.rope(8))
+    assert torch.allclose(out.double(), ref, atol=1e-12 if dtype == F64 else 2e-2)
+
+
+def test_a_learnable_generator_at_zero_frequency_keeps_its_gradient():
+    """A learnable frequency at 0 is A(u) = I now, but not its derivative (∂A/∂ω = uJ): the call encodes, and
+    the gradient equals the reference's."""
+    freqs = torch.zeros(4, dtype=F64, requires_grad=True)
+    g = lp.Generator(torch.zeros(4, dtype=F64), freqs, [1] * 4, complex=[True] * 4)  # 4 planes at ω = 0
+    assert not g.is_identity and lp.nope(8).generator.is_identity
+    q, k, v = _qkv(8, S=6)
+    lp.attention(q, k, v, lp.Encoding(g)).sum().backward()
+    got = freqs.grad.clone()
+    freqs.grad = None
+    lp.attention_reference(q, k, v, lp.Encoding(g)).sum().backward()
+    assert got.abs().max() > 1e-6 and torch.allclose(got, freqs.grad, atol=1e-10)

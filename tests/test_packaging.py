@@ -124,7 +124,7 @@ def _imported_modules() -> set[str]:
                   and node.args and isinstance(node.args[0], ast.Constant)):
                 found.add(node.args[0].value.split(".")[0])
     local = {"liepos", "conftest", *(p.stem for p in (ROOT / "tests").glob("*.py")),
-             *(p.stem for p in (ROOT / "scripts").glob("*.py"))}
+             *(p.stem for p in (ROOT / "scripts").glob("*.py")), *(p.stem for p in (ROOT / "benchmarks").glob("*.py"))}
     return found - set(sys.stdlib_module_names) - local
 
 

@@ -183,9 +183,14 @@ def _encoded(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _plain(call: Call) -> torch.Tensor:
-    """Pure rotations (no re-centring): encode at absolute times, one fused call where possible."""
-    qe = call.enc.query(call.q, call.qpos)
-    ke, ve = _encoded(call)
+    """Pure rotations (no re-centring): encode at absolute times, one fused call where possible. NoPE (the
+    identity, nothing to learn, no slots or query scale) reads q and k as they are, without their copies."""
+    enc = call.enc
+    if enc.generator.is_identity and not enc.num_slots and enc.query_scale is None and call.cache is None:
+        qe, ke, ve = call.q, call.k, call.v if call.venc is None else call.venc.key(call.v, call.kpos)
+    else:
+        qe = enc.query(call.q, call.qpos)
+        ke, ve = _encoded(call)
     if call.simple and call.sinks is not None and available(qe):
         y = pieces(qe, [(ke, ve, True)], call.c, call.sinks)  # the sink rides in the log-sum-exp
     elif call.simple or call.unmasked:

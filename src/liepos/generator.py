@@ -231,6 +231,19 @@ class Generator:
 
         return self._memo("orthogonal", compute)
 
+    @property
+    def is_identity(self) -> bool:
+        """True when every ``A(u) = I`` (NoPE): no basis, all sizes 1, all rates and frequencies 0, none of them
+        learnable (a learnable zero frequency still has a gradient, ``∂A/∂ω = uJ``)."""
+        if self.basis is not None or any(p.requires_grad for p in (self.rates, self.freqs)):
+            return False
+
+        def compute() -> bool:
+            with torch.no_grad():
+                return all(n == 1 for n in self.sizes) and not bool(self.rates.any()) and not bool(self.freqs.any())
+
+        return self._memo("identity", compute)
+
     def bounds(self) -> tuple[float, float]:
         """``(max |λ|, max |ν|)`` over every block, head and axis (for range checks)."""
         def compute() -> tuple[float, float]:
