@@ -38,6 +38,10 @@ def _view(x: torch.Tensor, kind: str) -> torch.Tensor:
         return x[:, :, ::2]
     if kind == "expanded":
         return x[:, :1].expand(x.shape)
+    if kind == "rows cut":  # rows adjacent within a head, heads apart (the ops walk runs of adjacent rows)
+        return x[:, :, 1:]
+    if kind == "heads cut":  # a head's rows adjacent to the next head's, batch rows apart
+        return x[:, 1:]
     return x
 
 
@@ -50,11 +54,12 @@ def _values(draw_scale: float, specials: list[float], shape: tuple[int, ...], se
     return x.to(dtype)
 
 
+VIEWS = ["contiguous", "bshd", "stepped", "expanded", "rows cut", "heads cut"]
 SPECIALS = st.lists(st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-40, -1e-42, 2.0**-126, 3e-8]),
                     max_size=5)
 
 
-@given(dtype=st.sampled_from(DTYPES), kind=st.sampled_from(["contiguous", "bshd", "stepped", "expanded"]),
+@given(dtype=st.sampled_from(DTYPES), kind=st.sampled_from(VIEWS),
        scale=st.sampled_from([1e-6, 1e-3, 1.0, 1e3]), tau=st.sampled_from([0.0, 1e-7, 1e-4, 1e-3, 0.5]),
        specials=SPECIALS, seed=st.integers(0, 2**16), S=st.integers(1, 9), D=st.sampled_from([1, 3, 16, 64]))
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -67,6 +72,17 @@ def test_clear_and_absmax_equal_the_torch_ops(dtype, kind, scale, tau, specials,
     # the same bits: NaNs where x has them, +0 where cleared, every other entry as it was
     bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
     assert torch.equal(got.view(bits), want.contiguous().view(bits))
+    base = _values(scale, specials, (2, 3, 2 * S, D), seed, dtype)
+    before, view = base.clone(), _view(base, kind)
+    if kind in ("stepped", "rows cut", "heads cut", "expanded") and view.numel() > 1:  # gaps, or shared elements
+        with pytest.raises(ValueError, match="in place needs x's elements to be distinct"):
+            _kernels.clear_below(view, tau, into=view)
+    else:  # in place through the view's strides, any order of its axes: the same bits, nothing else written
+        assert _kernels.clear_below(view, tau, into=view) is view
+        assert torch.equal(view.contiguous().view(bits), want.contiguous().view(bits))
+        outside = torch.ones(base.shape, dtype=torch.bool)
+        _view(outside, kind).fill_(False)
+        assert torch.equal(base[outside].view(bits), before[outside].view(bits))
     m, ref = _kernels.absmax(x), float(x.abs().amax())
     assert m == ref or (math.isnan(m) and math.isnan(ref))
     big, small = _kernels.absrange(x)
@@ -213,7 +229,7 @@ def test_alibi_tiles_skip_a_clearing_that_would_change_nothing(dtype, monkeypatc
         assert torch.equal(cleared, lp.attention(tiny, k, v, enc))
 
 
-@given(dtype=st.sampled_from(DTYPES), kind=st.sampled_from(["contiguous", "bshd", "stepped", "expanded"]),
+@given(dtype=st.sampled_from(DTYPES), kind=st.sampled_from(VIEWS),
        scale=st.sampled_from([1e-3, 1.0, 1e3]), seed=st.integers(0, 2**16), S=st.integers(1, 9),
        D=st.sampled_from([1, 3, 16, 64, 70]))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
