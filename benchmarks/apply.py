@@ -9,7 +9,10 @@ catalogue's structure; one small rate so that 4096 positions stay in float32's r
 speed does not depend on) and a mixed generator (RoPE planes on half the dims, 3×3 Jordan blocks, NoPE).
 
 Out of place, liepos allocates its outputs as ``clone()`` does, so ``clone()`` of q and k is the
-yardstick; in place, the floor is a warm ``copy_`` of q and k into existing buffers (no fresh pages).
+yardstick; in place, the floor is a warm ``copy_`` of q and k into existing buffers (no fresh pages). Each
+contender's page faults per call are counted: glibc's malloc either reuses an output's freed pages or
+(after trimming the top of its heap) maps fresh ones, which cost a fault each, and which of the two happens
+depends on the order of the process's allocations, so a clone moves by up to 3x between runs and settings.
 Hugging Face's ``apply_rotary_pos_emb`` (half layout, cos/sin given) is a peer when transformers is
 installed. Every round times every contender once, in one process, in a rotating order; the figure is
 the median over rounds of the ratio to the yardstick measured in the same round.
@@ -19,7 +22,9 @@ Writes ``benchmarks/results/apply[_quick].{json,md}``.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -67,6 +72,16 @@ def contenders(shape: tuple[int, ...]) -> dict:
         "interleaved inplace": lambda: (inter.query(bq, pos, inplace=True), inter.key(bk, pos, inplace=True)),
         "half inplace": lambda: (half.query(bq, pos, inplace=True), half.key(bk, pos, inplace=True)),
     }
+    def stored(fn):  # the same call with a fresh output written through the cache (no non-temporal stores)
+        def run():
+            before, _kernels.STREAM_BYTES = _kernels.STREAM_BYTES, (0, 0)
+            try:
+                return fn()
+            finally:
+                _kernels.STREAM_BYTES = before
+        return run
+
+    out["half (not streamed)"] = stored(out["half"])
     out["half (torch ops)"] = ops(out["half"])
     out["half inplace (torch ops)"] = ops(out["half inplace"])
     out["jordan"] = lambda: (jordan.query(q, pos), jordan.key(k, pos))
@@ -85,13 +100,27 @@ def contenders(shape: tuple[int, ...]) -> dict:
     return out
 
 
+def _faulting(fn, tally: list[int]):
+    """``fn`` counting the page faults of its calls (minor faults of this process: fresh pages of an output)."""
+    def run():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        out = fn()
+        tally[0] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        tally[1] += 1
+        return out
+    return run
+
+
 def measure(shape: tuple[int, ...], rounds: int) -> dict[str, dict]:
-    times = interleaved(contenders(shape), rounds)
+    fns = contenders(shape)
+    tallies = {n: [0, 0] for n in fns}
+    times = interleaved({n: _faulting(f, tallies[n]) for n, f in fns.items()}, rounds)
     ratios = {}
     for n, ts in times.items():
         yard = times["copy_ (warm)" if "inplace" in n else "clone"]
         ratios[n] = {"median_ms": statistics.median(ts) * 1e3, "ratio": ratio(ts, yard),
-                     "vs": "copy_ (warm)" if "inplace" in n else "clone"}
+                     "vs": "copy_ (warm)" if "inplace" in n else "clone",
+                     "page_faults_per_call": tallies[n][0] / max(1, tallies[n][1])}
     return ratios
 
 
@@ -108,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     load = [os.getloadavg()[0]]
     res = measure(shape, rounds)
     load.append(os.getloadavg()[0])
-    lines = [f"queries + keys {shape}, float32, median of {rounds} interleaved rounds\n",
-             "| contender | time (ms) | ratio | to |", "|---|---|---|---|"]
+    lines = [f"queries + keys {shape}, float32, median of {rounds} interleaved rounds; page faults per call (fresh "
+             f"pages of {2 * math.prod(shape) * 4 / 4096:.0f} in all for two outputs: whether the allocator handed out "
+             "new pages or reused mapped ones, which moves a clone by up to 3x) over every call, warm-up included\n",
+             "| contender | time (ms) | ratio | to | page faults per call |", "|---|---|---|---|---|"]
     for n, r in res.items():
-        lines.append(f"| {n} | {r['median_ms']:.1f} | {r['ratio']:.2f} | {r['vs']} |")
+        lines.append(f"| {n} | {r['median_ms']:.1f} | {r['ratio']:.2f} | {r['vs']} | {r['page_faults_per_call']:.0f} |")
     text = "\n".join(lines)
     print(text)
     name = ("apply_quick" if a.quick else "apply") + ("" if shape == (1, 32, 4096, 128) else "_" + "x".join(map(str, shape)))

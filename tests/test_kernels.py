@@ -501,7 +501,7 @@ def test_the_native_library_is_built_once_and_not_rebuilt(kernels_on_small_input
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="no C++ compiler or ninja: nothing is built")
-@pytest.mark.parametrize("op", ["terms", "terms_", "halves", "halves_"])
+@pytest.mark.parametrize("op", ["terms", "terms_", "halves", "halves_", "halves streamed"])
 def test_the_native_ops_pass_opcheck(op):
     """Schema (the written tensor annotated), fake implementation, autograd registration and AOT dispatch of
     each ``liepos_native`` op, on one representative case of each (BSHD strides, broadcast tables)."""
@@ -517,4 +517,61 @@ def test_the_native_ops_pass_opcheck(op):
     else:
         c, s = torch.randn(1, 1, 5, 4).expand(2, 3, 5, 4), torch.randn(1, 1, 5, 4).expand(2, 3, 5, 4)
         args = (x, c, s, 2) if op == "halves_" else (x, c, s, 2, torch.empty(2, 3, 5, 8))
+        if op == "halves streamed":
+            op, args = "halves", (*args, True)
     torch.library.opcheck(getattr(ops, op).default, args)
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason="no C++ compiler or ninja: nothing is built")
+@settings(max_examples=30, deadline=None)
+@given(P=st.sampled_from([4, 16, 32, 64]), S=st.integers(1, 40), dtype=st.sampled_from([torch.float32, torch.float64]),
+       misaligned=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_streamed_half_rotation_writes_the_bits_of_a_stored_one(P, S, dtype, misaligned, seed):
+    """``halves(..., stream=True)``: non-temporal stores where they run (float32, AVX with FMA, widths 16, 32 and 64
+    planes, rows 32-byte aligned, out not x) and the plain loop elsewhere; either way the same bits."""
+    ops = _kernels._ops()
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, S, 2 * P, generator=g, dtype=dtype)
+    x[0, 0, 0, 0] = float("nan")
+    c, s = (torch.randn(1, 1, S, P, generator=g, dtype=dtype).expand(2, 3, S, P) for _ in range(2))
+    base = torch.empty(x.numel() + 1, dtype=dtype)
+    out = base[1:].view(x.shape) if misaligned else base[:-1].view(x.shape)  # misaligned: one element on
+    want = torch.empty_like(x)
+    ops.halves(x, c, s, 32, want, False)
+    ops.halves(x, c, s, 32, out, True)
+    assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.nan_to_num(0.0), want.nan_to_num(0.0))
+    avx = "avx" in open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else False
+    aligned = out.data_ptr() % 32 == 0
+    assert bool(ops.halves_streams(x, out)) == (avx and "fma" in open("/proc/cpuinfo").read().split()
+                                                 and dtype == torch.float32 and P in (16, 32, 64) and aligned)
+    assert not ops.halves_streams(x, x)  # in place never streams
+
+
+def test_only_a_fresh_output_of_the_streamed_sizes_is_streamed(monkeypatch, kernels_on_small_inputs):
+    """``rotate_halves``: a fresh output of STREAM_BYTES' sizes is streamed; an output given (the attention's tiles,
+    read right after), a smaller or a larger one is written through the cache."""
+    seen = []
+    real = _kernels._ops
+    if real() is None:
+        pytest.skip("the native kernels cannot be built here")
+
+    class Spy:
+        def __getattr__(self, name):
+            op = getattr(real(), name)
+            return (lambda *a: seen.append(a[-1]) or op(*a)) if name == "halves" else op
+
+    monkeypatch.setattr(_kernels, "_ops", lambda: Spy())
+    monkeypatch.setattr(_kernels, "STREAM_BYTES", (4 * 2 * 3 * 16 * 16, 4 * 2 * 3 * 65 * 16))  # 16 to 64 positions
+    c, s = torch.rand(1, 1, 64, 8).expand(2, 3, 64, 8), torch.rand(1, 1, 64, 8).expand(2, 3, 64, 8)
+    for S, fresh, want in ((64, True, True), (16, True, True), (8, True, False), (64, False, False)):
+        x = torch.randn(2, 3, S, 16)
+        cs, ss = c[:, :, :S], s[:, :, :S]
+        seen.clear()
+        y = _kernels.rotate_halves(x, cs, ss) if fresh else _kernels.rotate_halves(x, cs, ss, into=torch.empty_like(x))
+        assert seen == [want], (S, fresh)
+        ref = torch.cat((cs * x[..., :8] - ss * x[..., 8:], ss * x[..., :8] + cs * x[..., 8:]), -1)
+        assert torch.allclose(y, ref, atol=1e-6)
+    x = torch.randn(2, 3, 65, 16)
+    seen.clear()
+    _kernels.rotate_halves(x, torch.rand(1, 1, 65, 8).expand(2, 3, 65, 8), torch.rand(1, 1, 65, 8).expand(2, 3, 65, 8))
+    assert seen == [False]  # at the upper bound: written through

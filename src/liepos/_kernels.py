@@ -245,7 +245,7 @@ def rotate_halves(
     # in place, into a view, or fresh (measured at (1, 32, 4096, 128) against the Inductor loop below:
     # 1.03-1.04x a clone against 1.08-1.14x on two threads, 1.09x against 1.17-1.20x on one)
     y = torch.empty_like(x) if into is None and _native_ok(x, None, c, s) else into
-    if y is not None and _rotate_halves_native(x, c, s, y) is not None:
+    if y is not None and _rotate_halves_native(x, c, s, y, into is None) is not None:
         return y
     if x.numel() < MIN_ELEMS or not enabled(x.device):
         return None
@@ -291,6 +291,10 @@ _MAX_WIDTH = 4096  # the kernels keep a row on the stack
 # took 0.98 ms in tiles against 1.73 ms head after head, a clone 0.59 ms; the re-centred attention's tiles gained
 # 2-5 %); in place the rows run head after head
 TILE, TILE_ABOVE_BYTES = 32, 0
+# a fresh float32 half-layout output of [8 MiB, 32 MiB) is streamed (non-temporal stores where the kernel has them):
+# it leaves the cache before it is read, and glibc hands it pages already mapped (from 32 MiB fresh ones, which
+# the first touch zeroes into the cache: writing through wins there); figures in the performance guide
+STREAM_BYTES = (8 << 20, 32 << 20)
 _native: dict[str, Path] = {}  # "library": the loaded library, once per process
 _ran: set[str] = set()  # the native ops called in this process, with x's dtype ("terms float32")
 _fakes: set[str] = set()  # the ops whose fake implementation is registered
@@ -558,8 +562,7 @@ def apply_terms(
     J = len(offsets)
     if T.shape[-2:] != (J, D) or len(masks) != J or any(len(m) != D for m in masks):
         raise ValueError(f"terms: tables {tuple(T.shape)} do not match {J} offsets and width {D}")
-    ops = _ops()
-    if ops is None:
+    if (ops := _ops()) is None:
         return None
     y = torch.empty_like(x) if into is None else into
     T = T.expand(B, H, S, J, D)  # (B|1, H|1, S, J, D) -> (B, H, S, J, D), stride 0 where broadcast
@@ -603,8 +606,7 @@ def multiply(x: torch.Tensor, t: torch.Tensor, into: torch.Tensor, conj: bool = 
         tr = tr.expand(x.shape)  # (B|1, H|1, S, W) -> (B, H, S, W), stride 0 where broadcast
     except RuntimeError:
         return None
-    ops = _ops()
-    if ops is None:
+    if (ops := _ops()) is None:
         return None
     name = "planes" if pairs else "scale"
     _ran.add(f"{name} {x.dtype}")
@@ -630,8 +632,7 @@ def merge(O: torch.Tensor, L: torch.Tensor, o: torch.Tensor, Li: torch.Tensor, f
         return False
     if _overlap(O, o) or _overlap(L, Li) or _overlap(O, L):
         return False
-    ops = _ops()
-    if ops is None:
+    if (ops := _ops()) is None:
         return False
     _ran.add(f"merge {o.dtype}")
     ops.merge(O, L, o, Li, first)
@@ -700,8 +701,7 @@ def clear_below(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -
         return None
     if not tau >= 0:
         raise ValueError(f"clear_below: tau must be at least 0, got {tau!r}")
-    ops = _ops()
-    if ops is None:
+    if (ops := _ops()) is None:
         return None
     if into is x:  # in place: rows of any strides, none overlapping another
         if not _dense(x):
@@ -750,23 +750,22 @@ def norms(x: torch.Tensor) -> torch.Tensor | None:
     return _reduced("norms", x)
 
 
-def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, into: torch.Tensor) -> torch.Tensor | None:
-    """The half-layout rotation of 4-D ``x`` (width 2P) into ``into`` (may be x): one native pass."""
+def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, into: torch.Tensor,
+                          stream: bool = False) -> torch.Tensor | None:
+    """The half-layout rotation of 4-D ``x`` (width 2P) into ``into`` (x, or fresh: ``stream``): one native pass."""
     if not _native_ok(x, into, c, s) or c.shape != s.shape or x.shape[-1] != 2 * c.shape[-1]:
         return None
-    B, H, S, D = x.shape
-    P = D // 2
+    (B, H, S), P = x.shape[:3], x.shape[3] // 2
     c, s = c.expand(B, H, S, P), s.expand(B, H, S, P)  # (B|1, H|1, S, P) -> (B, H, S, P)
     if any((c.stride(i) if c.shape[i] > 1 else 0) != (s.stride(i) if s.shape[i] > 1 else 0) for i in range(3)):
         return None
-    ops = _ops()
-    if ops is None:
+    if (ops := _ops()) is None:
         return None
     _ran.add(f"halves {x.dtype}")
     if into.data_ptr() == x.data_ptr():
         ops.halves_(x, c, s, _tile(x, into, S))
-    else:
-        ops.halves(x, c, s, _tile(x, into, S), into)
+    else:  # a fresh output streamed at STREAM_BYTES' sizes
+        ops.halves(x, c, s, _tile(x, into, S), into, stream and STREAM_BYTES[0] <= into.nbytes < STREAM_BYTES[1])
     return into
 
 
