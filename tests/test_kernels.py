@@ -528,13 +528,14 @@ def test_the_native_ops_pass_opcheck(op):
        misaligned=st.booleans(), seed=st.integers(0, 2**16))
 def test_a_streamed_half_rotation_writes_the_bits_of_a_stored_one(P, S, dtype, misaligned, seed):
     """``halves(..., stream=True)``: non-temporal stores where they run (float32, AVX with FMA, widths 16, 32 and 64
-    planes, rows 32-byte aligned, out not x) and the plain loop elsewhere; either way the same bits."""
+    planes, rows 32-byte aligned, out not x, its pages mapped) and the plain loop elsewhere; either way the same
+    bits."""
     ops = _kernels._ops()
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 3, S, 2 * P, generator=g, dtype=dtype)
     x[0, 0, 0, 0] = float("nan")
     c, s = (torch.randn(1, 1, S, P, generator=g, dtype=dtype).expand(2, 3, S, P) for _ in range(2))
-    base = torch.empty(x.numel() + 1, dtype=dtype)
+    base = torch.zeros(x.numel() + 1, dtype=dtype)  # its pages mapped
     out = base[1:].view(x.shape) if misaligned else base[:-1].view(x.shape)  # misaligned: one element on
     want = torch.empty_like(x)
     ops.halves(x, c, s, 32, want, False)
@@ -547,9 +548,9 @@ def test_a_streamed_half_rotation_writes_the_bits_of_a_stored_one(P, S, dtype, m
     assert not ops.halves_streams(x, x)  # in place never streams
 
 
-def test_only_a_fresh_output_of_the_streamed_sizes_is_streamed(monkeypatch, kernels_on_small_inputs):
-    """``rotate_halves``: a fresh output of STREAM_BYTES' sizes is streamed; an output given (the attention's tiles,
-    read right after), a smaller or a larger one is written through the cache."""
+def test_only_a_fresh_output_from_the_streamed_size_on_is_asked_to_stream(monkeypatch, kernels_on_small_inputs):
+    """``rotate_halves``: a fresh output of STREAM_ABOVE_BYTES or more is asked to stream; an output given (the
+    attention's tiles, read right after) or a smaller one is written through the cache."""
     seen = []
     real = _kernels._ops
     if real() is None:
@@ -561,9 +562,9 @@ def test_only_a_fresh_output_of_the_streamed_sizes_is_streamed(monkeypatch, kern
             return (lambda *a: seen.append(a[-1]) or op(*a)) if name == "halves" else op
 
     monkeypatch.setattr(_kernels, "_ops", lambda: Spy())
-    monkeypatch.setattr(_kernels, "STREAM_BYTES", (4 * 2 * 3 * 16 * 16, 4 * 2 * 3 * 65 * 16))  # 16 to 64 positions
+    monkeypatch.setattr(_kernels, "STREAM_ABOVE_BYTES", 4 * 2 * 3 * 16 * 16)  # 16 positions of (2, 3, S, 16)
     c, s = torch.rand(1, 1, 64, 8).expand(2, 3, 64, 8), torch.rand(1, 1, 64, 8).expand(2, 3, 64, 8)
-    for S, fresh, want in ((64, True, True), (16, True, True), (8, True, False), (64, False, False)):
+    for S, fresh, want in ((64, True, True), (16, True, True), (15, True, False), (64, False, False)):
         x = torch.randn(2, 3, S, 16)
         cs, ss = c[:, :, :S], s[:, :, :S]
         seen.clear()
@@ -571,7 +572,16 @@ def test_only_a_fresh_output_of_the_streamed_sizes_is_streamed(monkeypatch, kern
         assert seen == [want], (S, fresh)
         ref = torch.cat((cs * x[..., :8] - ss * x[..., 8:], ss * x[..., :8] + cs * x[..., 8:]), -1)
         assert torch.allclose(y, ref, atol=1e-6)
-    x = torch.randn(2, 3, 65, 16)
-    seen.clear()
-    _kernels.rotate_halves(x, torch.rand(1, 1, 65, 8).expand(2, 3, 65, 8), torch.rand(1, 1, 65, 8).expand(2, 3, 65, 8))
-    assert seen == [False]  # at the upper bound: written through
+
+
+@pytest.mark.skipif(not CAN_BUILD or not os.path.exists("/proc/cpuinfo") or "avx2" not in open("/proc/cpuinfo").read(),
+                    reason="non-temporal stores: x86 with AVX and FMA, Linux")
+def test_streaming_takes_only_pages_already_mapped():
+    """A fresh mapping (64 MiB: glibc maps it anew, no page touched yet) is written through: its first touch faults
+    and zeroes each page into the cache. Once touched, the same memory streams."""
+    ops = _kernels._ops()
+    x = torch.randn(1, 2, 64, 64)
+    fresh = torch.empty(64 << 20, dtype=torch.uint8)[: x.nbytes].view(torch.float32).view(x.shape)  # mmapped, untouched
+    assert not ops.halves_streams(x, fresh)
+    fresh.zero_()  # every page of the view mapped
+    assert ops.halves_streams(x, fresh)

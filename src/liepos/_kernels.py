@@ -291,10 +291,10 @@ _MAX_WIDTH = 4096  # the kernels keep a row on the stack
 # took 0.98 ms in tiles against 1.73 ms head after head, a clone 0.59 ms; the re-centred attention's tiles gained
 # 2-5 %); in place the rows run head after head
 TILE, TILE_ABOVE_BYTES = 32, 0
-# a fresh float32 half-layout output of [8 MiB, 32 MiB) is streamed (non-temporal stores where the kernel has them):
-# it leaves the cache before it is read, and glibc hands it pages already mapped (from 32 MiB fresh ones, which
-# the first touch zeroes into the cache: writing through wins there); figures in the performance guide
-STREAM_BYTES = (8 << 20, 32 << 20)
+# a fresh float32 half-layout output of this many bytes or more, into pages already mapped, is streamed (the kernel's
+# non-temporal stores): it leaves the cache before it is read; fresh pages are zeroed into the cache by their first
+# touch, where writing through wins (figures in the performance guide)
+STREAM_ABOVE_BYTES = 8 << 20
 _native: dict[str, Path] = {}  # "library": the loaded library, once per process
 _ran: set[str] = set()  # the native ops called in this process, with x's dtype ("terms float32")
 _fakes: set[str] = set()  # the ops whose fake implementation is registered
@@ -764,8 +764,8 @@ def _rotate_halves_native(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, int
     _ran.add(f"halves {x.dtype}")
     if into.data_ptr() == x.data_ptr():
         ops.halves_(x, c, s, _tile(x, into, S))
-    else:  # a fresh output streamed at STREAM_BYTES' sizes
-        ops.halves(x, c, s, _tile(x, into, S), into, stream and STREAM_BYTES[0] <= into.nbytes < STREAM_BYTES[1])
+    else:  # a fresh output, streamed from STREAM_ABOVE_BYTES on (the op checks its pages and rows)
+        ops.halves(x, c, s, _tile(x, into, S), into, stream and into.nbytes >= STREAM_ABOVE_BYTES)
     return into
 
 

@@ -35,6 +35,10 @@
 #if defined(__AVX__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -400,17 +404,34 @@ __attribute__((noinline)) void halves_chunk(const X* xp, X* yp, const W* __restr
   }
 }
 
+// whether the pages holding the first and the last byte of [p, p + n) are mapped already (Linux: mincore). A fresh
+// page costs a fault whose handler zeroes it into the cache, where writing through is cheaper than streaming past it
+bool mapped(const void* p, size_t n) {
+#if defined(__linux__)
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (const uintptr_t a : {reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + n - 1}) {
+    unsigned char v = 0;
+    if (mincore(reinterpret_cast<void*>(a & ~(page - 1)), 1, &v) != 0 || !(v & 1)) return false;
+  }
+  return true;
+#else
+  (void)p;
+  (void)n;
+  return false;
+#endif
+}
+
 // whether halves can stream into out: float32, AVX with FMA, a constant width of whole vectors, out not x, out's
-// rows 32-byte aligned (its base and every stride but the last a multiple of eight floats)
+// rows 32-byte aligned (its base and every stride but the last a multiple of eight floats), its pages mapped
 bool streams(const at::Tensor& x, const at::Tensor& out) {
 #if defined(__AVX__) && defined(__FMA__)
   const int64_t P = x.size(3) / 2;
   if (x.scalar_type() != at::kFloat || !(P == 16 || P == 32 || P == 64) || out.data_ptr() == x.data_ptr() ||
-      reinterpret_cast<uintptr_t>(out.data_ptr()) % 32 != 0)
+      reinterpret_cast<uintptr_t>(out.data_ptr()) % 32 != 0 || !out.is_contiguous())
     return false;
   for (int64_t i = 0; i < 3; i++)
     if (out.size(i) > 1 && out.stride(i) % 8 != 0) return false;
-  return true;
+  return mapped(out.data_ptr(), out.numel() * sizeof(float));
 #else
   (void)x;
   (void)out;
