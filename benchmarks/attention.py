@@ -26,7 +26,8 @@ the dtype, the shape, forward or forward + backward, whether subnormals were flu
 encoding the path that ran, observed on one untimed call and asserted (a fused encoding that fell back
 to the general path, ALiBi without its per-key mask, or a kernel in another dtype than asked stops the
 run instead of being timed as the fast path).
-Writes ``benchmarks/results/attention[_quick][_<threads>t][_bwd][_ftz|_flush_ab|_threads_ab].{json,md}``.
+Writes ``benchmarks/results/attention[_quick][_<threads>t][_bwd][_ftz|_flush_ab|_threads_ab].{json,md}``
+(``--breakdown`` / ``--memory``: ``attention_breakdown[_<threads>t]`` / ``attention_memory[_<threads>t]``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import torch.nn.functional as Fn
 
 import liepos as lp
 from liepos import attention_pieces, recentre, recentred_kernel
-from rounds import interleaved, machine, ratio  # benchmarks/rounds.py: the one timing loop and the machine
+from rounds import interleaved, machine, ratio, save  # benchmarks/rounds.py: the timing loop, the machine, the writer
 
 HEADS, DIM = 8, 64
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -368,9 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.compare == "flush":
         torch.set_flush_denormal(False)  # kept, but for the flushed contenders' calls
     if a.breakdown or a.memory:
+        load0, parts = os.getloadavg()[0], []
         for T in a.lengths or [8192]:
             for d in a.dtypes:
-                print((breakdown if a.breakdown else memory)(T, getattr(torch, d)))
+                parts.append((breakdown if a.breakdown else memory)(T, getattr(torch, d)))
+                print(parts[-1])
+        kind = "breakdown" if a.breakdown else "memory"
+        save(RESULTS, f"attention_{kind}" + (f"_{a.threads}t" if a.threads else ""), "attention.py",
+             (load0, os.getloadavg()[0]), "\n\n".join(parts), kind=kind)
         return 0
     Ts = a.lengths or ([2048] if a.quick else [2048, 4096, 8192, 16384])
     rounds = a.rounds or (3 if a.quick else 5)
