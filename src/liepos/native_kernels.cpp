@@ -366,7 +366,7 @@ void terms_inplace(at::Tensor x, const at::Tensor& t, at::IntArrayRef offsets, c
 // iteration k reads and writes only k and k + P, so the loop has no carried dependence even when out is x.
 // stream: a fresh float32 output whose rows are 32-byte aligned is written by non-temporal stores (whole cache lines
 // straight to memory, no read of the line first: a third of the traffic of an out-of-place pass); the same values,
-// the same fused multiply-add per output (a x0 - s x1 as fmsub(a, x0, s x1), as the plain loop contracts it)
+// the same fused multiply-adds per output as the plain loop (c x0 - s x1 as fma(c, x0, -(s x1)))
 template <typename X, typename W, int64_t PC>
 __attribute__((noinline)) void halves_chunk(const X* xp, X* yp, const W* __restrict__ cp, const W* __restrict__ sp,
                                             int64_t pn, const Rows g, int64_t lo, int64_t hi, bool stream) {
@@ -396,10 +396,10 @@ __attribute__((noinline)) void halves_chunk(const X* xp, X* yp, const W* __restr
     const W* __restrict__ cr = cp + to;
     const W* __restrict__ sr = sp + to;
 #pragma GCC ivdep
-    for (int64_t k = 0; k < P; k++) {
+    for (int64_t k = 0; k < P; k++) {  // explicit fused multiply-adds: the streamed loop's rounding, whatever contracts
       W x0 = ld(xr[k]), x1 = ld(xr[k + P]);
-      st(yr[k], cr[k] * x0 - sr[k] * x1);
-      st(yr[k + P], sr[k] * x0 + cr[k] * x1);
+      st(yr[k], std::fma(cr[k], x0, -(sr[k] * x1)));
+      st(yr[k + P], std::fma(sr[k], x0, cr[k] * x1));
     }
   }
 }
