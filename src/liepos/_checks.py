@@ -245,13 +245,16 @@ def all_finite(*xs: torch.Tensor) -> bool:
     for x in xs:
         if x.numel() and not (x.is_floating_point() or x.is_complex()) or x.is_meta:
             continue  # a meta tensor has shapes and no values: nothing to find, the finite path's shapes
-        with torch.no_grad():
-            # the sum's finiteness by torch, not by Python's abs(complex): that one reads a stale errno on a
-            # NaN and raises OverflowError after any earlier libm call that set ERANGE
-            if x.numel() and not bool(torch.isfinite(x.detach().sum()).all()):
-                if not bool(torch.isfinite(x.detach()).all()):
-                    return False
+        # the sum's parts by math.isfinite, not abs(complex(...)): that one reads a stale errno on a NaN and raises
+        # OverflowError after any earlier libm call that set ERANGE (detached: no graph, no no_grad block to enter)
+        if x.numel() and not _finite_number(x.detach().sum().item()):
+            if not bool(torch.isfinite(x.detach()).all()):
+                return False
     return True
+
+
+def _finite_number(v: complex) -> bool:
+    return math.isfinite(v.real) and math.isfinite(v.imag)
 
 
 def _is_int_dtype(dtype: torch.dtype) -> bool:
