@@ -577,11 +577,20 @@ def test_only_a_fresh_output_from_the_streamed_size_on_is_asked_to_stream(monkey
 @pytest.mark.skipif(not CAN_BUILD or not os.path.exists("/proc/cpuinfo") or "avx2" not in open("/proc/cpuinfo").read(),
                     reason="non-temporal stores: x86 with AVX and FMA, Linux")
 def test_streaming_takes_only_pages_already_mapped():
-    """A fresh mapping (64 MiB: glibc maps it anew, no page touched yet) is written through: its first touch faults
-    and zeroes each page into the cache. Once touched, the same memory streams."""
+    """A fresh mapping (no page touched yet, no huge page that a neighbour's touch would map) is written through:
+    its first touch faults and zeroes each page into the cache. Once touched, the same memory streams."""
+    import mmap
+    import warnings
+
     ops = _kernels._ops()
     x = torch.randn(1, 2, 64, 64)
-    fresh = torch.empty(64 << 20, dtype=torch.uint8)[: x.nbytes].view(torch.float32).view(x.shape)  # mmapped, untouched
+    m = mmap.mmap(-1, x.nbytes)  # anonymous, page-aligned, untouched
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # frombuffer's note that the tensor shares the buffer's memory
+        fresh = torch.frombuffer(m, dtype=torch.float32).view(x.shape)
     assert not ops.halves_streams(x, fresh)
-    fresh.zero_()  # every page of the view mapped
+    fresh.zero_()  # every page of it mapped
     assert ops.halves_streams(x, fresh)
+    del fresh
