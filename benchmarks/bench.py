@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -426,10 +427,20 @@ def run_suite(quick: bool = False, log: Callable[[str], None] = print) -> dict:
         rows += bench_alibi(S=2048, min_run_time=0.2)
     meta = {
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "machine": platform.machine(), "processor": platform.processor(), "quick": quick,
+        "machine": platform.machine(), "processor": platform.processor(), **_cpu(), "quick": quick,
         "capability": torch.backends.cpu.get_cpu_capability(), "wall_s": time.perf_counter() - t0,
     }
     return {"meta": meta, "rows": rows, "targets": targets(rows)}
+
+
+def _cpu() -> dict:
+    """The CPU model and its instruction-set flags, from the sibling ``rounds.py`` (this file is also loaded by path,
+    by ``liepos bench``, with no sibling importable by name)."""
+    spec = importlib.util.spec_from_file_location("liepos_benchmark_rounds", Path(__file__).with_name("rounds.py"))
+    rounds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rounds)
+    here = rounds.machine()
+    return {"cpu": here["cpu"], "cpu_flags": here["cpu_flags"]}
 
 
 def _fmt_bytes(b):
@@ -463,7 +474,8 @@ def markdown(res: dict) -> str:
         lines += ["", "Providers that failed: " + "; ".join(f"{r['provider']}: {r['error']}" for r in errs)]
     m = res["meta"]
     lines += ["", f"torch {m['torch']}, {m['threads']} threads on {m['cpu_count']} CPUs ({m['capability']}), "
-              f"suite wall time {m['wall_s']:.0f} s."]
+              f"suite wall time {m['wall_s']:.0f} s.", "",
+              f"CPU: {m.get('cpu', m['processor'])}; flags: {' '.join(m.get('cpu_flags', []))}"]
     return "\n".join(lines) + "\n"
 
 
