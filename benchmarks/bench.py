@@ -474,8 +474,9 @@ def markdown(res: dict) -> str:
         lines += ["", "Providers that failed: " + "; ".join(f"{r['provider']}: {r['error']}" for r in errs)]
     m = res["meta"]
     lines += ["", f"torch {m['torch']}, {m['threads']} threads on {m['cpu_count']} CPUs ({m['capability']}), "
-              f"suite wall time {m['wall_s']:.0f} s.", "",
-              f"CPU: {m.get('cpu', m['processor'])}; flags: {' '.join(m.get('cpu_flags', []))}"]
+              f"suite wall time {m['wall_s']:.0f} s."]
+    if "cpu" in m:
+        lines += ["", f"CPU: {m['cpu']}; flags: {' '.join(m['cpu_flags'])}"]
     return "\n".join(lines) + "\n"
 
 
