@@ -330,6 +330,7 @@ def test_all_finite_decides_after_a_libm_call_left_errno_set():
         abs(complex(math.nan))  # the state is real: the old reading of the sum fails here
     libm.exp(1000.0)
     assert all_finite(torch.ones(3), x) is False and all_finite(torch.ones(3)) is True
+    assert all_finite(torch.tensor([1 + 2j, complex(math.nan, 0)])) is False and all_finite(torch.tensor([1 + 2j]))
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

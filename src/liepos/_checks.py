@@ -253,8 +253,9 @@ def all_finite(*xs: torch.Tensor) -> bool:
     return True
 
 
-def _finite_number(v: complex) -> bool:
-    return math.isfinite(v.real) and math.isfinite(v.imag)
+def _finite_number(v: float | complex) -> bool:
+    """A real number's finiteness by math.isfinite, a complex one's by its two parts'."""
+    return math.isfinite(v.real) and math.isfinite(v.imag) if isinstance(v, complex) else math.isfinite(v)
 
 
 def _is_int_dtype(dtype: torch.dtype) -> bool:
