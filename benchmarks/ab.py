@@ -116,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--everywhere", action="store_true",
                    help="native-kernel only: the new call takes the kernel on this CPU too, as on the kind it was "
                         "timed on (recentred_kernel.measured_here), so it can be timed where it does not run by default")
+    p.add_argument("--out", type=Path, help="the folder of the results files (default benchmarks/results/; a folder per "
+                   "machine keeps another machine's files of the same name)")
     a = p.parse_args(argv)
+    global RESULTS
+    RESULTS = a.out.resolve() if a.out else RESULTS
     if a.everywhere and a.switch != "native-kernel":
         p.error(f"--everywhere applies to the native-kernel switch only, got {a.switch}")
     if a.backward and a.switch == "native-kernel":

@@ -129,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="3 rounds")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 9, quick 3)")
     p.add_argument("--shape", default="1,32,4096,128", help="batch,heads,seq,dim of q and k (default 1,32,4096,128)")
+    p.add_argument("--out", type=Path, help="the folder of the results files (default benchmarks/results/; a folder per "
+                   "machine keeps another machine's files of the same name)")
     a = p.parse_args(argv)
+    global RESULTS
+    RESULTS = a.out.resolve() if a.out else RESULTS
     shape = tuple(int(v) for v in a.shape.split(","))
     if len(shape) != 4 or min(shape) < 1:
         p.error(f"--shape must be four positive integers batch,heads,seq,dim, got {a.shape!r}")

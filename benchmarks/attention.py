@@ -319,7 +319,7 @@ def table(results: dict) -> str:
 
 def write(results: dict, name: str, rounds: int, setting: dict) -> None:
     text = table(results) + (changes(results, setting["compare"]) if setting.get("compare") else "")
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"command": " ".join(["python benchmarks/attention.py", *sys.argv[1:]]), "torch": torch.__version__,
             **machine(), **setting, "shape": [1, HEADS, "T", DIM], "rounds": rounds,
             "load_average_after": list(os.getloadavg())}
@@ -359,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="time every contender also with subnormals flushed (flush) or at one thread (threads), "
                         "in the same rounds, and report the change of every ratio")
     p.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="dtypes (default float32 bfloat16)")
+    p.add_argument("--out", type=Path, help="the folder of the results files (default benchmarks/results/; a folder per "
+                   "machine keeps another machine's files of the same name)")
     a = p.parse_args(argv)
+    global RESULTS
+    RESULTS = a.out.resolve() if a.out else RESULTS
     if a.compare == "flush" and a.flush_denormal:
         p.error("--compare flush times both settings itself: leave out --flush-denormal")
     if a.threads is not None:

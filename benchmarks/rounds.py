@@ -59,7 +59,7 @@ def save(folder: Path, name: str, script: str, load: tuple[float, float], text: 
     """``folder/name.{json,md}``: the command, torch, the CPU model and its flags (:func:`machine`), the thread
     count, the 1-minute load average before and after the run, then ``fields`` (json) or the table ``text`` (md)."""
     cmd = " ".join([f"python benchmarks/{script}", *sys.argv[1:]])
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     here = machine()
     meta = {"command": cmd, "torch": torch.__version__, **here, "load_average": list(load)}
     (folder / f"{name}.json").write_text(json.dumps({**meta, **fields}, indent=1))

@@ -110,3 +110,14 @@ def test_the_native_kernel_is_compared_only_where_it_runs_in_the_new_call_alone(
     for argv in (["raw-bounds", "--everywhere"], ["native-kernel", "--backward"]):
         with pytest.raises(SystemExit):
             ab.main(argv)
+
+
+def test_out_writes_the_results_into_the_folder_given(ab, tmp_path, monkeypatch):
+    """``--out DIR``: the results files land in DIR (made if missing), none in benchmarks/results/."""
+    before = {p.name for p in (BENCH / "results").iterdir()}
+    monkeypatch.setattr(ab, "RESULTS", ab.RESULTS)  # main rebinds the module's folder: put it back after
+    assert ab.main(["raw-bounds", "--encodings", "alibi", "--lengths", "128", "--rounds", "1",
+                    "--out", str(tmp_path / "m" / "n")]) == 0
+    assert sorted(p.name for p in (tmp_path / "m" / "n").iterdir()) == ["ab_raw-bounds_float32.json",
+                                                                          "ab_raw-bounds_float32.md"]
+    assert {p.name for p in (BENCH / "results").iterdir()} == before
