@@ -83,7 +83,7 @@ def measure(switch: str, names: list[str], T: int, dtype: torch.dtype, rounds: i
                 new()
 
         calls, real = [], recentred_kernel.kernel
-        recentred_kernel.kernel = lambda *x, calls=calls, real=real: calls.append(x[-1]) or real(*x)  # its calls
+        recentred_kernel.kernel = lambda *x, calls=calls, real=real: calls.append(1) or real(*x)  # its calls
         try:
             with torch.no_grad():
                 a = lp.attention(*qkv, enc)

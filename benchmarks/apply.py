@@ -12,7 +12,7 @@ Out of place, liepos allocates its outputs as ``clone()`` does, so ``clone()`` o
 yardstick; in place, the floor is a warm ``copy_`` of q and k into existing buffers (no fresh pages). Each
 contender's page faults per call are counted: glibc's malloc either reuses an output's freed pages or
 (after trimming the top of its heap) maps fresh ones, which cost a fault each, and which of the two happens
-depends on the order of the process's allocations, so a clone moves by up to 3x between runs and settings.
+depends on the order of the process's allocations, so a clone's time moves several-fold between runs and settings.
 Hugging Face's ``apply_rotary_pos_emb`` (half layout, cos/sin given) is a peer when transformers is
 installed. Every round times every contender once, in one process, in a rotating order; the figure is
 the median over rounds of the ratio to the yardstick measured in the same round.
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     load.append(os.getloadavg()[0])
     lines = [f"queries + keys {shape}, float32, median of {rounds} interleaved rounds; page faults per call (fresh "
              f"pages of {2 * math.prod(shape) * 4 / 4096:.0f} in all for two outputs: whether the allocator handed out "
-             "new pages or reused mapped ones, which moves a clone by up to 3x) over every call, warm-up included\n",
+             "new pages or reused mapped ones, which moves a clone several-fold) over every call, warm-up included\n",
              "| contender | time (ms) | ratio | to | page faults per call |", "|---|---|---|---|---|"]
     for n, r in res.items():
         lines.append(f"| {n} | {r['median_ms']:.1f} | {r['ratio']:.2f} | {r['vs']} | {r['page_faults_per_call']:.0f} |")

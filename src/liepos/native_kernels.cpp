@@ -421,16 +421,14 @@ bool mapped(const void* p, size_t n) {
 #endif
 }
 
-// whether halves can stream into out: float32, AVX with FMA, a constant width of whole vectors, out not x, out's
-// rows 32-byte aligned (its base and every stride but the last a multiple of eight floats), its pages mapped
+// whether halves can stream into out: float32, AVX with FMA, a constant width of whole vectors, out not x, out
+// contiguous from a 32-byte aligned base (its rows, 2P = 32, 64 or 128 floats, all aligned), its pages mapped
 bool streams(const at::Tensor& x, const at::Tensor& out) {
 #if defined(__AVX__) && defined(__FMA__)
   const int64_t P = x.size(3) / 2;
   if (x.scalar_type() != at::kFloat || !(P == 16 || P == 32 || P == 64) || out.data_ptr() == x.data_ptr() ||
       reinterpret_cast<uintptr_t>(out.data_ptr()) % 32 != 0 || !out.is_contiguous())
     return false;
-  for (int64_t i = 0; i < 3; i++)
-    if (out.size(i) > 1 && out.stride(i) % 8 != 0) return false;
   return mapped(out.data_ptr(), out.numel() * sizeof(float));
 #else
   (void)x;
