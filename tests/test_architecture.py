@@ -84,7 +84,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos._jordan_form", "liepos._jordan_numeric", "liepos._jordan", "liepos.generator"),
     ("liepos.classification", "liepos.tables"),
     ("liepos.apply",),
-    ("liepos._fast", "liepos._kernels", "liepos._triton"),
+    ("liepos._fast", "liepos._kernels", "liepos._triton", "liepos._replay"),
     ("liepos.encoding", "liepos._graph"),
     ("liepos.catalogue", "liepos.scaling", "liepos.nn", "liepos.coordinates", "liepos._graph_key"),
     ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.origin_budget", "liepos.causal_tiling",

@@ -30,6 +30,7 @@ from liepos._fast import (CACHE, FastTables, apply_fast, arange_start, clear_sma
                           table_window)
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
+from liepos._replay import keep, lane_key, new_lane
 from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, check_span, make_plan
 
 __all__ = ["Encoding", "as_positions"]
@@ -531,10 +532,14 @@ class Encoding:
 
         ``inplace=True`` overwrites ``q`` (no slots; autograd-safe: the backward needs only the tables).
         """
+        if not inplace and origin is None:  # a repeat of a recorded call: its kernel at once (:mod:`liepos._replay`)
+            y = self._replayed(q, positions, "query")
+            if y is not None:
+                return y
         self._check(q, "q")
         p0 = None if inplace or origin is not None else self._range_start(positions, q)
         if p0 is not None:  # 0 … S − 1 or an integer range: no tensor of times to convert and scan
-            return self._span(q, p0, "query")
+            return self._span(q, p0, "query", positions=positions, record=True)
         pos = self._relative(positions, q, origin, "positions")
         return self._apply(self._scaled(q, inplace), pos, "query", slots=True, inplace=inplace)
 
@@ -566,7 +571,7 @@ class Encoding:
 
     def _span(self, x: torch.Tensor, p0: int, side: str, fade: bool = False,
               into: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
-              clear: float = 0.0) -> torch.Tensor:
+              clear: float = 0.0, positions: Any = None, record: bool = False) -> torch.Tensor:
         """:meth:`query` (``fade``: :meth:`_query_after`) or :meth:`key` of ``x`` at the integer times
         ``p0 … p0 + S − 1`` (``S = x.shape[-2]``), for a caller whose times are such a range by construction and
         whose ``x`` it has checked already (the tiles of :mod:`liepos.causal_tiling` and :mod:`liepos.faded_keys`,
@@ -576,7 +581,9 @@ class Encoding:
         parameters, a length it does not know) goes through :meth:`query` / :meth:`key` themselves. ``into``: a
         provider of the output (given its shape and dtype; a buffer the caller reuses from tile to tile) when
         nothing needs a gradient. ``clear`` (no gradient): every output entry below it in magnitude is +0
-        (:func:`liepos._fast.clear_small`), in the encoding's own pass where that is one native kernel call."""
+        (:func:`liepos._fast.clear_small`), in the encoding's own pass where that is one native kernel call.
+        ``record`` (:meth:`query` and :meth:`key`, which pass the ``positions`` they were given): keep what this call
+        decided for a repeat of it (:meth:`_record`)."""
         S = x.shape[-2]
         if clear and torch.is_grad_enabled() and x.requires_grad:
             raise ValueError(f"_span: clear={clear!r} needs no gradient (a cleared entry would take none)")
@@ -598,7 +605,29 @@ class Encoding:
         grad = torch.is_grad_enabled() and x.requires_grad
         # into's buffer laid out in x's memory order, as a fresh output would be (a tile's rows keep the heads' order)
         out = None if into is None or grad or ft.identity else empty_out(x, ft.width, out_dtype, into)
+        if record and into is None and not clear and not fade:
+            self._record(x, p0, positions, side, ft, out_dtype)
         return apply_fast(x, ft, out_dtype=out_dtype, into=out, clear=clear)
+
+    def _replayed(self, x: Any, positions: Any, side: str) -> torch.Tensor | None:
+        """:meth:`query` (``side="query"``) or :meth:`key` of ``x`` at ``positions`` from the lane its first call
+        recorded (:mod:`liepos._replay`), or None: no lane, or anything it was recorded under changed."""
+        lanes = self.__dict__.get("_lanes")
+        key = None if not lanes else lane_key(x, side)
+        lane = None if key is None or lanes is None else lanes.get(key)
+        if lane is None or not lane.admits(x, positions) or self._stamp() != lane.stamp or self._learned():
+            return None
+        return lane.run(x)
+
+    def _record(self, x: torch.Tensor, p0: int, positions: Any, side: str, ft: FastTables,
+                out_dtype: torch.dtype) -> None:
+        """Keep the lane of :meth:`_span`'s call for its repeats: one axis, no query scale, no length rule."""
+        if self.num_axes is not None or self.query_scale is not None or self.length_rule is not None:
+            return
+        key = lane_key(x, side)
+        lane = None if key is None else new_lane(x, p0, positions, ft, out_dtype, self._stamp())
+        if key is not None and lane is not None:
+            keep(self.__dict__.setdefault("_lanes", {}), key, lane)
 
     def _content(self, x: torch.Tensor, positions: Any, side: str) -> torch.Tensor:
         """The content dims of :meth:`query` / :meth:`key` alone, ``(…, content_dim)``: no slot columns.
@@ -623,10 +652,14 @@ class Encoding:
 
     def key(self, k: torch.Tensor, positions: Any = None, *, origin: Any = None, inplace: bool = False) -> torch.Tensor:
         """``G(s − o) [k; key_slots]`` for keys (batch, heads, seq, content_dim); ``inplace`` as in :meth:`query`."""
+        if not inplace and origin is None:
+            y = self._replayed(k, positions, "key")
+            if y is not None:
+                return y
         self._check(k, "k")
         p0 = None if inplace or origin is not None else self._range_start(positions, k)
         if p0 is not None:
-            return self._span(k, p0, "key")
+            return self._span(k, p0, "key", positions=positions, record=True)
         pos = self._relative(positions, k, origin, "positions")
         return self._apply(k, pos, "key", slots=True, inplace=inplace)
 
