@@ -2,9 +2,9 @@
 
 ``enc.query(q, positions)`` / ``enc.key(k, positions)`` at the times ``p0 … p0 + S − 1`` checks the positions, the
 range of the tables, whether the fast path applies, looks the table window up in the cache and dispatches to a
-kernel: about ten steps of Python, each cheap while the interpreter's data is in the caches, and together longer
-than the kernel itself right after a pass over a large tensor has evicted them (RoPE's half layout at
-(1, 8, 4096, 64) on two threads, AMD EPYC: ~0.4 ms of Python around a 0.25 ms kernel). The first call of a kind
+kernel: about ten steps of Python, each cheap while the interpreter's data is in the caches, and together a good
+part of the kernel's own time right after a pass over a large tensor has evicted them (benchmarks/apply.py,
+the rows "half" and "half (full call)" at the attention shape). The first call of a kind
 records what those steps decided (:class:`Lane`: the table rows, their 4-D views, the output dtype); a later call
 with the same tensor shape, strides and dtype (the :func:`lane_key`), the same times (compared with one
 ``torch.equal``) and the same parameters (the encoding's stamp: identities, storages and version counters; no
