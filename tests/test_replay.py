@@ -197,3 +197,23 @@ def test_under_tritons_interpreter_the_full_call_runs(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     enc.query(x)
     assert spy.declined == 1 and spy.served == 0
+
+
+def test_kept_span_tables_follow_the_parameters_and_their_range_check():
+    # the tiles' ranges (Encoding._span) keep their range check and table rows per range while the stamp holds
+    enc = lp.build("decay", 64, 4)
+    x = torch.randn(1, 4, 50, 64)
+    first = enc._span(x, 10, "query")
+    assert len(enc.__dict__["_spans"]) == 1
+    assert _bits_equal(enc._span(x, 10, "query"), first)
+    with torch.no_grad():
+        enc.generator.rates.mul_(2)  # rates in place: another stamp, so the tables are looked up again
+    fresh = lp.build("decay", 64, 4)
+    with torch.no_grad():
+        fresh.generator.rates.mul_(2)
+    assert _bits_equal(enc._span(x, 10, "query"), fresh._span(x, 10, "query"))
+    assert not torch.equal(enc._span(x, 10, "query"), first)
+    with torch.no_grad():
+        enc.generator.rates.mul_(100)  # the fastest rate now underflows float32 within the range: refused again
+    with pytest.raises(OverflowError):
+        enc._span(x, 10, "query")

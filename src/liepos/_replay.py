@@ -22,12 +22,13 @@ import torch
 from liepos import _kernels, _triton
 from liepos._fast import FastTables, apply_fast
 
-__all__ = ["Lane", "lane_key", "new_lane", "keep", "LANES"]
+__all__ = ["Lane", "lane_key", "new_lane", "keep", "LANES", "SPAN_TABLE_BYTES"]
 
 # lanes kept per encoding (the oldest let go first): a model's shapes of queries and keys at a few lengths
 LANES = 8
-# the largest tables a lane may keep alive (its rows are views of a cached window, or built for one call)
-_MAX_TABLE_BYTES = 32 << 20
+# the largest tables a lane (or a kept range of :meth:`liepos.Encoding._span`) may keep alive: its rows are views
+# of a cached window, or built for one call
+SPAN_TABLE_BYTES = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,10 @@ def new_lane(x: torch.Tensor, p0: int, positions: Any, ft: FastTables, out_dtype
              stamp: tuple) -> Lane | None:
     """A lane for the full call just decided (``p0``: its first time; ``ft``: its table rows), or None where a
     repeat could not be checked as cheaply: a gradient asked, times given otherwise than as None or an int64 CPU
-    tensor, tables above :data:`_MAX_TABLE_BYTES`. The caller records only calls whose encoding has no query scale
+    tensor, tables above :data:`SPAN_TABLE_BYTES`. The caller records only calls whose encoding has no query scale
     and no length rule, at a ``p0`` from its own range check."""
     if (lane_key(x, "") is None or (x.requires_grad and torch.is_grad_enabled())
-            or ft.nbytes() > _MAX_TABLE_BYTES):
+            or ft.nbytes() > SPAN_TABLE_BYTES):
         return None
     if positions is None:
         if p0 != 0:
@@ -95,10 +96,10 @@ def new_lane(x: torch.Tensor, p0: int, positions: Any, ft: FastTables, out_dtype
     return Lane(stamp, times, ft, out_dtype, halves)
 
 
-def keep(lanes: dict, key: tuple, lane: Lane) -> None:
-    """Put ``lane`` under ``key`` in ``lanes``, letting the oldest go past :data:`LANES`."""
+def keep(lanes: dict, key: tuple, lane: Any, most: int = LANES) -> None:
+    """Put ``lane`` under ``key`` in ``lanes``, letting the oldest go past ``most`` entries."""
     lanes.pop(key, None)
-    while len(lanes) >= LANES:
+    while len(lanes) >= most:
         try:
             lanes.pop(next(iter(lanes)), None)
         except (StopIteration, RuntimeError):  # emptied or changed by another thread meanwhile

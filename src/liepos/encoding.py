@@ -30,7 +30,7 @@ from liepos._fast import (CACHE, FastTables, apply_fast, arange_start, clear_sma
                           table_window)
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
-from liepos._replay import keep, lane_key, new_lane
+from liepos._replay import LANES, SPAN_TABLE_BYTES, keep, lane_key, new_lane
 from liepos.tables import LAYOUTS, Plan, Tables, build_tables, check_range, check_span, make_plan
 
 __all__ = ["Encoding", "as_positions"]
@@ -596,11 +596,10 @@ class Encoding:
             else:
                 y = self._query_after(x, pos) if fade else self.query(x, pos)
             return clear_small(y, clear) if clear and S else y  # a fresh copy: y may be x itself
-        check_span(self.generator, float(p0), float(p0 + S - 1), side, x.dtype, fade=fade)
+        ft = self._span_tables(p0, S, side, x.dtype, fade, x.device)
         if side == "query":
             x = self._scaled(x)
         work = work_dtype(x.dtype)
-        ft = self._range_tables(p0, S, side, work, True, x.device)
         out_dtype = work if (self.num_slots and x.dtype in LOW_PRECISION) else x.dtype  # as _apply's slots
         grad = torch.is_grad_enabled() and x.requires_grad
         # into's buffer laid out in x's memory order, as a fresh output would be (a tile's rows keep the heads' order)
@@ -608,6 +607,24 @@ class Encoding:
         if record and into is None and not clear and not fade:
             self._record(x, p0, positions, side, ft, out_dtype)
         return apply_fast(x, ft, out_dtype=out_dtype, into=out, clear=clear)
+
+    def _span_tables(self, p0: int, S: int, side: str, dtype: torch.dtype, fade: bool,
+                     device: torch.device) -> FastTables:
+        """:meth:`_span`'s range check (:func:`check_span`) and table rows (:meth:`_range_tables`) at ``p0 … p0 + S − 1``,
+        kept per ``(side, p0, S, fade, dtype, device)`` while the encoding's stamp holds (the tiles of an attention
+        call ask the same dozen ranges call after call; each lookup is a few steps of Python that a pass over a
+        large tensor leaves cold). At most :data:`~liepos._replay.LANES` × 4 ranges, the oldest let go first."""
+        key = (side, p0, S, fade, dtype, device)
+        stamp = self._stamp()
+        spans = self.__dict__.setdefault("_spans", {})
+        hit = spans.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        check_span(self.generator, float(p0), float(p0 + S - 1), side, dtype, fade=fade)
+        ft = self._range_tables(p0, S, side, work_dtype(dtype), True, device)
+        if ft.nbytes() <= SPAN_TABLE_BYTES:
+            keep(spans, key, (stamp, ft), 4 * LANES)
+        return ft
 
     def _replayed(self, x: Any, positions: Any, side: str) -> torch.Tensor | None:
         """:meth:`query` (``side="query"``) or :meth:`key` of ``x`` at ``positions`` from the lane its first call
