@@ -37,7 +37,7 @@ import torch.nn.functional as Fn
 from liepos.attention_call import Call, row_norms
 from liepos.attention_pieces import available, fresh, pieces, raw_clearing
 from liepos.attention_sdpa import sdpa
-from liepos.causal_tiling import tile_plan
+from liepos.causal_tiling import FLASH_ROWS, tile_plan
 from liepos.faded_keys import tiled_or_faded
 from liepos.key_windows import window_starts
 from liepos.lag_bias import bias_mask, constant_bias, key_bias, linear_bias, linear_bias_slopes
@@ -133,7 +133,10 @@ def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
     block covers twice that span: e^{±|λ|·allowed} on both sides, and the polynomial parts span
     ``allowed`` on each side of ``o`` (keys before the block lie on the far side of every query after
     ``o``, where the binomial terms of ``(t − o)`` and ``(o − s)`` share their sign). Integer times
-    keep an integer origin, so the positions ``s − o`` stay integer ranges (cached tables).
+    keep an integer origin, so the positions ``s − o`` stay integer ranges (cached tables). A block of at least
+    :data:`~liepos.causal_tiling.FLASH_ROWS` rows but the last is cut to a whole multiple of them, which the flash
+    kernel runs markedly faster (ALiBi at T = 2048: blocks of 1025 and 1023 rows became 1024 and 1024, 1.25 -> 1.19×
+    causal SDPA on two threads of the AVX2 EPYC, float32, in interleaved rounds).
     """
     span = allowed(b)
     t = call.qpos.contiguous()  # (B, Sq), strictly increasing
@@ -146,6 +149,8 @@ def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
         else:
             ends = torch.searchsorted(t, t[:, lo : lo + 1] + reach, right=True)  # (B, 1)
             hi = max(lo + 1, int(ends.min()))
+            if FLASH_ROWS <= hi - lo < Sq - lo:  # a whole multiple of the flash kernel's row blocks, but for the last
+                hi = lo + (hi - lo) // FLASH_ROWS * FLASH_ROWS
         first, last = t[:, lo : lo + 1], t[:, hi - 1 : hi]  # (B, 1)
         half = (last - first) / 2
         o = first + (half.ceil() if integer else half)  # (B, 1): within `span` of every time of the block
