@@ -7,6 +7,8 @@
     python benchmarks/ab.py native-norms --encodings alibi retnet --lengths 2048 8192
     python benchmarks/ab.py native-kernel --encodings decay retnet --dtype bfloat16 --lengths 1024 2048 4096
     python benchmarks/ab.py native-kernel --everywhere      # the kernel timed on a CPU where it does not run
+    python benchmarks/ab.py block-rows --encodings alibi --threads 2
+    python benchmarks/ab.py span-tables --encodings decay jordan --threads 2
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -51,6 +53,15 @@ def _merge_without_only(*a, real=attention_pieces._merge_into, **kw):
     return real(*a, **{**kw, "only": False})
 
 
+def _span_tables_afresh(enc, p0, S, side, dtype, fade, device):
+    """``Encoding._span_tables`` as it was: the range checked and the window looked up at every call."""
+    from liepos.apply import work_dtype
+    from liepos.tables import check_span
+
+    check_span(enc.generator, float(p0), float(p0 + S - 1), side, dtype, fade=fade)
+    return enc._range_tables(p0, S, side, work_dtype(dtype), True, device)
+
+
 # each switch: what it restores, and a context manager that restores it for the old contender's call
 SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]] = {
     "diagonal-exponent": ("diagonal blocks' factors within e^{±22} (now e^{±32})",
@@ -63,6 +74,10 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                    lambda: _patched(recentre, "raw_clearing", lambda *a: None)),
     "native-norms": ("the keys' and queries' row norms (ALiBi's windows, faded keys) by torch's vector_norm (now one "
                      "native pass reading half precision as stored)", lambda: _patched(_kernels, "norms", lambda x: None)),
+    "block-rows": ("the re-centred path's query blocks as long as the origin's span allows (now whole multiples of the "
+                   "flash kernel's 32-row blocks)", lambda: _patched(recentre, "BLOCK_ROWS", 1)),
+    "span-tables": ("each tile's range check and table rows looked up afresh (now kept per range while the "
+                    "encoding's parameters hold)", lambda: _patched(lp.Encoding, "_span_tables", _span_tables_afresh)),
     "native-kernel": ("a fading encoding's tiles, one flash call per family, merged per row (now one native kernel "
                       "re-centring every pair of blocks where it pays)",
                       lambda: _patched(causal_tiling, "pays", lambda *a: False)),

@@ -121,3 +121,32 @@ def test_out_writes_the_results_into_the_folder_given(ab, tmp_path, monkeypatch)
     assert sorted(p.name for p in (tmp_path / "m" / "n").iterdir()) == ["ab_raw-bounds_float32.json",
                                                                           "ab_raw-bounds_float32.md"]
     assert {p.name for p in (BENCH / "results").iterdir()} == before
+
+
+def test_the_block_rows_and_span_tables_switches_restore_their_old_code(ab, monkeypatch):
+    from liepos import recentre
+
+    q = torch.randn(1, 8, 2048, 64)
+    alibi, seen = lp.alibi(64, num_heads=8), []
+    real_blocks = recentre._blocks
+    monkeypatch.setattr(recentre, "_blocks", lambda *a: seen.append([hi - lo for lo, hi, _ in real_blocks(*a)]) or
+                        real_blocks(*a))
+    with torch.no_grad():
+        lp.attention(q, q, q, alibi)
+        with ab.SWITCHES["block-rows"][1]():
+            lp.attention(q, q, q, alibi)
+        lp.attention(q, q, q, alibi)
+    assert seen == [[1024, 1024], [1025, 1023], [1024, 1024]]  # the origin's span of 512 on each side
+    decay, looked = lp.build("decay", 64, 8), []
+    real_range = lp.Encoding._range_tables
+    monkeypatch.setattr(lp.Encoding, "_range_tables", lambda *a: looked.append(1) or real_range(*a))
+    monkeypatch.setattr(causal_tiling, "pays", lambda *a: False)  # the tiles (not the native kernel) encode
+    with torch.no_grad():
+        first = lp.attention(q, q, q, decay)
+        n = len(looked)
+        again = lp.attention(q, q, q, decay)
+        assert n > 0 and len(looked) == n  # every tile's rows kept
+        with ab.SWITCHES["span-tables"][1]():
+            old = lp.attention(q, q, q, decay)
+        assert len(looked) == 2 * n  # looked up afresh, in the old call alone
+    assert torch.equal(first, again) and torch.equal(first, old)

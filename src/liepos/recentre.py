@@ -126,6 +126,12 @@ def _run(call: Call, lo: int, hi: int, ax: bool, sorted_keys: bool, b, outs: lis
     outs.append(_attend(call, qe, ke, ve, m, o, tq))
 
 
+# query blocks of the re-centred path hold a whole multiple of the flash kernel's row blocks (but the last), which it
+# runs markedly faster (ALiBi at T = 2048: blocks of 1025 and 1023 rows became 1024 and 1024:
+# ``benchmarks/ab.py block-rows``)
+BLOCK_ROWS = FLASH_ROWS
+
+
 def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
     """Greedy query blocks ``(lo, hi, origin)`` of increasing times, the origin in the block's middle.
 
@@ -134,9 +140,7 @@ def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
     ``allowed`` on each side of ``o`` (keys before the block lie on the far side of every query after
     ``o``, where the binomial terms of ``(t − o)`` and ``(o − s)`` share their sign). Integer times
     keep an integer origin, so the positions ``s − o`` stay integer ranges (cached tables). A block of at least
-    :data:`~liepos.causal_tiling.FLASH_ROWS` rows but the last is cut to a whole multiple of them, which the flash
-    kernel runs markedly faster (ALiBi at T = 2048: blocks of 1025 and 1023 rows became 1024 and 1024, 1.25 -> 1.19×
-    causal SDPA on two threads of the AVX2 EPYC, float32, in interleaved rounds).
+    :data:`BLOCK_ROWS` rows but the last is cut to a whole multiple of them.
     """
     span = allowed(b)
     t = call.qpos.contiguous()  # (B, Sq), strictly increasing
@@ -149,8 +153,8 @@ def _blocks(call: Call, b) -> list[tuple[int, int, torch.Tensor]]:
         else:
             ends = torch.searchsorted(t, t[:, lo : lo + 1] + reach, right=True)  # (B, 1)
             hi = max(lo + 1, int(ends.min()))
-            if FLASH_ROWS <= hi - lo < Sq - lo:  # a whole multiple of the flash kernel's row blocks, but for the last
-                hi = lo + (hi - lo) // FLASH_ROWS * FLASH_ROWS
+            if BLOCK_ROWS <= hi - lo < Sq - lo:  # a whole multiple of the flash kernel's row blocks, but for the last
+                hi = lo + (hi - lo) // BLOCK_ROWS * BLOCK_ROWS
         first, last = t[:, lo : lo + 1], t[:, hi - 1 : hi]  # (B, 1)
         half = (last - first) / 2
         o = first + (half.ceil() if integer else half)  # (B, 1): within `span` of every time of the block
