@@ -27,6 +27,12 @@ ENCODINGS = {
 DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 
 
+@pytest.fixture(autouse=True)
+def small_calls_record_lanes(monkeypatch):
+    """Lanes for the small shapes of these tests too (by default only calls of 2^16 elements or more record one)."""
+    monkeypatch.setattr(_replay, "LANE_MIN_ELEMS", 0)
+
+
 class Spy:
     """Counts the calls a recorded lane served (``Encoding._replayed`` returned a tensor) and those where a lane
     of the call's key was there but declined (None)."""
@@ -217,3 +223,14 @@ def test_kept_span_tables_follow_the_parameters_and_their_range_check():
         enc.generator.rates.mul_(100)  # the fastest rate now underflows float32 within the range: refused again
     with pytest.raises(OverflowError):
         enc._span(x, 10, "query")
+
+
+def test_a_decode_step_records_no_lane(monkeypatch):
+    # below LANE_MIN_ELEMS the times move every call (decode): a lane would be recorded and declined each time
+    monkeypatch.setattr(_replay, "LANE_MIN_ELEMS", 1 << 16)
+    enc = lp.rope(64, layout="half")
+    for t in range(3):
+        enc.query(torch.randn(1, 8, 1, 64), torch.tensor([t]))
+    assert not enc.__dict__.get("_lanes")
+    enc.query(torch.randn(1, 8, 128, 64))  # 2^16 elements: a prefill's lane
+    assert len(enc.__dict__["_lanes"]) == 1

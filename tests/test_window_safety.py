@@ -83,7 +83,7 @@ def test_with_no_content_the_window_starts_exactly_at_the_drop_lag(dtype):
     a key weighs ``e^{−m lag}``: the window keeps exactly the keys with ``m · lag ≤ −log(tiny) − log(eps) +
     log(keys)`` from the block's first query (the dtype's smallest normal times its rounding, shared by every
     key) and leaves out every earlier one — the cut the bound promises, no key more, no key less."""
-    S, m = 1100, 1.0  # two blocks (an ALiBi block spans at most 1024 steps): the second starts at 1025
+    S, m = 1100, 1.0  # two blocks (an ALiBi block spans at most 1024 steps, cut to 32-row multiples): the second starts at 1024
     enc = lp.alibi(8, num_heads=1, slopes=[m])
     g = torch.Generator().manual_seed(1)
     q = torch.zeros(1, 1, S, 8, dtype=dtype)
@@ -96,7 +96,7 @@ def test_with_no_content_the_window_starts_exactly_at_the_drop_lag(dtype):
     info = torch.finfo(dtype)
     drop = -math.log(info.tiny) - math.log(info.eps) + math.log(S)
     (lo, starts), = seen
-    assert lo == 1025 and starts == [math.ceil(lo - drop / m)], (lo, starts, drop)
+    assert lo == 1024 and starts == [math.ceil(lo - drop / m)], (lo, starts, drop)
     with torch.no_grad(), mock.patch.object(recentre, "window_starts", _all_keys):
         whole = lp.attention(q, k, v, enc, p, p)
     assert float((windowed.double() - whole.double()).abs().max()) <= 16 * info.eps * float(v.double().abs().max())

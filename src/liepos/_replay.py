@@ -22,10 +22,13 @@ import torch
 from liepos import _kernels, _triton
 from liepos._fast import FastTables, apply_fast
 
-__all__ = ["Lane", "lane_key", "new_lane", "keep", "LANES", "SPAN_TABLE_BYTES"]
+__all__ = ["Lane", "lane_key", "new_lane", "keep", "LANES", "LANE_MIN_ELEMS", "SPAN_TABLE_BYTES"]
 
 # lanes kept per encoding (the oldest let go first): a model's shapes of queries and keys at a few lengths
 LANES = 8
+# the fewest elements of a call that records a lane: below, the call is a decode step's or alike, whose times move
+# every call (a lane would be recorded and declined each time, a cost with no repeat to pay for it)
+LANE_MIN_ELEMS = 1 << 16
 # the largest tables a lane (or a kept range of :meth:`liepos.Encoding._span`) may keep alive: its rows are views
 # of a cached window, or built for one call
 SPAN_TABLE_BYTES = 32 << 20
@@ -75,9 +78,9 @@ def new_lane(x: torch.Tensor, p0: int, positions: Any, ft: FastTables, out_dtype
              stamp: tuple) -> Lane | None:
     """A lane for the full call just decided (``p0``: its first time; ``ft``: its table rows), or None where a
     repeat could not be checked as cheaply: a gradient asked, times given otherwise than as None or an int64 CPU
-    tensor, tables above :data:`SPAN_TABLE_BYTES`. The caller records only calls whose encoding has no query scale
-    and no length rule, at a ``p0`` from its own range check."""
-    if (lane_key(x, "") is None or (x.requires_grad and torch.is_grad_enabled())
+    tensor, fewer than :data:`LANE_MIN_ELEMS` elements, tables above :data:`SPAN_TABLE_BYTES`. The caller records
+    only calls whose encoding has no query scale and no length rule, at a ``p0`` from its own range check."""
+    if (lane_key(x, "") is None or (x.requires_grad and torch.is_grad_enabled()) or x.numel() < LANE_MIN_ELEMS
             or ft.nbytes() > SPAN_TABLE_BYTES):
         return None
     if positions is None:
