@@ -234,3 +234,17 @@ def test_a_decode_step_records_no_lane(monkeypatch):
     assert not enc.__dict__.get("_lanes")
     enc.query(torch.randn(1, 8, 128, 64))  # 2^16 elements: a prefill's lane
     assert len(enc.__dict__["_lanes"]) == 1
+
+
+def test_a_pickled_or_copied_encoding_carries_no_kept_tables_or_lanes():
+    import pickle
+
+    enc = lp.rope(64, layout="half")
+    x = torch.randn(1, 4, 256, 64)
+    enc.query(x)
+    enc._span(x, 5, "key")
+    assert enc.__dict__["_lanes"] and enc.__dict__["_spans"]
+    for other in (pickle.loads(pickle.dumps(enc)), copy.deepcopy(enc), copy.copy(enc)):
+        assert "_lanes" not in other.__dict__ and "_spans" not in other.__dict__
+        assert _bits_equal(other.query(x), enc.query(x))
+    assert len(pickle.dumps(enc)) < 10_000  # the generator's few parameters, no tables

@@ -30,8 +30,8 @@ LANES = 8
 # every call (a lane would be recorded and declined each time, a cost with no repeat to pay for it)
 LANE_MIN_ELEMS = 1 << 16
 # the largest tables a lane (or a kept range of :meth:`liepos.Encoding._span`) may keep alive: its rows are views
-# of a cached window, or built for one call
-SPAN_TABLE_BYTES = 32 << 20
+# of a cached window, or built for one call (a longer range's kernel outweighs the lookups a lane spares)
+SPAN_TABLE_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,14 @@ class Encoding:
         return (id(g), self.layout, self.logit_scale) + tuple(
             None if t is None else (id(t), t.data_ptr(), t._version) for t in ts)
 
+    def __getstate__(self) -> dict:
+        """Pickled, copied and deep-copied without the kept table rows and recorded calls (``_spans``, ``_lanes``):
+        views of cached tables and copies of times, rebuilt on first use, which a saved model must not carry."""
+        state = self.__dict__.copy()
+        state.pop("_lanes", None)
+        state.pop("_spans", None)
+        return state
+
     def replace(self, **changes: Any) -> Encoding:
         """A copy with the given constructor fields replaced (``generator``, ``layout``, …)."""
         fields = dict(
