@@ -9,6 +9,7 @@
     python benchmarks/ab.py native-kernel --everywhere      # the kernel timed on a CPU where it does not run
     python benchmarks/ab.py block-rows --encodings alibi --threads 2
     python benchmarks/ab.py span-tables --encodings decay jordan --threads 2
+    python benchmarks/ab.py sliced-rows --encodings decay jordan alibi --threads 2
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -53,6 +54,12 @@ def _merge_without_only(*a, real=attention_pieces._merge_into, **kw):
     return real(*a, **{**kw, "only": False})
 
 
+def _sliced_view(self, x):
+    """``Rows.view`` as it was: three ops (slice, unflatten, slice) whatever records a gradient."""
+    y = x[:, :, self.start : self.start + self.count * self.period]  # (B, H, count·period, *r)
+    return y.unflatten(2, (self.count, self.period))[:, :, :, self.a : self.b]  # (B, H, count, width, *r)
+
+
 def _span_tables_afresh(enc, p0, S, side, dtype, fade, device):
     """``Encoding._span_tables`` as it was: the range checked and the window looked up at every call."""
     from liepos.apply import work_dtype
@@ -74,6 +81,8 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                    lambda: _patched(recentre, "raw_clearing", lambda *a: None)),
     "native-norms": ("the keys' and queries' row norms (ALiBi's windows, faded keys) by torch's vector_norm (now one "
                      "native pass reading half precision as stored)", lambda: _patched(_kernels, "norms", lambda x: None)),
+    "sliced-rows": ("a tile's rows taken as three slicing ops (now one as_strided where nothing records a gradient)",
+                    lambda: _patched(attention_pieces.Rows, "view", _sliced_view)),
     "block-rows": ("the re-centred path's query blocks as long as the origin's span allows (now whole multiples of the "
                    "flash kernel's 32-row blocks)", lambda: _patched(recentre, "BLOCK_ROWS", 1)),
     "span-tables": ("each tile's range check and table rows looked up afresh (now kept per range while the "

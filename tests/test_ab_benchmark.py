@@ -150,3 +150,16 @@ def test_the_block_rows_and_span_tables_switches_restore_their_old_code(ab, monk
             old = lp.attention(q, q, q, decay)
         assert len(looked) == 2 * n  # looked up afresh, in the old call alone
     assert torch.equal(first, again) and torch.equal(first, old)
+
+
+def test_the_sliced_rows_switch_takes_the_three_slices(ab, monkeypatch):
+    from liepos.attention_pieces import Rows
+
+    x, r, strided = torch.randn(1, 2, 64, 8), Rows(4, 3, 16, 2, 9), []
+    real = torch.Tensor.as_strided
+    monkeypatch.setattr(torch.Tensor, "as_strided", lambda *a: strided.append(1) or real(*a))
+    new = r.view(x)
+    assert strided
+    with ab.SWITCHES["sliced-rows"][1]():
+        old = r.view(x)
+    assert len(strided) == 1 and torch.equal(new, old) and new.data_ptr() == old.data_ptr()

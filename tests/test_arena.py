@@ -278,3 +278,41 @@ def test_tiled_attention_gradients_do_not_depend_on_how_the_rows_are_gathered(fa
     assert torch.equal(a, b)
     for x, y in zip(ga, gb):
         assert torch.allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_the_rows_view_without_a_gradient_is_the_sliced_view_of_any_layout():
+    """``Rows.view`` without autograd is one ``as_strided``: the same elements, shape and memory as the three slices it
+    takes under autograd, for tensors laid out in any order of their axes and of 3 or 4 dims, writes through it
+    landing in the tensor; rows past the end are refused, not clamped."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from liepos.attention_pieces import Rows
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 40), st.sampled_from([0, 1, 2, 3, 5]),
+           st.permutations(range(4)), st.booleans(), st.data())
+    def check(B, H, T, D, order, narrow, data):
+        shape = (B, H, T, D) if D else (B, H, T)
+        order = [i for i in order if i < len(shape)]
+        base = torch.randn(*[shape[i] + (1 if narrow and i == len(shape) - 1 else 0) for i in order])
+        x = base.permute(*[order.index(i) for i in range(len(shape))])  # (B, H, T[, D(+1)]) in another memory order
+        x = x[..., :shape[-1]] if narrow else x
+        period = data.draw(st.integers(1, T))
+        count = data.draw(st.integers(1, T // period))
+        start = data.draw(st.integers(0, T - count * period))
+        a = data.draw(st.integers(0, period - 1))
+        r = Rows(start, count, period, a, data.draw(st.integers(a + 1, period)))
+        got = r.view(x)
+        with torch.enable_grad():
+            want = r.view(x.detach().requires_grad_(True)).detach()
+        moving = [i for i, n in enumerate(got.shape) if n > 1]  # a stride of an axis of size 1 steps nowhere
+        assert got.shape == want.shape and torch.equal(got, want)
+        assert [got.stride(i) for i in moving] == [want.stride(i) for i in moving]
+        assert got.data_ptr() == want.data_ptr()
+        got.fill_(7.0)
+        assert bool((want == 7.0).all())
+        with pytest.raises(ValueError):
+            Rows(start + T, 1, 1, 0, 1).view(x)
+
+    check()

@@ -78,8 +78,16 @@ class Rows:
         return self.b - self.a
 
     def view(self, x: torch.Tensor) -> torch.Tensor:
-        """The rows of ``x (B, H, T, *r)`` in place: ``(B, H, count, width, *r)``, a view."""
+        """The rows of ``x (B, H, T, *r)`` in place: ``(B, H, count, width, *r)``, a view (one ``as_strided`` where
+        nothing records a gradient: a dozen of these per attention call, each three ops as slices)."""
         end = self.start + self.count * self.period
+        if end > x.shape[2]:
+            raise ValueError(f"{self} reaches row {end} of a tensor of {x.shape[2]} rows")
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            st = x.stride()
+            return x.as_strided((*x.shape[:2], self.count, self.b - self.a, *x.shape[3:]),  # (B, H, count, width, *r)
+                                (st[0], st[1], self.period * st[2], *st[2:]),
+                                x.storage_offset() + (self.start + self.a) * st[2])
         y = x[:, :, self.start : end]  # (B, H, count·period, *r)
         y = y.unflatten(2, (self.count, self.period))  # (B, H, count, period, *r)
         return y[:, :, :, self.a : self.b]  # (B, H, count, width, *r)
