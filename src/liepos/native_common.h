@@ -1,0 +1,132 @@
+// Shared by the native CPU kernels' sources (native_kernels.cpp, native_terms.cpp): loads and stores in the work
+// type, the rows of a (B, H, S, D) tensor in tiles of positions split over torch's intra-op threads, the
+// checks every op makes. Each source includes it into its own anonymous namespace.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/Functions.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <xmmintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kMaxWidth = 4096;  // the widest row taken
+constexpr int64_t kGrainElems = 32768;  // at least this many elements of x per task
+
+// loads and stores: half precision as float, rounded to nearest even (NaN -> quiet NaN), as torch does
+inline float ld(c10::BFloat16 v) {
+  uint32_t u = static_cast<uint32_t>(v.x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline void st(c10::BFloat16& out, float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  out.x = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0) : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#if defined(__FLT16_MAX__)
+inline float ld(c10::Half v) {
+  _Float16 h;
+  std::memcpy(&h, &v.x, 2);
+  return static_cast<float>(h);
+}
+inline void st(c10::Half& out, float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  std::memcpy(&out.x, &h, 2);
+}
+#else
+inline float ld(c10::Half v) { return static_cast<float>(v); }
+inline void st(c10::Half& out, float f) { out = c10::Half(f); }
+#endif
+inline float ld(float v) { return v; }
+inline void st(float& out, float f) { out = f; }
+inline double ld(double v) { return v; }
+inline void st(double& out, double f) { out = f; }
+
+template <typename X> struct Work { using type = float; using mask = int32_t; };
+template <> struct Work<double> { using type = double; using mask = int64_t; };
+
+inline int64_t stride_or_zero(const at::Tensor& t, int64_t i) { return t.size(i) > 1 ? t.stride(i) : 0; }
+
+// rows in tiles of `tile` positions, every head of a tile before the next: a table row shared by the heads is
+// read from memory once and from L1/L2 by the others (tile = S: head after head). The items (b, tile, h) are
+// split over torch's intra-op threads; each task runs its items [lo, hi) in one call of a kernel's chunk function.
+struct Rows {
+  int64_t H, S, tiles, tile;
+  int64_t xb, xh, xs, yb, yh, ys, tb, th, ts;  // strides (0 on a broadcast axis) of x, out and the tables
+};
+
+// the rows of items [lo, hi): (x offset, out offset, table offset) of each, in order
+#define FOR_ROWS(g, lo, hi, xo, yo, to)                                                                        \
+  for (int64_t i_ = (lo); i_ < (hi); i_++)                                                                       \
+    for (int64_t h_ = i_ % (g).H, s0_ = (i_ / (g).H) % (g).tiles * (g).tile, b_ = i_ / ((g).H * (g).tiles),       \
+                 s_ = s0_, s1_ = std::min((g).S, s0_ + (g).tile);                                                \
+         s_ < s1_; s_++)                                                                                         \
+      if (const int64_t xo = b_ * (g).xb + h_ * (g).xh + s_ * (g).xs, yo = b_ * (g).yb + h_ * (g).yh + s_ * (g).ys, \
+          to = b_ * (g).tb + h_ * (g).th + s_ * (g).ts;                                                          \
+          true)
+
+template <typename F>
+void tiled_rows(const at::Tensor& x, const at::Tensor& out, const at::Tensor& table, int64_t tile, const F& chunk) {
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3);
+  tile = std::max<int64_t>(1, std::min(tile, std::max<int64_t>(S, 1)));
+  const Rows g{H, S, (S + tile - 1) / tile, tile,
+               stride_or_zero(x, 0), stride_or_zero(x, 1), stride_or_zero(x, 2),
+               stride_or_zero(out, 0), stride_or_zero(out, 1), stride_or_zero(out, 2),
+               stride_or_zero(table, 0), stride_or_zero(table, 1), stride_or_zero(table, 2)};
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(1, tile * D));
+  at::parallel_for(0, B * g.tiles * H, grain, [&](int64_t lo, int64_t hi) { chunk(g, lo, hi); });
+}
+
+inline void check_rows(const at::Tensor& x, const at::Tensor& out, int64_t width) {
+  TORCH_CHECK(x.dim() == 4 && out.sizes() == x.sizes(), "liepos_native: x and out must be 4-D of one shape, got ",
+              x.sizes(), " and ", out.sizes());
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "liepos_native: out must be of x's dtype ", x.scalar_type(),
+              ", got ", out.scalar_type());
+  TORCH_CHECK(x.stride(3) == 1 && out.stride(3) == 1, "liepos_native: the last axis of x and out must be contiguous");
+  TORCH_CHECK(width <= kMaxWidth, "liepos_native: width ", width, " above ", kMaxWidth);
+  TORCH_CHECK(x.device().is_cpu() && out.device().is_cpu(), "liepos_native: CPU tensors only");
+}
+
+
+// |v| as an integer (the sign bit cleared): at least `inf` exactly when v is an inf or a NaN
+template <typename W> struct Bits {
+  using type = uint32_t;
+  static constexpr uint32_t abs = 0x7fffffffu, inf = 0x7f800000u;
+};
+template <> struct Bits<double> {
+  using type = uint64_t;
+  static constexpr uint64_t abs = 0x7fffffffffffffffull, inf = 0x7ff0000000000000ull;
+};
+template <> struct Bits<c10::BFloat16> {  // half precision by its own bits (absmax reads x as stored)
+  using type = uint16_t;
+  static constexpr uint16_t abs = 0x7fff, inf = 0x7f80;
+};
+template <> struct Bits<c10::Half> {
+  using type = uint16_t;
+  static constexpr uint16_t abs = 0x7fff, inf = 0x7c00;
+};
+
+}  // namespace
