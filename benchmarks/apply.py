@@ -15,7 +15,8 @@ contender's page faults per call are counted: glibc's malloc either reuses an ou
 depends on the order of the process's allocations, so a clone's time moves several-fold between runs and settings.
 A repeat of a call on one shape at the same times runs the kernel its first call reached (``liepos._replay``; the
 run stops if the half layout recorded no lanes); "half (full call)" times the same call on an encoding whose lanes
-are let go before each call, so the checks and lookups of the full call are paid every time, in the same rounds.
+and kept table rows are let go before each call, so the checks and lookups of the full call are paid every time,
+in the same rounds.
 Hugging Face's ``apply_rotary_pos_emb`` (half layout, cos/sin given) is a peer when transformers is
 installed. Every round times every contender once, in one process, in a rotating order; the figure is
 the median over rounds of the ratio to the yardstick measured in the same round.
@@ -84,9 +85,10 @@ def contenders(shape: tuple[int, ...]) -> dict:
                 _kernels.STREAM_ABOVE_BYTES = before
         return run
 
-    def unreplayed(enc, fn):  # the call with the encoding's recorded lanes let go first: the full call every time
+    def unreplayed(enc, fn):  # the call with the encoding's lanes and kept tables let go first: the full call each time
         def run():
             enc.__dict__.pop("_lanes", None)
+            enc.__dict__.pop("_spans", None)
             return fn()
         return run
 
