@@ -10,6 +10,7 @@
     python benchmarks/ab.py block-rows --encodings alibi --threads 2
     python benchmarks/ab.py span-tables --encodings decay jordan --threads 2
     python benchmarks/ab.py sliced-rows --encodings decay jordan alibi --threads 2
+    python benchmarks/ab.py head-groups --encodings alibi --threads 2 --lengths 2048 8192
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -83,6 +84,8 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                      "native pass reading half precision as stored)", lambda: _patched(_kernels, "norms", lambda x: None)),
     "sliced-rows": ("a tile's rows taken as three slicing ops (now one as_strided where nothing records a gradient)",
                     lambda: _patched(attention_pieces.Rows, "view", _sliced_view)),
+    "head-groups": ("each run of heads with an equal first key in calls of its own (now neighbouring runs share a call "
+                    "where it adds few keys)", lambda: _patched(recentre, "MERGE_PAIRS", 0)),
     "block-rows": ("the re-centred path's query blocks as long as the origin's span allows (now whole multiples of the "
                    "flash kernel's 32-row blocks)", lambda: _patched(recentre, "BLOCK_ROWS", 1)),
     "span-tables": ("each tile's range check and table rows looked up afresh (now kept per range while the "

@@ -100,3 +100,29 @@ def test_with_no_content_the_window_starts_exactly_at_the_drop_lag(dtype):
     with torch.no_grad(), mock.patch.object(recentre, "window_starts", _all_keys):
         whole = lp.attention(q, k, v, enc, p, p)
     assert float((windowed.double() - whole.double()).abs().max()) <= 16 * info.eps * float(v.double().abs().max())
+
+
+def test_head_groups_partition_the_heads_and_never_start_after_a_member():
+    """``recentre.head_groups``: adjacent heads in order, every head in one group, a group's first key at or before
+    every member's own (more keys than a window, never fewer), runs of equal starts never split, the keys a merge
+    adds under ``MERGE_PAIRS``; with ``MERGE_PAIRS = 0`` the groups are the runs of equal starts."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(0, 5000), min_size=1, max_size=16), st.integers(1, 2048), st.sampled_from([0, 1 << 19]))
+    def check(starts, rows, merge):
+        with mock.patch.object(recentre, "MERGE_PAIRS", merge):
+            groups = recentre.head_groups(starts, rows)
+        assert groups[0][0] == 0 and groups[-1][1] == len(starts)
+        assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
+        for h0, h1, first in groups:
+            assert first == min(starts[h0:h1])
+            if h1 - h0 > 1 and len(set(starts[h0:h1])) > 1:
+                assert sum(s - first for s in starts[h0:h1]) * rows < merge
+        for (_, a1, _), (b0, _, _) in zip(groups, groups[1:]):
+            if merge == 0:
+                assert starts[a1 - 1] != starts[b0]  # a run of equal starts is one group
+
+    check()
+    assert recentre.head_groups([750, 479, 0, 0, 0, 0, 0, 0], 1024) == [(0, 2, 479), (2, 8, 0)]

@@ -188,6 +188,37 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
     return out[..., :Dv] if narrow else out
 
 
+# a call of its own costs a block of queries about as much as this many more (query, key) pairs of one head: heads
+# whose windows differ by fewer keys share a call, the later start lowered to the earlier (ALiBi at T = 2048 on two
+# threads: a one-head call of the causal block took 2.3-2.8 ms where a head of a six-head call took 1.8 ms, and the
+# calls of 274 and 545 keys 0.9 and 1.4 ms: ``benchmarks/ab.py head-groups``)
+MERGE_PAIRS = 1 << 19
+
+
+def head_groups(starts: list[int], rows: int) -> list[tuple[int, int, int]]:
+    """Adjacent heads ``[h0, h1)`` sharing one flash call and its first key, from each head's first key ``starts``
+    (:func:`window_starts`) for a block of ``rows`` queries: runs of equal starts, then neighbouring runs merged
+    while the keys the merge adds (each head of a run from its own start back to the group's earliest, times
+    ``rows``) stay under :data:`MERGE_PAIRS`. A key a head's window leaves out weighs nothing any row can see, so
+    a head may take more keys than its window, never fewer: the merged group starts at its earliest start."""
+    runs: list[list[int]] = []  # [h0, h1, start]
+    for h, st in enumerate(starts):
+        if runs and runs[-1][2] == st:
+            runs[-1][1] = h + 1
+        else:
+            runs.append([h, h + 1, st])
+    groups = [runs[0]]
+    for h0, h1, st in runs[1:]:
+        g0, g1, gs = groups[-1]
+        low = min(gs, st)
+        added = sum(starts[h] - low for h in range(g0, h1)) * rows
+        if added < MERGE_PAIRS:
+            groups[-1] = [g0, h1, low]
+        else:
+            groups.append([h0, h1, st])
+    return [(g0, g1, gs) for g0, g1, gs in groups]
+
+
 def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch.Tensor, torch.Tensor] | None,
               knorm: torch.Tensor | None, bias: bool,
               raw: Callable[[], tuple[tuple[float, float], bool] | None] | None = None) -> torch.Tensor:
@@ -225,19 +256,16 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
 
     r = None if raw is None or fresh(qe, call.q) or fresh(ke, call.k) else raw()
     bound, clean = (None, False) if r is None else r
-    if starts is None or all(st == first for st in starts):
-        y = pieces(qe, parts(slice(None), 0), call.c, sinks, bound, clean)
+    groups = [(0, qe.shape[1], first)] if starts is None else head_groups(starts, hi - lo)
+    if len(groups) == 1:
+        y = pieces(qe, parts(slice(None), groups[0][2] - first), call.c, sinks, bound, clean)
     else:
-        # per-head windows (keys per head: a per-head bias has its keys repeated to every head);
-        # heads in a run of equal starts (ALiBi's slopes fall with the head) share one call, as views
+        # per-head windows (keys per head: a per-head bias has its keys repeated to every head); the heads of a
+        # group (adjacent: ALiBi's slopes fall with the head) share one call, as views
         y = torch.empty(*qe.shape[:-1], ve.shape[-1], dtype=qe.dtype, device=qe.device)
-        h0, H = 0, len(starts)
-        for h1 in range(1, H + 1):
-            if h1 < H and starts[h1] == starts[h0]:
-                continue
+        for h0, h1, start in groups:
             hs = slice(h0, h1)
-            y[:, hs] = pieces(qe[:, hs], parts(hs, starts[h0] - first), call.c, head_sinks(hs), bound, clean)
-            h0 = h1
+            y[:, hs] = pieces(qe[:, hs], parts(hs, start - first), call.c, head_sinks(hs), bound, clean)
     if call.venc is not None:
         y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
     return y
