@@ -163,3 +163,13 @@ def test_the_sliced_rows_switch_takes_the_three_slices(ab, monkeypatch):
     with ab.SWITCHES["sliced-rows"][1]():
         old = r.view(x)
     assert len(strided) == 1 and torch.equal(new, old) and new.data_ptr() == old.data_ptr()
+
+
+def test_the_head_groups_switch_restores_a_call_pair_per_run_of_equal_starts(ab, monkeypatch):
+    q = torch.randn(1, 8, 2048, 64)
+    alibi = lp.alibi(64, num_heads=8)
+    new = _flash_calls(alibi, q, monkeypatch)
+    with ab.SWITCHES["head-groups"][1]():
+        old = _flash_calls(alibi, q, monkeypatch)
+    # the second block's heads 0 and 1 (windows of about 274 and 545 keys) share a call pair now
+    assert (new, old) == (5, 7)
