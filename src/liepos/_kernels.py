@@ -273,7 +273,7 @@ def rotate_halves(
 
 # ---------------------------------------------------------------------- native kernels (C++, torch.library ops)
 # loops Inductor does not write well: column-shifted terms (it masks every vector, ~2× the loads of a row), the half-layout
-# rotation in place (a full-size temporary); the terms in two sources by dtype, built side by side (52 s, not 73)
+# rotation in place (a full-size temporary); the terms in two sources by dtype, built side by side (AVX2 EPYC: 52 s, not 73)
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("native_terms_half.cpp", "native_terms.cpp", "native_kernels.cpp",
                                                       "native_flash.cpp"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("native_common.h", "native_terms.h"))  # in the build key

@@ -76,12 +76,12 @@ def lane_key(x: torch.Tensor, side: str) -> tuple | None:
 
 def new_lane(x: torch.Tensor, p0: int, positions: Any, ft: FastTables, out_dtype: torch.dtype,
              stamp: tuple) -> Lane | None:
-    """A lane for the full call just decided (``p0``: its first time; ``ft``: its table rows), or None where a
+    """A lane for the full call on ``x`` (a CPU tensor with a :func:`lane_key`) just decided (``p0``: its first time;
+    ``ft``: its table rows), or None where a
     repeat could not be checked as cheaply: a gradient asked, times given otherwise than as None or an int64 CPU
     tensor, fewer than :data:`LANE_MIN_ELEMS` elements, tables above :data:`SPAN_TABLE_BYTES`. The caller records
     only calls whose encoding has no query scale and no length rule, at a ``p0`` from its own range check."""
-    if (lane_key(x, "") is None or (x.requires_grad and torch.is_grad_enabled()) or x.numel() < LANE_MIN_ELEMS
-            or ft.nbytes() > SPAN_TABLE_BYTES):
+    if (x.requires_grad and torch.is_grad_enabled()) or x.numel() < LANE_MIN_ELEMS or ft.nbytes() > SPAN_TABLE_BYTES:
         return None
     if positions is None:
         if p0 != 0:

@@ -190,8 +190,7 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
 
 # a call of its own costs a block of queries about as much as this many more (query, key) pairs of one head: heads
 # whose windows differ by fewer keys share a call, the later start lowered to the earlier (ALiBi at T = 2048 on two
-# threads: a one-head call of the causal block took 2.3-2.8 ms where a head of a six-head call took 1.8 ms, and the
-# calls of 274 and 545 keys 0.9 and 1.4 ms: ``benchmarks/ab.py head-groups``)
+# threads: heads 0 and 1 in one call pair, not two: ``benchmarks/ab.py head-groups``)
 MERGE_PAIRS = 1 << 19
 
 
