@@ -135,10 +135,10 @@ def test_the_gradient_passes_through_the_clearing(any_size):
 
 @pytest.mark.parametrize("name", ["decay", "retnet", "jordan"])
 def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch, tiling):
-    """At the benchmark's shape the tiles take the native ops (each tile clearing its own encoded q and k in
-    place, or decay's and RetNet's in the pass that encodes them), and give the bits of the torch ops' clearing.
-    (RetNet at 1024 is one causal block, within the diagonal budget: nothing to clear; at 2048 its fast head
-    fades.)"""
+    """At the benchmark's shape the tiles take the native ops, clearing their encoded q and k in the pass that
+    encodes them (decay's scale, RetNet's planes, Jordan's shifted terms), and give the bits of the torch ops'
+    clearing. (RetNet at 1024 is one causal block, within the diagonal budget: nothing to clear; at 2048 its fast
+    head fades.)"""
     from liepos import causal_tiling
 
     monkeypatch.setattr(_kernels, "_ran", set())
@@ -151,8 +151,9 @@ def test_re_centred_attention_clears_through_the_native_ops(name, monkeypatch, t
         got = lp.attention(q, k, v, enc, positions=pos)
         ran = set(_kernels.status()["native"])
         assert "absmax torch.float32" in ran
-        fused = {"decay": "scale torch.float32", "retnet": "planes torch.float32"}.get(name)  # cleared as encoded
-        assert (fused in ran and "clear_ torch.float32" not in ran) if fused else "clear_ torch.float32" in ran, ran
+        fused = {"decay": "scale torch.float32", "retnet": "planes torch.float32",
+                 "jordan": "terms torch.float32 cleared"}[name]  # cleared as encoded
+        assert fused in ran and "clear_ torch.float32" not in ran, ran
         monkeypatch.setattr(_kernels, "clear_below", lambda x, tau, into=None: None)
         monkeypatch.setattr(_kernels, "absmax", lambda x: None)
         monkeypatch.setattr(causal_tiling, "clear_thresholds", lambda *a: None)  # the tiles cleared after encoding
@@ -194,11 +195,45 @@ def test_scale_and_planes_clear_in_their_own_pass_as_clear_does(dtype, pairs, co
     assert torch.equal(got.contiguous().view(bits), want.view(bits))
 
 
+@given(dtype=st.sampled_from(DTYPES), side=st.sampled_from(["query", "key"]), kind=st.sampled_from(["contiguous", "bshd"]),
+       tau=st.sampled_from([0.0, 1e-7, 1e-3, 0.5, "an output's own magnitude"]), specials=SPECIALS,
+       seed=st.integers(0, 2**16), S=st.integers(1, 9), D=st.sampled_from([4, 64]))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_terms_clear_in_their_own_pass_as_clear_does(dtype, side, kind, tau, specials, seed, S, D, any_size,
+                                                      monkeypatch):
+    """``apply_terms(..., clear=τ)`` (a Jordan encoding of a tile between its keys and its queries) writes the bits
+    of ``apply_terms`` followed by ``clear_below``, with the Jordan tables of either side: the sum rounded to x's
+    dtype, +0 where that is below τ (an output exactly at τ kept), NaN kept; τ = 0 clears nothing."""
+    monkeypatch.setattr(_kernels, "MIN_ELEMS_TERMS", 0)
+    enc = lp.build("jordan", D)
+    ft = enc._span_tables(0 if side == "query" else -2 * S, 2 * S, side, dtype, side == "query", torch.device("cpu"))
+    offsets, masks, T = ft.terms
+    T = T.view(1, 1, *T.shape[-3:])  # (S, J, D) -> (1, 1, S, J, D)
+    x = _view(_values(1e-2, specials, (2, 3, 2 * S, D), seed, dtype), kind)
+    plain = _kernels.apply_terms(x, T, offsets, masks, into=torch.empty(x.shape, dtype=dtype))
+    assert plain is not None
+    if tau == "an output's own magnitude":
+        finite = plain[plain.isfinite() & (plain != 0)]
+        tau = float(finite.abs().flatten()[seed % finite.numel()]) if finite.numel() else 1e-3
+    got = _kernels.apply_terms(x, T, offsets, masks, into=torch.empty(x.shape, dtype=dtype), clear=tau)
+    want = _kernels.clear_below(plain, tau)
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    assert got is not None and torch.equal(got.isnan(), want.isnan())
+    got, want = got.nan_to_num(0.0), want.nan_to_num(0.0)
+    assert torch.equal(got.contiguous().view(bits), want.view(bits))
+    if tau:
+        with pytest.raises(ValueError, match="terms: clear=.* needs an output of its own"):
+            _kernels.apply_terms(x, T, offsets, masks, into=x, clear=tau)
+
+
 def test_a_bad_clearing_threshold_is_refused_by_name(any_size):
     _kernels._ops()
     x = torch.ones(1, 1, 2, 2)
     with pytest.raises(RuntimeError, match="scale: tau must be at least 0, got -1"):
         torch.ops.liepos_native.scale(x, x, 2, torch.empty_like(x), -1.0)
+    with pytest.raises(RuntimeError, match="terms: tau must be at least 0, got -1"):
+        torch.ops.liepos_native.terms(x, torch.zeros(1, 1, 2, 1, 2), [0], torch.ones(1, 2, dtype=torch.uint8), 2,
+                                      torch.empty_like(x), -1.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

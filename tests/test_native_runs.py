@@ -221,8 +221,8 @@ def test_the_new_native_ops_pass_opcheck(op):
 @pytest.mark.parametrize("name", ["decay", "retnet", "xpos", "jordan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_attention_equals_itself_without_the_new_kernels(name, dtype, monkeypatch):
-    """The re-centred attention at a size where the native ops run (scale / planes, clear in place, merge)
-    equals the same call through the torch ops they replace, to the dtype's rounding."""
+    """The re-centred attention at a size where the native ops run (scale / planes / terms clearing as they encode,
+    merge) equals the same call through the torch ops they replace, to the dtype's rounding."""
     enc = lp.build(name, 64, 4) if name in ("decay", "retnet") else lp.build(name, 64)
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 4, 1024, 64, generator=g).to(dtype) for _ in range(3))
@@ -231,15 +231,17 @@ def test_attention_equals_itself_without_the_new_kernels(name, dtype, monkeypatc
     with torch.no_grad():
         got = lp.attention(q, k, v, enc)
         ran = set(_kernels.status()["native"])
-        # Jordan: the off-diagonal tiles' own q and k cleared in place, decay's in the pass that encodes them, and
-        # the tiles merged (xpos and RetNet at this length: one causal block, within the diagonal budget, nothing
-        # to clear, and its output, in either dtype, the call's: nothing merged); Jordan's half precision attends
-        # in float32
+        # the off-diagonal tiles' q and k cleared in the pass that encodes them (decay's scale, Jordan's shifted
+        # terms), and the tiles merged (xpos and RetNet at this length: one causal block, within the diagonal
+        # budget, nothing to clear, and its output, in either dtype, the call's: nothing merged); Jordan's half
+        # precision attends in float32
         work = torch.float32 if name == "jordan" else dtype
         one_block = name in ("xpos", "retnet")
-        assert (f"clear_ {work}" in ran) == (name == "jordan"), ran
+        assert f"clear_ {work}" not in ran, ran
+        assert (f"terms {work} cleared" in ran) == (name == "jordan"), ran
         assert (f"scale {work}" in ran) == (name == "decay"), ran
         assert (f"merge {work}" in ran) != one_block, ran
+        monkeypatch.setattr(causal_tiling, "term_bounds", lambda *a: None)  # each tile finds and clears its own
         monkeypatch.setattr(_kernels, "merge", lambda *a: False)
         monkeypatch.setattr(_kernels, "multiply", lambda *a, **kw: None)
         real = _kernels.clear_below

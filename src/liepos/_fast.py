@@ -53,7 +53,7 @@ import liepos._triton as _triton
 from liepos.tables import Tables
 
 __all__ = ["FastTables", "TableCache", "CACHE", "fast_tables", "apply_fast", "transform", "empty_out", "table_window",
-           "arange_start", "clear_small"]
+           "arange_start", "clear_small", "term_growth"]
 
 _LOW = (torch.float16, torch.bfloat16)
 # float32 scratch per chunk when a half-precision input is processed (elements)
@@ -415,10 +415,27 @@ def clear_small(x: torch.Tensor, tau: float, into: torch.Tensor | None = None) -
     return x.masked_fill_(small, 0) if into is x else x.masked_fill(small, 0)
 
 
+def term_growth(ft: FastTables) -> float | None:
+    """``g`` with ``|(M x)_d| ≤ g · ‖x‖_∞`` at every position of the tables, before the result is rounded: the
+    largest ``Σ_j |T_j[u, d]|`` of the shifted terms ``y_d = Σ_j T_j[u, d] x_{d + o_j}`` (:func:`_terms`), worked
+    out once per tables and kept beside them; None without terms or with slots appended (constant columns)."""
+    if ft.terms is None or ft.slot_vals is not None:
+        return None
+    g = ft.extra.get("growth")
+    if g is None:
+        T = ft.terms[2].detach()  # (…, S, J, D) -> (…, S, D) row sums -> their largest
+        g = ft.extra["growth"] = float(T.abs().sum(-2).amax()) if T.numel() else 0.0
+    return g
+
+
 def _multiplied_cleared(x: torch.Tensor, ft: FastTables, conj: bool, out_dtype: torch.dtype | None,
                         into: torch.Tensor | None, clear: float) -> torch.Tensor | None:
     """The transform and its clearing as one native pass, when it is one diagonal run (decay dims, or rotation
-    planes of any damping) over every column: :func:`liepos._kernels.multiply` with ``clear``; else None."""
+    planes of any damping) over every column: :func:`liepos._kernels.multiply` with ``clear``, or the shifted terms
+    of a coupled encoding (:func:`_terms_pass`); else None."""
+    if ft.terms is not None and (out_dtype or x.dtype) == x.dtype and not (x.is_cuda or _triton.interpreting()):
+        out = into if into is not None else empty_out(x, ft.width if not conj else ft.content, x.dtype)
+        return out if _terms_pass(x, out, ft, conj, clear) else None
     r = ft.runs[0] if len(ft.runs) == 1 else None
     if (r is None or r.kind not in ("real", "complex") or r.lo != 0 or r.hi != x.shape[-1] or ft.coupling is not None
             or (ft.slot_vals is not None and not conj) or (out_dtype or x.dtype) != x.dtype):
@@ -439,12 +456,6 @@ def transform(
     the result is what is returned, which a path with its own output (Triton) leaves ``into`` unwritten for.
     ``clear > 0`` (out of place): every entry of the result below it in magnitude is +0 (:func:`clear_small`),
     in the transform's own pass where that is one native kernel call."""
-    if clear:
-        y = None if inplace else _multiplied_cleared(x, ft, conj, out_dtype, into, clear)
-        if y is None:
-            y = transform(x, ft, inplace, conj, out_dtype, into)
-            y = clear_small(y, clear, into=y)
-        return y
     width = ft.width if not conj else ft.content
     if into is not None and (inplace or into.shape != (*x.shape[:-1], width)
                              or into.dtype != (out_dtype or x.dtype) or into.device != x.device):
@@ -452,6 +463,12 @@ def transform(
                          f"dtype {out_dtype or x.dtype} (out of place), got {tuple(into.shape)} {into.dtype}")
     if into is not None and into.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
         raise ValueError("transform's into must share no memory with x (inplace=True writes into x)")
+    if clear:
+        y = None if inplace else _multiplied_cleared(x, ft, conj, out_dtype, into, clear)
+        if y is None:
+            y = transform(x, ft, inplace, conj, out_dtype, into)
+            y = clear_small(y, clear, into=y)
+        return y
     # the Triton kernels on CUDA (on the CPU only under TRITON_INTERPRET=1, as the tests run them); None: the ops below
     if (x.is_cuda or _triton.interpreting()) and not inplace and _triton.available():
         terms = None if ft.terms is None else (_transposed_terms(ft) if conj else ft.terms)
@@ -546,16 +563,19 @@ def _shifted_masks(offsets: tuple[int, ...], masks: tuple[tuple[int, ...], ...])
     return tuple(tuple(m[e - o] if 0 <= e - o < D else 0 for e in range(D)) for o, m in zip(offsets, masks))
 
 
-def _terms_pass(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool) -> bool:
+def _terms_pass(x: torch.Tensor, out: torch.Tensor, ft: FastTables, conj: bool, clear: float = 0.0) -> bool:
     """``out = M x`` (``Mᵀ x`` when ``conj``) as one native pass over the shifted terms of a coupled
-    encoding, slots appended; False when it does not run (the caller takes the run-by-run ops)."""
+    encoding, slots appended; False when it does not run (the caller takes the run-by-run ops). ``clear``: the
+    terms' outputs below it in magnitude written as +0 in the same pass (no slots: their columns are not cleared)."""
     if ft.terms is None or out.dtype != x.dtype or x.shape[-1] != ft.content:
+        return False
+    if clear and ft.slot_vals is not None and not conj:
         return False
     offsets, masks, T = _transposed_terms(ft) if conj else ft.terms
     while T.dim() < 5:
         T = T.unsqueeze(0)  # (S, J, D), (H, S, J, D), (B, 1, S, J, D) -> (B|1, H|1, S, J, D)
     into = out if out.shape[-1] == ft.content else out[..., : ft.content]
-    if _kernels.apply_terms(x, T, offsets, masks, into=into) is None:
+    if _kernels.apply_terms(x, T, offsets, masks, into=into, clear=clear) is None:
         return False
     if ft.slot_vals is not None and not conj:
         out[..., ft.content :].copy_(_as4(ft.slot_vals).expand(*x.shape[:-1], -1))

@@ -545,7 +545,7 @@ def _mask_tensor(masks: tuple[tuple[int, ...], ...]) -> torch.Tensor:
 
 def apply_terms(
     x: torch.Tensor, T: torch.Tensor, offsets: tuple[int, ...], masks: tuple[tuple[int, ...], ...],
-    into: torch.Tensor | None = None,
+    into: torch.Tensor | None = None, clear: float = 0.0,
 ) -> torch.Tensor | None:
     """``y[…, d] = Σ_j [masks[j][d]] T[…, j, d] · x[…, d + offsets[j]]`` in one pass (the native terms op).
 
@@ -553,29 +553,29 @@ def apply_terms(
     dtype, **zero where** ``masks[j][d]`` **is 0** (as :func:`liepos._fast._terms` builds them: a row of
     finite x adds every term); ``masks[j][d]``: whether term j exists at column d (in a row holding an inf or
     a NaN a structural zero is skipped, so a non-finite neighbour never leaks into a column); ``into``: x
-    itself, a view of a wider output, or None (a fresh output in x's memory order). Returns None when the
-    kernel does not run (small input, kernels off, no compiler, another device) and the caller must use the
-    torch ops.
+    itself, a view of a wider output, or None (a fresh output in x's memory order). ``clear`` (out of place):
+    in the same pass every output below it in magnitude in x's dtype is +0, as :func:`clear_below` writes it.
+    None when the kernel does not run (small input, kernels off, no compiler, another device): use the torch ops.
     """
     if T.dim() != 5 or not _native_ok(x, into, T, least=MIN_ELEMS_TERMS):
         return None
-    B, H, S, D = x.shape
-    J = len(offsets)
+    if clear and into is not None and into.data_ptr() == x.data_ptr():
+        raise ValueError(f"terms: clear={clear!r} needs an output of its own (the in-place op clears nothing)")
+    (B, H, S, D), J = x.shape, len(offsets)
     if T.shape[-2:] != (J, D) or len(masks) != J or any(len(m) != D for m in masks):
         raise ValueError(f"terms: tables {tuple(T.shape)} do not match {J} offsets and width {D}")
     if (ops := _ops()) is None:
         return None
     y = torch.empty_like(x) if into is None else into
     T = T.expand(B, H, S, J, D)  # (B|1, H|1, S, J, D) -> (B, H, S, J, D), stride 0 where broadcast
-    # tiles of positions for a fresh output, whose page faults evict the tables between heads (measured at
-    # (1, 32, 4096, 128): 1.2x a clone in tiles of 32, 1.6x head after head); in place head after head is
-    # faster (1.1x against 2.1x a warm copy)
+    # a fresh output in tiles of positions, whose page faults evict the tables between heads (at (1, 32, 4096, 128):
+    # 1.2x a clone in tiles of 32, 1.6x head after head); in place head after head (1.1x against 2.1x a warm copy)
     tile, m = _tile(x, y, S), _mask_tensor(masks)
-    _ran.add(f"terms {x.dtype}")
+    _ran.add(f"terms {x.dtype}" + (" cleared" if clear else ""))
     if y.data_ptr() == x.data_ptr():
         ops.terms_(x, T, list(offsets), m, tile)
     else:
-        ops.terms(x, T, list(offsets), m, tile, y)
+        ops.terms(x, T, list(offsets), m, tile, y, clear)
     return y
 
 

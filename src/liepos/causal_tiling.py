@@ -22,8 +22,8 @@ from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
 from liepos.recentred_kernel import block_rows, pays, recentred_flash, usable
 
-__all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "fade_rates", "fading_bound", "FLASH_ROWS",
-           "DIAGONAL_EXPONENT"]
+__all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "fade_rates", "fading_bound", "term_bounds",
+           "FLASH_ROWS", "DIAGONAL_EXPONENT", "TERM_MARGIN"]
 
 
 def fade_rates(enc: Encoding) -> torch.Tensor | None:
@@ -50,6 +50,25 @@ def fading_bound(call: Call) -> tuple[float, float] | None:
     if r is None or float(r.min()) < 0:
         return None
     return 2 * absmax(call.q), 2 * absmax(call.k)
+
+
+# room for the rounding of an encoded entry above its exact bound: float32 sums of a few terms (2^-22 each) and
+# a half precision output's rounding (2^-8)
+TERM_MARGIN = 1.0 + 2.0**-6
+
+
+def term_bounds(call: Call, rq: Rows, rk: Rows, raw: tuple[float, float]) -> tuple[float, float] | None:
+    """Upper bounds ``(Q, K)`` of every entry of a between tile's ``F(t − p) q`` and ``G(s − p) k`` (queries ``rq``
+    at ``t − p = 0 … w − 1``, keys ``rk`` at ``s − p = −w' … −1``) for an encoding applied as shifted terms (Jordan
+    blocks, coupled planes): ``|(M x)_d| ≤ Σ_j |T_j| · ‖x‖_∞``, the tables' largest row sum
+    (:meth:`liepos.Encoding._span_growth`) times ``raw = (max |q|, max |k|)``, with :data:`TERM_MARGIN` for the
+    rounding; None where the tiles' encodings are not those tables alone."""
+    enc = call.enc
+    gq = enc._span_growth(call.q[:1, :1, : rq.width], 0, "query", fade=True)  # (1, 1, w, D): the tile's times
+    gk = enc._span_growth(call.k[:1, :1, : rk.width], -rk.width, "key")
+    if gq is None or gk is None:
+        return None
+    return gq * raw[0] * TERM_MARGIN, gk * raw[1] * TERM_MARGIN
 
 
 def tile_plan(T: int, size: int) -> tuple[list[tuple[Rows, int]], list[tuple[Rows, Rows]]]:
@@ -157,7 +176,17 @@ def tiled(call: Call, b) -> torch.Tensor | None:
                 return out
     bound = fading_bound(call) if off else None  # the between tiles' thresholds, from one pass over q and k
     # streamed (no gradient), the between tiles' encodings are cleared in their own pass (Tile.clean)
-    taus = None if bound is None else clear_thresholds(q.dtype, max(q.shape[-1], v.shape[-1]), call.c, bound)
+    width = max(q.shape[-1], v.shape[-1])
+    taus = None if bound is None else clear_thresholds(q.dtype, width, call.c, bound)
+    raw: list[tuple[float, float]] = []  # (max |q|, max |k|) for the shifted terms' bounds, found once
+
+    def terms_clearing(rq: Rows, rk: Rows) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+        # a tile of an encoding of shifted terms: its own bound and thresholds, when their products stay normal
+        if not raw:
+            raw.append((absmax(q), absmax(k)))
+        b = term_bounds(call, rq, rk, raw[0])
+        t = None if b is None else clear_thresholds(q.dtype, width, call.c, b)
+        return (b, t) if t is not None and t[0] * t[1] >= torch.finfo(torch.float32).tiny else (None, None)
     # each tile's rows of q, k and v (for a gradient, as one autograd node per tensor: :func:`row_source`)
     krows = [d[0] for d in diag] + [t[1] for t in off]
     qs = row_source(q, [d[0] for d in diag] + [t[0] for t in off])
@@ -172,10 +201,11 @@ def tiled(call: Call, b) -> torch.Tensor | None:
                     clean=True)
 
     def between(rq: Rows, rk: Rows, arena: Arena | None = None) -> Tile:
-        tq, tk = (0.0, 0.0) if arena is None or taus is None else taus
+        tb, ts = (bound, taus) if bound is not None or arena is None else terms_clearing(rq, rk)
+        tq, tk = (0.0, 0.0) if arena is None or ts is None else ts
         qe = enc._span(qs(rq), 0, "query", fade=True, into=slot(arena, "q", q.device), clear=tq)  # t − p ≥ 0
         ke = enc._span(ks(rk), -rk.width, "key", into=slot(arena, "k", q.device), clear=tk)  # s − p < 0
-        return Tile(rq, qe, ke, vs(rk), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), bound=bound,
+        return Tile(rq, qe, ke, vs(rk), False, owned=fresh(qe, q, k, v) and fresh(ke, q, k, v), bound=tb,
                     clean=tq > 0)
 
     makers = [partial(diagonal, *d) for d in diag] + [partial(between, *t) for t in off]

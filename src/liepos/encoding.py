@@ -27,7 +27,7 @@ import torch
 import liepos._graph as _graph
 from liepos._checks import check_choice, check_int, check_real, check_real_tensor, check_tensor, describe
 from liepos._fast import (CACHE, FastTables, apply_fast, arange_start, clear_small, empty_out, fast_tables,
-                          table_window)
+                          table_window, term_growth)
 from liepos.apply import LOW_PRECISION, apply_dense, apply_in_basis, apply_tables, work_dtype
 from liepos.generator import Generator
 from liepos._replay import LANES, SPAN_TABLE_BYTES, keep, lane_key, new_lane
@@ -633,6 +633,23 @@ class Encoding:
         if ft.nbytes() <= SPAN_TABLE_BYTES:
             keep(spans, key, (stamp, ft), 4 * LANES)
         return ft
+
+    def _span_growth(self, x: torch.Tensor, p0: int, side: str, fade: bool = False) -> float | None:
+        """``g`` with ``‖y‖_∞ ≤ g ‖x‖_∞`` (before y's rounding) for :meth:`_span`'s ``y`` of ``x`` at ``p0 …
+        p0 + S − 1``: :func:`~liepos._fast.term_growth` of its tables, kept beside them while the stamp holds;
+        None where :meth:`_span` would not apply those tables alone (several axes, a query scale, slots, a length
+        rule, no fast form) or they are not shifted terms."""
+        if (self.num_axes is not None or self.query_scale is not None or self.num_slots or self.length_rule is not None
+                or x.shape[-2] == 0 or not self._fast_usable(x, None)):
+            return None
+        key = ("growth", side, p0, x.shape[-2], fade, x.dtype, x.device)
+        stamp = self._stamp()
+        spans = self.__dict__.setdefault("_spans", {})
+        hit = spans.get(key)
+        if hit is None or hit[0] != stamp:
+            hit = (stamp, term_growth(self._span_tables(p0, x.shape[-2], side, x.dtype, fade, x.device)))
+            keep(spans, key, hit, 4 * LANES)
+        return hit[1]
 
     def _replayed(self, x: Any, positions: Any, side: str) -> torch.Tensor | None:
         """:meth:`query` (``side="query"``) or :meth:`key` of ``x`` at ``positions`` from the lane its first call

@@ -68,6 +68,58 @@ inline void st(double& out, double f) { out = f; }
 template <typename X> struct Work { using type = float; using mask = int32_t; };
 template <> struct Work<double> { using type = double; using mask = int64_t; };
 
+// clearing (scale, planes and terms clear their outputs in their own pass: a value rounded to X below tau in
+// magnitude is stored as +0, NaN kept). The threshold as X's magnitude bits for half precision: the smallest pattern
+// whose value is at least tau, so |v| < tau exactly when (bits(v) & 0x7fff) is below it (v not NaN: a NaN's bits
+// lie above every finite tau's)
+template <typename X> uint16_t cut_bits(float tau) {
+  if (!(tau > 0)) return 0;
+  const auto value = [](uint16_t b) {
+    X y;
+    y.x = b;
+    return ld(y);
+  };
+  X h;
+  st(h, tau);
+  uint16_t t = h.x & 0x7fff;  // the nearest; then the exact boundary (at most the pattern of inf, >= every tau)
+  while (value(t) < tau) t++;
+  while (t > 0 && value(t - 1) >= tau) t--;
+  return t;
+}
+template <typename X, typename W> struct Cut {  // clear's comparison, in the work type or on half bits
+  W tau;
+  uint16_t bits;
+};
+template <typename X, typename W> Cut<X, W> make_cut(double tau) {
+  const W t = static_cast<W>(tau);  // compared in the work type, as clear compares
+  if constexpr (std::is_same_v<X, W>) {
+    return {t, 0};
+  } else {
+    return {t, cut_bits<X>(t)};
+  }
+}
+template <bool CLEAR, typename X, typename W> inline void st_clear(X& out, W f, const Cut<X, W>& cut) {
+  if constexpr (!CLEAR) {
+    st(out, f);
+  } else if constexpr (std::is_same_v<X, W>) {
+    out = std::abs(f) < cut.tau ? W(0) : f;
+  } else {  // rounded once, then its magnitude bits compared: +0 below the cut
+    X h;
+    st(h, f);
+    h.x = (h.x & 0x7fff) < cut.bits ? uint16_t(0) : h.x;
+    out = h;
+  }
+}
+
+// an output stored in X, cleared as clear_ clears it: +0 where its magnitude is below the cut's tau (NaN kept)
+template <typename X, typename W> inline void clear_stored(X& y, const Cut<X, W>& cut) {
+  if constexpr (std::is_same_v<X, W>) {
+    y = std::abs(y) < cut.tau ? X(0) : y;
+  } else {
+    y.x = (y.x & 0x7fff) < cut.bits ? uint16_t(0) : y.x;
+  }
+}
+
 inline int64_t stride_or_zero(const at::Tensor& t, int64_t i) { return t.size(i) > 1 ? t.stride(i) : 0; }
 
 // rows in tiles of `tile` positions, every head of a tile before the next: a table row shared by the heads is

@@ -168,47 +168,6 @@ void halves_inplace(at::Tensor x, const at::Tensor& c, const at::Tensor& sn, int
 // re x[2i] - im x[2i+1], out[2i+1] = im x[2i] + re x[2i+1]. Iteration d (or plane i) reads and writes only its
 // own columns: out may be x. Each output is then cleared as clear_ would clear it: its value rounded to X below
 // tau in magnitude is stored as +0 (tau = 0 clears nothing; NaN is kept), in the same pass.
-// the threshold as X's magnitude bits for half precision: the smallest pattern whose value is at least tau, so
-// |v| < tau exactly when (bits(v) & 0x7fff) is below it (v not NaN: a NaN's bits lie above every finite tau's)
-template <typename X> uint16_t cut_bits(float tau) {
-  if (!(tau > 0)) return 0;
-  const auto value = [](uint16_t b) {
-    X y;
-    y.x = b;
-    return ld(y);
-  };
-  X h;
-  st(h, tau);
-  uint16_t t = h.x & 0x7fff;  // the nearest; then the exact boundary (at most the pattern of inf, >= every tau)
-  while (value(t) < tau) t++;
-  while (t > 0 && value(t - 1) >= tau) t--;
-  return t;
-}
-template <typename X, typename W> struct Cut {  // clear's comparison, in the work type or on half bits
-  W tau;
-  uint16_t bits;
-};
-template <typename X, typename W> Cut<X, W> make_cut(double tau) {
-  const W t = static_cast<W>(tau);  // compared in the work type, as clear compares
-  if constexpr (std::is_same_v<X, W>) {
-    return {t, 0};
-  } else {
-    return {t, cut_bits<X>(t)};
-  }
-}
-template <bool CLEAR, typename X, typename W> inline void st_clear(X& out, W f, const Cut<X, W>& cut) {
-  if constexpr (!CLEAR) {
-    st(out, f);
-  } else if constexpr (std::is_same_v<X, W>) {
-    out = std::abs(f) < cut.tau ? W(0) : f;
-  } else {  // rounded once, then its magnitude bits compared: +0 below the cut
-    X h;
-    st(h, f);
-    h.x = (h.x & 0x7fff) < cut.bits ? uint16_t(0) : h.x;
-    out = h;
-  }
-}
-
 // CLEAR: a compiled loop of its own (in bfloat16 the comparison costs a third of the pass; tau = 0 does not pay it)
 template <typename X, typename W, int64_t DC, bool PAIRS, bool CONJ, bool CLEAR>
 __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict__ tp, int64_t dn, const Rows g,
@@ -641,7 +600,7 @@ void restore_denormals(const at::Tensor& prev) {
 }  // namespace
 
 TORCH_LIBRARY(liepos_native, m) {
-  m.def("terms(Tensor x, Tensor t, int[] offsets, Tensor masks, int tile, Tensor(a!) out) -> ()");
+  m.def("terms(Tensor x, Tensor t, int[] offsets, Tensor masks, int tile, Tensor(a!) out, float tau=0.0) -> ()");
   m.def("terms_(Tensor(a!) x, Tensor t, int[] offsets, Tensor masks, int tile) -> ()");
   m.def("halves(Tensor x, Tensor c, Tensor s, int tile, Tensor(a!) out, bool stream=False) -> ()");
   m.def("halves_streams(Tensor x, Tensor out) -> bool");

@@ -1,23 +1,25 @@
 // The native kernel of Jordan-coupled encodings as shifted terms (liepos_native::terms, terms_), a source of
 // its own so that the build compiles it beside native_kernels.cpp (its instantiations take most of the time):
 //
-//   terms(x, t, offsets, masks, tile, out):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]]
-//   terms_(x, t, offsets, masks, tile):       the same in place (out is x)
+//   terms(x, t, offsets, masks, tile, out, tau):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]], then
+//                                            cleared: a value rounded to x's dtype below tau in magnitude is +0
+//   terms_(x, t, offsets, masks, tile):       the same in place (out is x), nothing cleared
 //
 // The schemas are defined in native_kernels.cpp (TORCH_LIBRARY); the CPU implementations registered here.
 //   (bfloat16 and float16: native_terms_half.cpp)
 #include "native_terms.h"
 
 namespace liepos_native_terms {
-LIEPOS_TERMS_ENTRY(typed_float) { terms_typed<float>(x, t, off, mask, nj, tile, out); }
-LIEPOS_TERMS_ENTRY(typed_double) { terms_typed<double>(x, t, off, mask, nj, tile, out); }
+LIEPOS_TERMS_ENTRY(typed_float) { terms_typed<float>(x, t, off, mask, nj, tile, out, tau); }
+LIEPOS_TERMS_ENTRY(typed_double) { terms_typed<double>(x, t, off, mask, nj, tile, out, tau); }
 }  // namespace liepos_native_terms
 
 namespace {
 
 void terms_impl(const at::Tensor& x, const at::Tensor& t, at::IntArrayRef offsets, const at::Tensor& masks,
-                int64_t tile, at::Tensor& out) {
+                int64_t tile, at::Tensor& out, double tau) {
   check_rows(x, out, x.size(3));
+  TORCH_CHECK(tau >= 0, "liepos_native::terms: tau must be at least 0, got ", tau);
   const int64_t J = static_cast<int64_t>(offsets.size()), D = x.size(3);
   const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   TORCH_CHECK(t.dim() == 5 && t.size(0) == x.size(0) && t.size(1) == x.size(1) && t.size(2) == x.size(2) &&
@@ -30,22 +32,22 @@ void terms_impl(const at::Tensor& x, const at::Tensor& t, at::IntArrayRef offset
   const int64_t* off = offsets.data();
   const uint8_t* mask = masks.const_data_ptr<uint8_t>();
   switch (x.scalar_type()) {
-    case at::kFloat: return liepos_native_terms::typed_float(x, t, off, mask, J, tile, out);
-    case at::kDouble: return liepos_native_terms::typed_double(x, t, off, mask, J, tile, out);
-    case at::kBFloat16: return liepos_native_terms::typed_bfloat16(x, t, off, mask, J, tile, out);
-    case at::kHalf: return liepos_native_terms::typed_half(x, t, off, mask, J, tile, out);
+    case at::kFloat: return liepos_native_terms::typed_float(x, t, off, mask, J, tile, out, tau);
+    case at::kDouble: return liepos_native_terms::typed_double(x, t, off, mask, J, tile, out, tau);
+    case at::kBFloat16: return liepos_native_terms::typed_bfloat16(x, t, off, mask, J, tile, out, tau);
+    case at::kHalf: return liepos_native_terms::typed_half(x, t, off, mask, J, tile, out, tau);
     default: TORCH_CHECK(false, "liepos_native::terms: unsupported dtype ", x.scalar_type());
   }
 }
 
 void terms_out(const at::Tensor& x, const at::Tensor& t, at::IntArrayRef offsets, const at::Tensor& masks,
-               int64_t tile, at::Tensor out) {
-  terms_impl(x, t, offsets, masks, tile, out);
+               int64_t tile, at::Tensor out, double tau) {
+  terms_impl(x, t, offsets, masks, tile, out, tau);
 }
 
 void terms_inplace(at::Tensor x, const at::Tensor& t, at::IntArrayRef offsets, const at::Tensor& masks,
                    int64_t tile) {
-  terms_impl(x, t, offsets, masks, tile, x);
+  terms_impl(x, t, offsets, masks, tile, x, 0.0);
 }
 }  // namespace
 

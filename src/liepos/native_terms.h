@@ -51,7 +51,8 @@ inline __attribute__((always_inline)) typename Bits<W>::type copy_row(const X* x
 template <typename X, typename W, typename M, typename O, int64_t DC, bool TD>
 inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, typename Bits<W>::type big, X* yr,
                                                    const W* __restrict__ tr, int64_t tj, const int64_t* __restrict__ o,
-                                                   const M* __restrict__ mask, int64_t nj, int64_t dn) {
+                                                   const M* __restrict__ mask, int64_t nj, int64_t dn,
+                                                   const Cut<X, W>& cut, bool clear) {
   constexpr bool known = O::J > 0;  // the offsets are constants
   const int64_t n = known ? O::J : (O::J < 0 ? -O::J : nj), D = DC > 0 ? DC : dn, ts = TD ? D : tj;
   if (big < Bits<W>::inf) {
@@ -62,6 +63,8 @@ inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, t
       for (int64_t j = 0; j < n; j++) acc += tr[j * ts + d] * xpad[d + (known ? O::v[j] : o[j])];
       st(yr[d], acc);
     }
+    if (clear)  // the row just stored, still in L1: a loop of its own keeps the sums' loop as it was
+      for (int64_t d = 0; d < D; d++) clear_stored(yr[d], cut);
     return;
   }
   for (int64_t d = 0; d < D; d++) {
@@ -73,6 +76,8 @@ inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, t
     }
     st(yr[d], acc);
   }
+  if (clear)
+    for (int64_t d = 0; d < D; d++) clear_stored(yr[d], cut);
 }
 
 // The rows of items [lo, hi). Out of place they are software-pipelined over two scratch rows: the next row is copied
@@ -84,7 +89,8 @@ inline __attribute__((always_inline)) void sum_row(const W* __restrict__ xpad, t
 template <typename X, typename W, typename M, typename O, int64_t DC, bool TD, bool INPLACE>
 __attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int64_t tj, const int64_t* off,
                                            const M* mask, int64_t nj, int64_t D, int64_t pl, int64_t pr, const Rows g,
-                                           int64_t lo, int64_t hi) {
+                                           int64_t lo, int64_t hi, const Cut<X, W> cut) {
+  const bool clear = cut.tau > 0;
   using U = typename Bits<W>::type;
   // each scratch row's first column 64-byte aligned (its copy's stores split no cache line), after pl zeros at
   // least; the padding stays zero: rows write [0, D)
@@ -102,7 +108,7 @@ __attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int6
   if constexpr (INPLACE) {
     FOR_ROWS(g, lo, hi, xo, yo, to) {
       const U big = copy_row<X, W, DC>(xp + xo, D, rows[0]);
-      sum_row<X, W, M, O, DC, TD>(rows[0], big, yp + yo, tp + to, tj, op, mask, nj, D);
+      sum_row<X, W, M, O, DC, TD>(rows[0], big, yp + yo, tp + to, tj, op, mask, nj, D, cut, clear);
     }
     return;
   }
@@ -111,17 +117,19 @@ __attribute__((noinline)) void terms_chunk(const X* xp, X* yp, const W* tp, int6
   FOR_ROWS(g, lo, hi, xo, yo, to) {
     const U big = copy_row<X, W, DC>(xp + xo, D, rows[cur ^ 1]);
     if (pending_y >= 0)
-      sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D);
+      sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D, cut,
+                                  clear);
     cur ^= 1;
     pending_y = yo, pending_t = to, pending_big = big;
   }
   if (pending_y >= 0)
-    sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D);
+    sum_row<X, W, M, O, DC, TD>(rows[cur], pending_big, yp + pending_y, tp + pending_t, tj, op, mask, nj, D, cut,
+                                clear);
 }
 
 template <typename X, typename O, int64_t DC>
 void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
-                int64_t tile, at::Tensor& out) {
+                int64_t tile, at::Tensor& out, double tau) {
   using W = typename Work<X>::type;
   using M = typename Work<X>::mask;  // the masks as integers of the work type's width: a select needs no widening
   const int64_t D = x.size(3);
@@ -136,6 +144,7 @@ void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, co
   X* yp = out.mutable_data_ptr<X>();
   const W* tp = t.const_data_ptr<W>();
   const int64_t tj = t.stride(3);
+  const Cut<X, W> cut = make_cut<X, W>(tau);  // tau = 0: nothing cleared
   // in place on an x larger than the L3 (kRowwiseAboveBytes), row at a time; otherwise pipelined (terms_chunk)
   const bool inplace = static_cast<const void*>(xp) == static_cast<const void*>(yp) &&
                        x.numel() * static_cast<int64_t>(x.element_size()) > kRowwiseAboveBytes;
@@ -143,24 +152,24 @@ void terms_rows(const at::Tensor& x, const at::Tensor& t, const int64_t* off, co
     const bool td = O::J > 0 && DC > 0 && tj == D;
     if (inplace) {
       if (td)
-        terms_chunk<X, W, M, O, DC, true, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+        terms_chunk<X, W, M, O, DC, true, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi, cut);
       else
-        terms_chunk<X, W, M, O, DC, false, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+        terms_chunk<X, W, M, O, DC, false, true>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi, cut);
     } else if (td) {
-      terms_chunk<X, W, M, O, DC, true, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+      terms_chunk<X, W, M, O, DC, true, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi, cut);
     } else {
-      terms_chunk<X, W, M, O, DC, false, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi);
+      terms_chunk<X, W, M, O, DC, false, false>(xp, yp, tp, tj, off, wide.data(), nj, D, pl, pr, g, lo, hi, cut);
     }
   });
 }
 
 template <typename X, typename O>
 void terms_width(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
-                 int64_t tile, at::Tensor& out) {
+                 int64_t tile, at::Tensor& out, double tau) {
   switch (x.size(3)) {  // the common head widths with a constant trip count
-    case 64: return terms_rows<X, O, 64>(x, t, off, mask, nj, tile, out);
-    case 128: return terms_rows<X, O, 128>(x, t, off, mask, nj, tile, out);
-    default: return terms_rows<X, O, 0>(x, t, off, mask, nj, tile, out);
+    case 64: return terms_rows<X, O, 64>(x, t, off, mask, nj, tile, out, tau);
+    case 128: return terms_rows<X, O, 128>(x, t, off, mask, nj, tile, out, tau);
+    default: return terms_rows<X, O, 0>(x, t, off, mask, nj, tile, out, tau);
   }
 }
 
@@ -173,21 +182,23 @@ template <typename O> bool same(const int64_t* off, int64_t nj) {
 
 template <typename X>
 void terms_typed(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,
-                 int64_t tile, at::Tensor& out) {
+                 int64_t tile, at::Tensor& out, double tau) {
   // Jordan blocks of size 2 and 3 (query, key), alone or beside interleaved rotation planes
-  if (same<Offsets<0, -1>>(off, nj)) return terms_width<X, Offsets<0, -1>>(x, t, off, mask, nj, tile, out);
-  if (same<Offsets<0, 1>>(off, nj)) return terms_width<X, Offsets<0, 1>>(x, t, off, mask, nj, tile, out);
-  if (same<Offsets<0, -1, -2>>(off, nj)) return terms_width<X, Offsets<0, -1, -2>>(x, t, off, mask, nj, tile, out);
-  if (same<Offsets<0, 1, 2>>(off, nj)) return terms_width<X, Offsets<0, 1, 2>>(x, t, off, mask, nj, tile, out);
-  if (same<Offsets<0, -1, 1>>(off, nj)) return terms_width<X, Offsets<0, -1, 1>>(x, t, off, mask, nj, tile, out);
+  if (same<Offsets<0, -1>>(off, nj)) return terms_width<X, Offsets<0, -1>>(x, t, off, mask, nj, tile, out, tau);
+  if (same<Offsets<0, 1>>(off, nj)) return terms_width<X, Offsets<0, 1>>(x, t, off, mask, nj, tile, out, tau);
+  if (same<Offsets<0, -1, -2>>(off, nj))
+    return terms_width<X, Offsets<0, -1, -2>>(x, t, off, mask, nj, tile, out, tau);
+  if (same<Offsets<0, 1, 2>>(off, nj)) return terms_width<X, Offsets<0, 1, 2>>(x, t, off, mask, nj, tile, out, tau);
+  if (same<Offsets<0, -1, 1>>(off, nj)) return terms_width<X, Offsets<0, -1, 1>>(x, t, off, mask, nj, tile, out, tau);
   if (same<Offsets<0, -1, 1, -2>>(off, nj))
-    return terms_width<X, Offsets<0, -1, 1, -2>>(x, t, off, mask, nj, tile, out);
-  if (same<Offsets<0, -1, 1, 2>>(off, nj)) return terms_width<X, Offsets<0, -1, 1, 2>>(x, t, off, mask, nj, tile, out);
+    return terms_width<X, Offsets<0, -1, 1, -2>>(x, t, off, mask, nj, tile, out, tau);
+  if (same<Offsets<0, -1, 1, 2>>(off, nj))
+    return terms_width<X, Offsets<0, -1, 1, 2>>(x, t, off, mask, nj, tile, out, tau);
   switch (nj) {  // other offsets: the common term counts with a constant trip count
-    case 2: return terms_width<X, Terms<2>>(x, t, off, mask, nj, tile, out);
-    case 3: return terms_width<X, Terms<3>>(x, t, off, mask, nj, tile, out);
-    case 4: return terms_width<X, Terms<4>>(x, t, off, mask, nj, tile, out);
-    default: return terms_rows<X, Terms<0>, 0>(x, t, off, mask, nj, tile, out);
+    case 2: return terms_width<X, Terms<2>>(x, t, off, mask, nj, tile, out, tau);
+    case 3: return terms_width<X, Terms<3>>(x, t, off, mask, nj, tile, out, tau);
+    case 4: return terms_width<X, Terms<4>>(x, t, off, mask, nj, tile, out, tau);
+    default: return terms_rows<X, Terms<0>, 0>(x, t, off, mask, nj, tile, out, tau);
   }
 }
 
@@ -196,7 +207,7 @@ void terms_typed(const at::Tensor& x, const at::Tensor& t, const int64_t* off, c
 namespace liepos_native_terms {  // each dtype's entry, defined in the source that instantiates it
 #define LIEPOS_TERMS_ENTRY(NAME)                                                                            \
   void NAME(const at::Tensor& x, const at::Tensor& t, const int64_t* off, const uint8_t* mask, int64_t nj,  \
-            int64_t tile, at::Tensor& out)
+            int64_t tile, at::Tensor& out, double tau)
 LIEPOS_TERMS_ENTRY(typed_float);
 LIEPOS_TERMS_ENTRY(typed_double);
 LIEPOS_TERMS_ENTRY(typed_bfloat16);

@@ -3,6 +3,6 @@
 #include "native_terms.h"
 
 namespace liepos_native_terms {
-LIEPOS_TERMS_ENTRY(typed_bfloat16) { terms_typed<c10::BFloat16>(x, t, off, mask, nj, tile, out); }
-LIEPOS_TERMS_ENTRY(typed_half) { terms_typed<c10::Half>(x, t, off, mask, nj, tile, out); }
+LIEPOS_TERMS_ENTRY(typed_bfloat16) { terms_typed<c10::BFloat16>(x, t, off, mask, nj, tile, out, tau); }
+LIEPOS_TERMS_ENTRY(typed_half) { terms_typed<c10::Half>(x, t, off, mask, nj, tile, out, tau); }
 }  // namespace liepos_native_terms
