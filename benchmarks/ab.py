@@ -11,6 +11,7 @@
     python benchmarks/ab.py span-tables --encodings decay jordan --threads 2
     python benchmarks/ab.py sliced-rows --encodings decay jordan alibi --threads 2
     python benchmarks/ab.py head-groups --encodings alibi --threads 2 --lengths 2048 8192
+    python benchmarks/ab.py term-bounds --encodings jordan --threads 2
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -90,6 +91,9 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                    "flash kernel's 32-row blocks)", lambda: _patched(recentre, "BLOCK_ROWS", 1)),
     "span-tables": ("each tile's range check and table rows looked up afresh (now kept per range while the "
                     "encoding's parameters hold)", lambda: _patched(lp.Encoding, "_span_tables", _span_tables_afresh)),
+    "term-bounds": ("Jordan's between tiles each finding their largest entries and clearing in passes of their own "
+                    "(now bounded by the tables' row sums and cleared as they are encoded)",
+                    lambda: _patched(causal_tiling, "term_bounds", lambda *a: None)),
     "native-kernel": ("a fading encoding's tiles, one flash call per family, merged per row (now one native kernel "
                       "re-centring every pair of blocks where it pays)",
                       lambda: _patched(causal_tiling, "pays", lambda *a: False)),

@@ -173,3 +173,16 @@ def test_the_head_groups_switch_restores_a_call_pair_per_run_of_equal_starts(ab,
         old = _flash_calls(alibi, q, monkeypatch)
     # the second block's heads 0 and 1 (windows of about 274 and 545 keys) share a call pair now
     assert (new, old) == (5, 7)
+
+
+def test_the_term_bounds_switch_restores_each_tiles_own_clearing(ab, monkeypatch):
+    q = torch.randn(1, 4, 2048, 64)
+    jordan = lp.build("jordan", 64)
+    monkeypatch.setattr(_kernels, "_ran", set())
+    with torch.no_grad():
+        new = lp.attention(q, q, q, jordan)
+        assert "clear_ torch.float32" not in _kernels.status()["native"]
+        with ab.SWITCHES["term-bounds"][1]():
+            old = lp.attention(q, q, q, jordan)
+    assert "clear_ torch.float32" in _kernels.status()["native"]  # each tile cleared its own q and k
+    assert causal_tiling.term_bounds.__name__ == "term_bounds" and torch.equal(new, old)  # restored after

@@ -115,3 +115,27 @@ def test_data_too_large_for_normal_products_falls_back_to_each_tile_clearing(mon
         assert tiles  # the tiles' own bounds
         monkeypatch.setattr(causal_tiling, "term_bounds", lambda *a: None)
         assert torch.equal(got, lp.attention(q, k, v, enc))
+
+
+def test_growths_are_kept_beside_the_tables_and_not_pickled():
+    """A long Jordan call keeps every tile's growth without pushing its table rows out of the span cache, and an
+    encoding pickled or copied carries neither."""
+    import copy
+    import pickle
+
+    enc = lp.build("jordan", 64)
+    q = torch.randn(1, 1, 16384, 64)
+    _, off = causal_tiling.tile_plan(16384, 32)
+    call = types.SimpleNamespace(enc=enc, q=q, k=q)
+    for rq, rk in off:
+        causal_tiling.term_bounds(call, rq, rk, (1.0, 1.0))
+    # every growth kept; every table too but the widest level's (above SPAN_TABLE_BYTES: never kept)
+    assert len(enc.__dict__["_growths"]) == 2 * len(off) and len(enc.__dict__["_spans"]) == 2 * (len(off) - 1)
+    looked = []
+    enc.__dict__["_span_tables"] = lambda *a: looked.append(a)  # a second pass reads no table
+    for rq, rk in off:
+        causal_tiling.term_bounds(call, rq, rk, (1.0, 1.0))
+    del enc.__dict__["_span_tables"]
+    assert looked == []
+    for other in (pickle.loads(pickle.dumps(enc)), copy.deepcopy(enc), copy.copy(enc)):
+        assert "_growths" not in other.__dict__ and "_spans" not in other.__dict__

@@ -280,11 +280,12 @@ class Encoding:
             None if t is None else (id(t), t.data_ptr(), t._version) for t in ts)
 
     def __getstate__(self) -> dict:
-        """Pickled, copied and deep-copied without the kept table rows and recorded calls (``_spans``, ``_lanes``):
-        views of cached tables and copies of times, rebuilt on first use, which a saved model must not carry."""
+        """Pickled, copied and deep-copied without the kept table rows, their growths and recorded calls (``_spans``,
+        ``_growths``, ``_lanes``): views of cached tables and copies of times, rebuilt on first use, which a saved model
+        must not carry."""
         state = self.__dict__.copy()
-        state.pop("_lanes", None)
-        state.pop("_spans", None)
+        for kept in ("_lanes", "_spans", "_growths"):
+            state.pop(kept, None)
         return state
 
     def replace(self, **changes: Any) -> Encoding:
@@ -642,13 +643,13 @@ class Encoding:
         if (self.num_axes is not None or self.query_scale is not None or self.num_slots or self.length_rule is not None
                 or x.shape[-2] == 0 or not self._fast_usable(x, None)):
             return None
-        key = ("growth", side, p0, x.shape[-2], fade, x.dtype, x.device)
+        key = (side, p0, x.shape[-2], fade, x.dtype, x.device)
         stamp = self._stamp()
-        spans = self.__dict__.setdefault("_spans", {})
-        hit = spans.get(key)
+        kept = self.__dict__.setdefault("_growths", {})  # beside _spans, not crowding its tables out
+        hit = kept.get(key)
         if hit is None or hit[0] != stamp:
             hit = (stamp, term_growth(self._span_tables(p0, x.shape[-2], side, x.dtype, fade, x.device)))
-            keep(spans, key, hit, 4 * LANES)
+            keep(kept, key, hit, 4 * LANES)
         return hit[1]
 
     def _replayed(self, x: Any, positions: Any, side: str) -> torch.Tensor | None:
