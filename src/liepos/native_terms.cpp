@@ -1,9 +1,9 @@
 // The native kernel of Jordan-coupled encodings as shifted terms (liepos_native::terms, terms_), a source of
 // its own so that the build compiles it beside native_kernels.cpp (its instantiations take most of the time):
 //
-//   terms(x, t, offsets, masks, tile, out, tau):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]], then
-//                                            cleared: a value rounded to x's dtype below tau in magnitude is +0
-//   terms_(x, t, offsets, masks, tile):       the same in place (out is x), nothing cleared
+//   terms(x, t, offsets, masks, tile, out, tau):  out[d] = sum_j [masks[j][d]] t[j][d] * x[d + offsets[j]],
+//                                                  then cleared: a value rounded to x's dtype below tau is +0
+//   terms_(x, t, offsets, masks, tile):            the same in place (out is x), nothing cleared
 //
 // The schemas are defined in native_kernels.cpp (TORCH_LIBRARY); the CPU implementations registered here.
 //   (bfloat16 and float16: native_terms_half.cpp)
