@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as Fn
 from attention import _inputs, _step, encodings  # benchmarks/attention.py: the same shape and steps
-from rounds import interleaved, machine, save
+from rounds import interleaved, machine, save, threads
 
 import liepos as lp
 from liepos import _kernels, attention_pieces, causal_tiling, recentre, recentred_kernel
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = machine()
     lines = [f"old: {SWITCHES[a.switch][0]}{' (the kernel forced on this CPU)' if a.everywhere else ''}; {a.dtype}, "
              f"{'forward + backward' if a.backward else 'forward'}, "
-             f"{meta['threads']} threads, {meta['cpu']}\n\nCPU flags: {' '.join(meta['cpu_flags'])}\n",
+             f"{threads(meta['threads'])}, {meta['cpu']}\n\nCPU flags: {' '.join(meta['cpu_flags'])}\n",
              "| encoding | T | new / SDPA | old / SDPA | quotient new / old (median of rounds) | max abs difference |",
              "|---|---|---|---|---|---|"]
     for T, res in results.items():

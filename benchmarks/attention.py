@@ -45,7 +45,7 @@ import torch.nn.functional as Fn
 
 import liepos as lp
 from liepos import attention_pieces, recentre, recentred_kernel
-from rounds import interleaved, machine, ratio, save  # benchmarks/rounds.py: the timing loop, the machine, the writer
+from rounds import interleaved, machine, ratio, save, threads  # benchmarks/rounds.py: the timing loop, the machine, the writer
 
 HEADS, DIM = 8, 64
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -327,7 +327,7 @@ def write(results: dict, name: str, rounds: int, setting: dict) -> None:
     paths = "\n".join(f"- {d} T = {T}: " + "; ".join(f"{n}: {r['path']}" for n, r in rs.items())
                       for d, by_t in results.items() for T, rs in by_t.items())
     (RESULTS / f"{name}.md").write_text(
-        f"`{meta['command']}` (torch {torch.__version__}, {meta['cpu']}, {meta['threads']} threads"
+        f"`{meta['command']}` (torch {torch.__version__}, {meta['cpu']}, {threads(meta['threads'])}"
         f"{' (and 1, compared)' if setting.get('compare') == 'threads' else ''}, {setting['pass']}, subnormals "
         f"{_subnormals(setting)}, load average "
         f"after the run {', '.join(f'{x:.2f}' for x in meta['load_average_after'])})\n\n"

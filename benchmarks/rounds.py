@@ -55,6 +55,11 @@ def machine() -> dict:
     return {"cpu": model, "cpu_flags": flags, "threads": torch.get_num_threads()}
 
 
+def threads(n: int) -> str:
+    """``"1 thread"``, ``"2 threads"``: a thread count as a results file's heading says it."""
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
 def save(folder: Path, name: str, script: str, load: tuple[float, float], text: str, **fields: object) -> None:
     """``folder/name.{json,md}``: the command, torch, the CPU model and its flags (:func:`machine`), the thread
     count, the 1-minute load average before and after the run, then ``fields`` (json) or the table ``text`` (md)."""
@@ -63,6 +68,6 @@ def save(folder: Path, name: str, script: str, load: tuple[float, float], text: 
     here = machine()
     meta = {"command": cmd, "torch": torch.__version__, **here, "load_average": list(load)}
     (folder / f"{name}.json").write_text(json.dumps({**meta, **fields}, indent=1))
-    head = (f"`{cmd}` (torch {torch.__version__}, {here['cpu']}, {here['threads']} threads, "
+    head = (f"`{cmd}` (torch {torch.__version__}, {here['cpu']}, {threads(here['threads'])}, "
             f"1-minute load average {load[0]:.2f} before, {load[1]:.2f} after)\n\nCPU flags: {' '.join(here['cpu_flags'])}")
     (folder / f"{name}.md").write_text(f"{head}\n\n{text}\n")
