@@ -596,9 +596,7 @@ class Encoding:
         S = x.shape[-2]
         if clear and torch.is_grad_enabled() and x.requires_grad:
             raise ValueError(f"_span: clear={clear!r} needs no gradient (a cleared entry would take none)")
-        if (S == 0 or self.num_axes is not None or torch.compiler.is_compiling() or x.is_meta
-                or not self._fast_usable(x, None)
-                or (self.length_rule is not None and (self.length is None or p0 + S > self.length))):
+        if not self._span_takes_tables(x, p0):
             pos = torch.arange(p0, p0 + S, dtype=torch.float64, device=x.device)
             if side == "key":
                 y = self.key(x, pos)
@@ -617,40 +615,51 @@ class Encoding:
             self._record(x, p0, positions, side, ft, out_dtype)
         return apply_fast(x, ft, out_dtype=out_dtype, into=out, clear=clear)
 
+    def _span_takes_tables(self, x: torch.Tensor, p0: int) -> bool:
+        """Whether :meth:`_span` of ``x`` at ``p0 … p0 + S − 1`` applies :meth:`_span_tables` (else the general
+        :meth:`query` / :meth:`key`): one axis, eager, real data, the fast form, a length it knows."""
+        S = x.shape[-2]
+        return not (S == 0 or self.num_axes is not None or torch.compiler.is_compiling() or x.is_meta
+                    or not self._fast_usable(x, None)
+                    or (self.length_rule is not None and (self.length is None or p0 + S > self.length)))
+
+    def _kept(self, store: str, key: tuple, make: Callable[[], Any],
+              keep_if: Callable[[Any], bool] | None = None) -> Any:
+        """``make()`` kept in ``self.__dict__[store]`` under ``key`` while the encoding's stamp holds (where ``keep_if``
+        of it, if given, is true), at most :data:`~liepos._replay.LANES` × 4 entries, the oldest let go first."""
+        stamp = self._stamp()
+        kept = self.__dict__.setdefault(store, {})
+        hit = kept.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = make()
+        if keep_if is None or keep_if(value):
+            keep(kept, key, (stamp, value), 4 * LANES)
+        return value
+
     def _span_tables(self, p0: int, S: int, side: str, dtype: torch.dtype, fade: bool,
                      device: torch.device) -> FastTables:
         """:meth:`_span`'s range check (:func:`check_span`) and table rows (:meth:`_range_tables`) at ``p0 … p0 + S − 1``,
-        kept per ``(side, p0, S, fade, dtype, device)`` while the encoding's stamp holds (the tiles of an attention
-        call ask the same dozen ranges call after call; each lookup is a few steps of Python that a pass over a
-        large tensor leaves cold). At most :data:`~liepos._replay.LANES` × 4 ranges, the oldest let go first."""
-        key = (side, p0, S, fade, dtype, device)
-        stamp = self._stamp()
-        spans = self.__dict__.setdefault("_spans", {})
-        hit = spans.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        check_span(self.generator, float(p0), float(p0 + S - 1), side, dtype, fade=fade)
-        ft = self._range_tables(p0, S, side, work_dtype(dtype), True, device)
-        if ft.nbytes() <= SPAN_TABLE_BYTES:
-            keep(spans, key, (stamp, ft), 4 * LANES)
-        return ft
+        kept per ``(side, p0, S, fade, dtype, device)`` while the encoding's stamp holds (:meth:`_kept`: the tiles of an
+        attention call ask the same dozen ranges call after call; each lookup is a few steps of Python that a pass
+        over a large tensor leaves cold), those of at most :data:`~liepos._replay.SPAN_TABLE_BYTES`."""
+        def make() -> FastTables:
+            check_span(self.generator, float(p0), float(p0 + S - 1), side, dtype, fade=fade)
+            return self._range_tables(p0, S, side, work_dtype(dtype), True, device)
+
+        return self._kept("_spans", (side, p0, S, fade, dtype, device), make,
+                          lambda ft: ft.nbytes() <= SPAN_TABLE_BYTES)
 
     def _span_growth(self, x: torch.Tensor, p0: int, side: str, fade: bool = False) -> float | None:
         """``g`` with ``‖y‖_∞ ≤ g ‖x‖_∞`` (before y's rounding) for :meth:`_span`'s ``y`` of ``x`` at ``p0 …
-        p0 + S − 1``: :func:`~liepos._fast.term_growth` of its tables, kept beside them while the stamp holds;
-        None where :meth:`_span` would not apply those tables alone (several axes, a query scale, slots, a length
-        rule, no fast form) or they are not shifted terms."""
-        if (self.num_axes is not None or self.query_scale is not None or self.num_slots or self.length_rule is not None
-                or x.shape[-2] == 0 or not self._fast_usable(x, None)):
+        p0 + S − 1``: :func:`~liepos._fast.term_growth` of its tables, kept beside them (in a store of its own, so
+        that growths never crowd the tables out); None where :meth:`_span` does not apply those tables alone (it
+        takes the general path, or scales the query, or appends slots) or they are not shifted terms."""
+        if self.query_scale is not None or self.num_slots or not self._span_takes_tables(x, p0):
             return None
-        key = (side, p0, x.shape[-2], fade, x.dtype, x.device)
-        stamp = self._stamp()
-        kept = self.__dict__.setdefault("_growths", {})  # beside _spans, not crowding its tables out
-        hit = kept.get(key)
-        if hit is None or hit[0] != stamp:
-            hit = (stamp, term_growth(self._span_tables(p0, x.shape[-2], side, x.dtype, fade, x.device)))
-            keep(kept, key, hit, 4 * LANES)
-        return hit[1]
+        S = x.shape[-2]
+        return self._kept("_growths", (side, p0, S, fade, x.dtype, x.device),
+                          lambda: term_growth(self._span_tables(p0, S, side, x.dtype, fade, x.device)))
 
     def _replayed(self, x: Any, positions: Any, side: str) -> torch.Tensor | None:
         """:meth:`query` (``side="query"``) or :meth:`key` of ``x`` at ``positions`` from the lane its first call

@@ -98,26 +98,18 @@ template <typename X, typename W> Cut<X, W> make_cut(double tau) {
     return {t, cut_bits<X>(t)};
   }
 }
-template <bool CLEAR, typename X, typename W> inline void st_clear(X& out, W f, const Cut<X, W>& cut) {
-  if constexpr (!CLEAR) {
-    st(out, f);
-  } else if constexpr (std::is_same_v<X, W>) {
-    out = std::abs(f) < cut.tau ? W(0) : f;
-  } else {  // rounded once, then its magnitude bits compared: +0 below the cut
-    X h;
-    st(h, f);
-    h.x = (h.x & 0x7fff) < cut.bits ? uint16_t(0) : h.x;
-    out = h;
-  }
-}
-
-// an output stored in X, cleared as clear_ clears it: +0 where its magnitude is below the cut's tau (NaN kept)
+// an output stored in X, cleared as clear_ clears it: +0 where its magnitude is below the cut's tau (NaN kept);
+// half precision rounded once, then its magnitude bits compared
 template <typename X, typename W> inline void clear_stored(X& y, const Cut<X, W>& cut) {
   if constexpr (std::is_same_v<X, W>) {
     y = std::abs(y) < cut.tau ? X(0) : y;
   } else {
     y.x = (y.x & 0x7fff) < cut.bits ? uint16_t(0) : y.x;
   }
+}
+template <bool CLEAR, typename X, typename W> inline void st_clear(X& out, W f, const Cut<X, W>& cut) {
+  st(out, f);
+  if constexpr (CLEAR) clear_stored(out, cut);
 }
 
 inline int64_t stride_or_zero(const at::Tensor& t, int64_t i) { return t.size(i) > 1 ? t.stride(i) : 0; }
