@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
 import numpy as np
 import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@contextlib.contextmanager
+def bench_script(name: str) -> Iterator[ModuleType]:
+    """``benchmarks/<name>.py`` imported as a module, with its folder on ``sys.path`` while the block runs (the
+    scripts import their siblings, ``rounds.py`` and ``attention.py``)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCH))
 
 # one example block (rate, freq, size) per row of the theory's table of six
 SEED_ROWS = {

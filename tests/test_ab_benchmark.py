@@ -1,27 +1,22 @@
 """The same-process comparison of one change (benchmarks/ab.py, not timings): the old contender's call runs the
 code the change replaced and nothing else does, and the quotient is the median of the per-round ones."""
 
-import importlib
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import BENCH, bench_script
 
 import liepos as lp
 from liepos import _kernels, attention_pieces, causal_tiling, recentred_kernel
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def ab():
-    sys.path.insert(0, str(BENCH))  # the script imports its siblings attention.py and rounds.py
-    try:
-        yield importlib.import_module("ab")
-    finally:
-        sys.path.remove(str(BENCH))
+    with bench_script("ab") as module:
+        yield module
 
 
 def _flash_calls(enc, q, monkeypatch):

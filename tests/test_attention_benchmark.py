@@ -2,23 +2,15 @@
 timed under both settings in the same rounds, the change of each ratio is the median of its per-round quotients,
 and the compared setting (subnormals flushed, one thread) is put back after every call."""
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from helpers import bench_script
 
 
 @pytest.fixture(scope="module")
 def attention():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling rounds.py
-    try:
-        yield importlib.import_module("attention")
-    finally:
-        sys.path.remove(str(BENCH))
+    with bench_script("attention") as module:
+        yield module
 
 
 @pytest.mark.parametrize("compare", ["flush", "threads"])
