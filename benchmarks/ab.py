@@ -12,6 +12,7 @@
     python benchmarks/ab.py sliced-rows --encodings decay jordan alibi --threads 2
     python benchmarks/ab.py head-groups --encodings alibi --threads 2 --lengths 2048 8192
     python benchmarks/ab.py term-bounds --encodings jordan --threads 2
+    python benchmarks/ab.py shared-own-keys --encodings alibi --threads 2 --lengths 4096 8192
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -71,6 +72,17 @@ def _span_tables_afresh(enc, p0, S, side, dtype, fade, device):
     return enc._range_tables(p0, S, side, work_dtype(dtype), True, device)
 
 
+def _per_group(q, shared, groups, c, sinks=None, bound=None, clean=False):
+    """``recentre``'s per-head windows as they were: each group of heads in calls of its own, its earlier keys and its
+    heads' share of the block's own keys (``pieces`` per group)."""
+    y = torch.empty(*q.shape[:-1], shared[1].shape[-1], dtype=q.dtype, device=q.device)
+    for h0, h1, piece in groups:
+        own = tuple(t[:, h0:h1] if isinstance(t, torch.Tensor) else t for t in shared)
+        hs = None if sinks is None else sinks[h0:h1] if sinks.dim() == 1 else sinks[:, h0:h1]
+        y[:, h0:h1] = attention_pieces.pieces(q[:, h0:h1], [piece, own], c, hs, bound, clean)
+    return y
+
+
 # each switch: what it restores, and a context manager that restores it for the old contender's call
 SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]] = {
     "diagonal-exponent": ("diagonal blocks' factors within e^{±22} (now e^{±32})",
@@ -87,6 +99,9 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                     lambda: _patched(attention_pieces.Rows, "view", _sliced_view)),
     "head-groups": ("each run of heads with an equal first key in calls of its own (now neighbouring runs share a call "
                     "where it adds few keys)", lambda: _patched(recentre, "MERGE_PAIRS", 0)),
+    "shared-own-keys": ("ALiBi's per-head windows as calls per group of heads, each with its share of the block's own "
+                        "keys (now the own keys in one call over every head)",
+                        lambda: _patched(recentre, "pieces_by_heads", _per_group)),
     "block-rows": ("the re-centred path's query blocks as long as the origin's span allows (now whole multiples of the "
                    "flash kernel's 32-row blocks)", lambda: _patched(recentre, "BLOCK_ROWS", 1)),
     "span-tables": ("each tile's range check and table rows looked up afresh (now kept per range while the "

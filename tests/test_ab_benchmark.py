@@ -9,7 +9,7 @@ import torch
 from helpers import BENCH, bench_script
 
 import liepos as lp
-from liepos import _kernels, attention_pieces, causal_tiling, recentred_kernel
+from liepos import _kernels, attention_pieces, causal_tiling, recentre, recentred_kernel
 
 
 
@@ -119,8 +119,6 @@ def test_out_writes_the_results_into_the_folder_given(ab, tmp_path, monkeypatch)
 
 
 def test_the_block_rows_and_span_tables_switches_restore_their_old_code(ab, monkeypatch):
-    from liepos import recentre
-
     q = torch.randn(1, 8, 2048, 64)
     alibi, seen = lp.alibi(64, num_heads=8), []
     real_blocks = recentre._blocks
@@ -166,8 +164,9 @@ def test_the_head_groups_switch_restores_a_call_pair_per_run_of_equal_starts(ab,
     new = _flash_calls(alibi, q, monkeypatch)
     with ab.SWITCHES["head-groups"][1]():
         old = _flash_calls(alibi, q, monkeypatch)
-    # the second block's heads 0 and 1 (windows of about 274 and 545 keys) share a call pair now
-    assert (new, old) == (5, 7)
+    # the second block's heads 0 and 1 (windows of about 274 and 545 keys) share the call of their earlier keys now
+    # (the block's own keys: one call over every head, and one per group of heads for its earlier keys)
+    assert (new, old) == (4, 5)
 
 
 def test_the_term_bounds_switch_restores_each_tiles_own_clearing(ab, monkeypatch):
@@ -181,3 +180,25 @@ def test_the_term_bounds_switch_restores_each_tiles_own_clearing(ab, monkeypatch
             old = lp.attention(q, q, q, jordan)
     assert "clear_ torch.float32" in _kernels.status()["native"]  # each tile cleared its own q and k
     assert causal_tiling.term_bounds.__name__ == "term_bounds" and torch.equal(new, old)  # restored after
+
+
+def test_the_shared_own_keys_switch_restores_the_calls_per_group(ab, monkeypatch):
+    """ALiBi's per-head windows: the own keys of a block in one call over every head, or (the switch, for its call
+    alone) each group of heads with its share of them, a call per group more; the outputs agree to float32's
+    rounding of their merges."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 8, 4096, 64, generator=g)
+    alibi = lp.alibi(64, num_heads=8)
+    groups, real = [], recentre.pieces_by_heads
+    monkeypatch.setattr(recentre, "pieces_by_heads", lambda *a, **kw: groups.append(len(a[2])) or real(*a, **kw))
+    new = _flash_calls(alibi, q, monkeypatch)
+    assert groups and max(groups) > 1
+    monkeypatch.setattr(recentre, "pieces_by_heads", real)
+    with ab.SWITCHES["shared-own-keys"][1]():
+        old = _flash_calls(alibi, q, monkeypatch)
+        with torch.no_grad():
+            before = lp.attention(q, q, q, alibi)
+    assert recentre.pieces_by_heads is real and old == new + sum(n - 1 for n in groups)
+    with torch.no_grad():
+        now = lp.attention(q, q, q, alibi)
+    assert float((now - before).abs().max()) <= 1e-5 * float(q.abs().max())

@@ -44,7 +44,7 @@ from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 from liepos._fast import clear_small
 
-__all__ = ["CLEAR_LOGIT", "clear_thresholds", "raw_clearing", "pieces", "available", "Rows", "Tile", "Arena",
+__all__ = ["CLEAR_LOGIT", "clear_thresholds", "raw_clearing", "pieces", "pieces_by_heads", "available", "Rows", "Tile", "Arena",
            "ARENA_BYTES", "arena", "slot", "tiles", "row_source", "made", "fresh", "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -121,6 +121,9 @@ class Tile:
     # cleared them already (in the encoding's own pass, :func:`clear_thresholds`): not cleared here
     bound: tuple[float, float] | None = None
     clean: bool = False
+    # streamed only (:func:`pieces_by_heads`): the tile's query heads are the call's heads ``[h0, h1)``, merged into
+    # those heads of the running state; None: every head
+    heads: tuple[int, int] | None = None
 
 
 class Arena:
@@ -574,6 +577,8 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
     r = p.rows
     B, H, T = shape
     every = r.start == 0 and r.a == 0 and r.b == r.period and r.count * r.period == T  # every row, in order
+    if p.heads is not None and (not state or p.first):
+        raise ValueError(f"a tile of heads {p.heads} merges into a running state of every head, written first")
     if not state and p.first and every and (o.dtype == Li.dtype or only):
         if r.count == 1:  # one block over every row: its output, in whatever order, is the running state
             state += [o, Li]
@@ -588,6 +593,8 @@ def _merge_into(state: list, shape: tuple[int, int, int], p: Tile, c: float, D: 
         state += [torch.empty(B, H, T, o.shape[-1], dtype=Li.dtype, device=o.device),
                   torch.empty((B, H, T), dtype=Li.dtype, device=o.device)]
     O, L = state
+    if p.heads is not None:  # (B, h1 − h0, T, ·): the tile's own heads of the state
+        O, L = O[:, p.heads[0] : p.heads[1]], L[:, p.heads[0] : p.heads[1]]
     lv, Ls = r.view(L), r.scatter(Li)  # (B, H, count, w)
     if _kernels.merge(r.view(O), lv, r.scatter(o), Ls, p.first):  # one pass over the rows, o read as it is
         return
@@ -621,6 +628,28 @@ def pieces(q: torch.Tensor, parts: list[tuple], c: float, sinks: torch.Tensor | 
         raise ValueError("pieces needs at least one piece with keys")
     ts[0] = dataclasses.replace(ts[0], first=True)  # it holds every row: the streamed merge starts from it
     return made((B, H, Sq), [_maker(t) for t in ts], c, sinks)
+
+
+def pieces_by_heads(q: torch.Tensor, shared: tuple, groups: list[tuple[int, int, tuple]], c: float,
+                    sinks: torch.Tensor | None = None, bound: tuple[float, float] | None = None,
+                    clean: bool = False) -> torch.Tensor:
+    """:func:`pieces` with one piece ``shared`` by every head (attended in one call over all of them) and per group of
+    heads ``(h0, h1, piece)`` a piece of those heads alone (``piece``: ``(k_i, v_i, is_causal[, β_i])`` of ``h1 − h0``
+    heads), merged into those heads' rows: a per-head window of keys (a linear bias) whose own keys every head shares.
+    Streamed only (nothing may need a gradient): every head's softmax is over the shared piece's keys and its group's."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (q, *shared, *(x for g in groups for x in g[2]), sinks)):
+        raise ValueError("pieces_by_heads streams its tiles: nothing may need a gradient (use pieces per group)")
+    B, H, Sq, _ = q.shape
+    if not shared[0].shape[2]:
+        raise ValueError("pieces_by_heads needs keys in its shared piece")
+    every = Rows(0, 1, Sq, 0, Sq)
+    first = Tile(every, q, shared[0], shared[1], shared[2], first=True, bias=shared[3] if len(shared) > 3 else None,
+                 bound=bound, clean=clean)
+    rest = [Tile(every, q[:, h0:h1], p[0], p[1], p[2], bias=p[3] if len(p) > 3 else None, bound=bound, clean=clean,
+                 heads=(h0, h1)) for h0, h1, p in groups if p[0].shape[2]]
+    with torch.no_grad():
+        return made((B, H, Sq), [_maker(t) for t in (first, *rest)], c, sinks)
 
 
 def _maker(t: Tile) -> Callable[[Arena | None], Tile]:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as Fn
 
 from liepos.attention_call import Call, row_norms
-from liepos.attention_pieces import available, fresh, pieces, raw_clearing
+from liepos.attention_pieces import pieces_by_heads, available, fresh, pieces, raw_clearing
 from liepos.attention_sdpa import sdpa
 from liepos.causal_tiling import FLASH_ROWS, tile_plan
 from liepos.faded_keys import tiled_or_faded
@@ -190,7 +190,7 @@ def _blockwise(call: Call, b, slopes: tuple[torch.Tensor, torch.Tensor] | None) 
 
 # a call of its own costs a block of queries about as much as this many more (query, key) pairs of one head: heads
 # whose windows differ by fewer keys share a call, the later start lowered to the earlier (ALiBi at T = 2048 on two
-# threads: heads 0 and 1 in one call pair, not two: ``benchmarks/ab.py head-groups``)
+# threads: heads 0 and 1 in one call of their earlier keys, not two: ``benchmarks/ab.py head-groups``)
 MERGE_PAIRS = 1 << 19
 
 
@@ -258,6 +258,12 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
     groups = [(0, qe.shape[1], first)] if starts is None else head_groups(starts, hi - lo)
     if len(groups) == 1:
         y = pieces(qe, parts(slice(None), groups[0][2] - first), call.c, sinks, bound, clean)
+    elif not (torch.is_grad_enabled() and any(t.requires_grad for t in (qe, ke, ve))):
+        # per-head windows, streamed: the block's own keys (causal) in one call over every head (a call per group
+        # with an odd head count splits its causal row blocks unevenly over the threads), each group's earlier keys
+        # in a call of its own, merged into its heads
+        y = pieces_by_heads(qe, parts(slice(None), cut)[1], [(h0, h1, parts(slice(h0, h1), start - first)[0])
+                                                             for h0, h1, start in groups], call.c, sinks, bound, clean)
     else:
         # per-head windows (keys per head: a per-head bias has its keys repeated to every head); the heads of a
         # group (adjacent: ALiBi's slopes fall with the head) share one call, as views
