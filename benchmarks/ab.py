@@ -13,6 +13,7 @@
     python benchmarks/ab.py head-groups --encodings alibi --threads 2 --lengths 2048 8192
     python benchmarks/ab.py term-bounds --encodings jordan --threads 2
     python benchmarks/ab.py shared-own-keys --encodings alibi --threads 2 --lengths 4096 8192
+    python benchmarks/ab.py head-views --encodings retnet --threads 2 --lengths 4096 8192
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -38,7 +39,7 @@ from attention import _inputs, _step, encodings  # benchmarks/attention.py: the 
 from rounds import interleaved, machine, save, threads
 
 import liepos as lp
-from liepos import _kernels, attention_pieces, causal_tiling, recentre, recentred_kernel
+from liepos import _kernels, attention_pieces, causal_tiling, faded_keys, recentre, recentred_kernel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -102,6 +103,8 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
     "shared-own-keys": ("ALiBi's per-head windows as calls per group of heads, each with its share of the block's own "
                         "keys (now the own keys in one call over every head)",
                         lambda: _patched(recentre, "pieces_by_heads", _per_group)),
+    "head-views": ("the faded path's head subsets copied (index_select; now a view where they are a run of heads)",
+                   lambda: _patched(faded_keys, "take_heads", lambda x, hs: x.index_select(1, torch.tensor(hs)))),
     "block-rows": ("the re-centred path's query blocks as long as the origin's span allows (now whole multiples of the "
                    "flash kernel's 32-row blocks)", lambda: _patched(recentre, "BLOCK_ROWS", 1)),
     "span-tables": ("each tile's range check and table rows looked up afresh (now kept per range while the "

@@ -289,3 +289,28 @@ def test_a_head_fades_only_where_its_window_spans_at_most_the_share(T):
     rows, groups, whole = plans[0]
     assert list(groups.values()) == [[0]] and whole == list(range(1, 8))
     assert all(m * rows <= faded_keys.WINDOW_SHARE * T for m in groups)
+
+
+@pytest.mark.parametrize("hs", [[0], [1, 2, 3], [0, 2], [3, 1]])
+def test_take_heads_is_a_view_for_a_run_of_heads_and_a_copy_otherwise(hs):
+    x = torch.randn(2, 4, 5, 3)
+    y = faded_keys.take_heads(x, hs)
+    assert torch.equal(y, x[:, hs])
+    run = hs == list(range(hs[0], hs[0] + len(hs)))
+    assert (y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()) == run
+
+
+def test_the_faded_path_reads_its_heads_as_views_and_equals_the_copies(monkeypatch):
+    """RetNet at T = 4096: head 0 fades, heads 1–7 are tiled whole; both subsets are runs, read as views; the output
+    is the one copies of the subsets give, bit for bit."""
+    enc = lp.build("retnet", 64, 8)
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 8, 4096, 64, generator=g) for _ in range(3))
+    taken, real = [], faded_keys.take_heads
+    monkeypatch.setattr(faded_keys, "take_heads", lambda x, hs: taken.append(list(hs)) or real(x, hs))
+    with torch.no_grad():
+        views = lp.attention(q, k, v, enc)
+        assert [0] in taken and list(range(1, 8)) in taken
+        monkeypatch.setattr(faded_keys, "take_heads", lambda x, hs: x.index_select(1, torch.tensor(hs)))
+        copies = lp.attention(q, k, v, enc)
+    assert torch.equal(views, copies)

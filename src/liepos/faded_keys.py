@@ -106,7 +106,6 @@ def _heads(call: Call, hs: list[int]) -> Call:
     H = call.q.shape[1]
     if hs == list(range(H)):
         return call
-    idx = torch.tensor(hs, device=call.q.device)
     enc, g = call.enc, call.enc.generator
     if g.num_heads is not None:
         key = (enc.version, tuple(hs))
@@ -121,9 +120,17 @@ def _heads(call: Call, hs: list[int]) -> Call:
         enc = sub
     same = call.k.shape[1] == H
     sinks = None if call.sinks is None else call.sinks[hs]
-    return dataclasses.replace(call, q=call.q.index_select(1, idx), enc=enc, sinks=sinks,
-                               k=call.k.index_select(1, idx) if same else call.k,
-                               v=call.v.index_select(1, idx) if same else call.v)
+    return dataclasses.replace(call, q=take_heads(call.q, hs), enc=enc, sinks=sinks,
+                               k=take_heads(call.k, hs) if same else call.k,
+                               v=take_heads(call.v, hs) if same else call.v)
+
+
+def take_heads(x: torch.Tensor, hs: list[int]) -> torch.Tensor:
+    """The heads ``hs`` of ``x (B, H, T, ·)``: a view where they are a run ``h0, h0 + 1, …`` (no copy of the rows the
+    tiles read again), else ``index_select``'s copy."""
+    if hs == list(range(hs[0], hs[0] + len(hs))):
+        return x[:, hs[0] : hs[0] + len(hs)]  # (B, len(hs), T, ·)
+    return x.index_select(1, torch.tensor(hs, device=x.device))
 
 
 def tiled_or_faded(call: Call, b) -> torch.Tensor | None:
