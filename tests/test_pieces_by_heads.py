@@ -103,3 +103,19 @@ def test_alibi_takes_it_without_a_gradient_and_the_groups_with_one(monkeypatch):
     ref = lp.attention(q.double(), k.double(), v.double(), enc)
     bound = 2.0**-14 * float(v.abs().max())  # the precision contract of a polynomial block (ALiBi's slots) in float32
     assert float((fast.double() - ref).abs().max()) <= bound and float((slow.detach().double() - ref).abs().max()) <= bound
+
+
+def test_alibi_with_learned_sinks_keeps_the_groups_and_their_gradient():
+    """Sinks that need a gradient (q, k and v not): the windows keep their calls per group (the autograd path), and
+    the sinks' gradient is the float64 one's."""
+    enc = lp.build("alibi", 64, 8)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 8, 4096, 64, generator=g) for _ in range(3))
+    sinks = torch.linspace(-1.0, 1.0, 8).requires_grad_()
+    out = lp.attention(q, k, v, enc, sinks=sinks)
+    (out * v.mean(2, keepdim=True)).sum().backward()
+    s64 = sinks.detach().double().requires_grad_()
+    ref = lp.attention(q.double(), k.double(), v.double(), enc, sinks=s64)
+    (ref * v.double().mean(2, keepdim=True)).sum().backward()
+    assert float((out.detach().double() - ref.detach()).abs().max()) <= 2.0**-14 * float(v.abs().max())
+    assert torch.allclose(sinks.grad.double(), s64.grad, rtol=1e-4, atol=1e-3)

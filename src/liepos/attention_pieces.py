@@ -44,8 +44,8 @@ from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 from liepos._fast import clear_small
 
-__all__ = ["CLEAR_LOGIT", "clear_thresholds", "raw_clearing", "pieces", "pieces_by_heads", "available", "Rows", "Tile", "Arena",
-           "ARENA_BYTES", "arena", "slot", "tiles", "row_source", "made", "fresh", "absmax"]
+__all__ = ["CLEAR_LOGIT", "clear_thresholds", "raw_clearing", "pieces", "pieces_by_heads", "available", "Rows", "Tile",
+           "Arena", "ARENA_BYTES", "arena", "slot", "tiles", "row_source", "made", "fresh", "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward

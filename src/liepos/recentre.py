@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as Fn
 
 from liepos.attention_call import Call, row_norms
-from liepos.attention_pieces import pieces_by_heads, available, fresh, pieces, raw_clearing
+from liepos.attention_pieces import available, fresh, pieces, pieces_by_heads, raw_clearing
 from liepos.attention_sdpa import sdpa
 from liepos.causal_tiling import FLASH_ROWS, tile_plan
 from liepos.faded_keys import tiled_or_faded
@@ -258,7 +258,7 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
     groups = [(0, qe.shape[1], first)] if starts is None else head_groups(starts, hi - lo)
     if len(groups) == 1:
         y = pieces(qe, parts(slice(None), groups[0][2] - first), call.c, sinks, bound, clean)
-    elif not (torch.is_grad_enabled() and any(t.requires_grad for t in (qe, ke, ve))):
+    elif not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (qe, ke, ve, beta, sinks))):
         # per-head windows, streamed: the block's own keys (causal) in one call over every head (a call per group
         # with an odd head count splits its causal row blocks unevenly over the threads), each group's earlier keys
         # in a call of its own, merged into its heads
