@@ -13,7 +13,8 @@ itself, inside the same flush of subnormals the call takes. Per family: the call
 at ``--threads``, and the speedup (median over rounds of the per-round quotient); per encoding, all its flash
 calls together and the rest of the call (the whole call's time less its flash calls', per round). A speedup below
 SDPA's is where an encoding scales worse than SDPA: in the kernel's own handling of the tiles it is given, or in
-the work between the calls.
+the work between the calls. A call the native re-centring kernel takes instead (``liepos.recentred_kernel``, on a
+CPU where oneDNN packs bfloat16) makes no flash calls: its row says 0 calls, and its rest is the whole call.
 
 Writes ``benchmarks/results/flash_tiles_<T>_<threads>t.{json,md}`` (``--out``: another folder), with the CPU
 model, its flags, the thread counts and the load average (benchmarks/rounds.py).
