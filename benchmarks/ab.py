@@ -73,17 +73,6 @@ def _span_tables_afresh(enc, p0, S, side, dtype, fade, device):
     return enc._range_tables(p0, S, side, work_dtype(dtype), True, device)
 
 
-def _per_group(q, shared, groups, c, sinks=None, bound=None, clean=False):
-    """``recentre``'s per-head windows as they were: each group of heads in calls of its own, its earlier keys and its
-    heads' share of the block's own keys (``pieces`` per group)."""
-    y = torch.empty(*q.shape[:-1], shared[1].shape[-1], dtype=q.dtype, device=q.device)
-    for h0, h1, piece in groups:
-        own = tuple(t[:, h0:h1] if isinstance(t, torch.Tensor) else t for t in shared)
-        hs = None if sinks is None else sinks[h0:h1] if sinks.dim() == 1 else sinks[:, h0:h1]
-        y[:, h0:h1] = attention_pieces.pieces(q[:, h0:h1], [piece, own], c, hs, bound, clean)
-    return y
-
-
 # each switch: what it restores, and a context manager that restores it for the old contender's call
 SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]] = {
     "diagonal-exponent": ("diagonal blocks' factors within e^{±22} (now e^{±32})",
@@ -102,7 +91,7 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                     "where it adds few keys)", lambda: _patched(recentre, "MERGE_PAIRS", 0)),
     "shared-own-keys": ("ALiBi's per-head windows as calls per group of heads, each with its share of the block's own "
                         "keys (now the own keys in one call over every head)",
-                        lambda: _patched(recentre, "pieces_by_heads", _per_group)),
+                        lambda: _patched(recentre, "pieces_by_heads", attention_pieces.pieces_per_group)),
     "head-views": ("the faded path's head subsets copied (index_select; now a view where they are a run of heads)",
                    lambda: _patched(faded_keys, "take_heads", lambda x, hs: x.index_select(1, torch.tensor(hs)))),
     "block-rows": ("the re-centred path's query blocks as long as the origin's span allows (now whole multiples of the "

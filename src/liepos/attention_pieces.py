@@ -44,8 +44,9 @@ from liepos import _kernels
 from liepos._checks import DOUBLE_BACKWARD, DoubleBackwardError
 from liepos._fast import clear_small
 
-__all__ = ["CLEAR_LOGIT", "clear_thresholds", "raw_clearing", "pieces", "pieces_by_heads", "available", "Rows", "Tile",
-           "Arena", "ARENA_BYTES", "arena", "slot", "tiles", "row_source", "made", "fresh", "absmax"]
+__all__ = ["CLEAR_LOGIT", "clear_thresholds", "raw_clearing", "pieces", "pieces_by_heads", "pieces_per_group",
+           "available", "Rows", "Tile", "Arena", "ARENA_BYTES", "arena", "slot", "tiles", "row_source", "made", "fresh",
+           "absmax"]
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -622,8 +623,7 @@ def pieces(q: torch.Tensor, parts: list[tuple], c: float, sinks: torch.Tensor | 
     """
     B, H, Sq, _ = q.shape
     every = Rows(0, 1, Sq, 0, Sq)
-    ts = [Tile(every, q, p[0], p[1], p[2], bias=p[3] if len(p) > 3 else None, bound=bound, clean=clean)
-          for p in parts if p[0].shape[2]]
+    ts = [_piece_tile(every, q, p, bound, clean) for p in parts if p[0].shape[2]]
     if not ts:
         raise ValueError("pieces needs at least one piece with keys")
     ts[0] = dataclasses.replace(ts[0], first=True)  # it holds every row: the streamed merge starts from it
@@ -644,12 +644,30 @@ def pieces_by_heads(q: torch.Tensor, shared: tuple, groups: list[tuple[int, int,
     if not shared[0].shape[2]:
         raise ValueError("pieces_by_heads needs keys in its shared piece")
     every = Rows(0, 1, Sq, 0, Sq)
-    first = Tile(every, q, shared[0], shared[1], shared[2], first=True, bias=shared[3] if len(shared) > 3 else None,
-                 bound=bound, clean=clean)
-    rest = [Tile(every, q[:, h0:h1], p[0], p[1], p[2], bias=p[3] if len(p) > 3 else None, bound=bound, clean=clean,
-                 heads=(h0, h1)) for h0, h1, p in groups if p[0].shape[2]]
+    first = _piece_tile(every, q, shared, bound, clean, first=True)
+    rest = [_piece_tile(every, q[:, h0:h1], p, bound, clean, heads=(h0, h1)) for h0, h1, p in groups if p[0].shape[2]]
     with torch.no_grad():
         return made((B, H, Sq), [_maker(t) for t in (first, *rest)], c, sinks)
+
+
+def pieces_per_group(q: torch.Tensor, shared: tuple, groups: list[tuple[int, int, tuple]], c: float,
+                     sinks: torch.Tensor | None = None, bound: tuple[float, float] | None = None,
+                     clean: bool = False) -> torch.Tensor:
+    """:func:`pieces_by_heads`'s result as :func:`pieces` per group of heads: each group's piece and its heads' share
+    of ``shared``, in calls of their own (under a gradient too: each group's tiles one autograd node)."""
+    y = torch.empty(*q.shape[:-1], shared[1].shape[-1], dtype=q.dtype, device=q.device)  # (B, H, Sq, Dv)
+    for h0, h1, piece in groups:
+        own = tuple(t[:, h0:h1] if isinstance(t, torch.Tensor) else t for t in shared)  # (B, h1 − h0, ·, ·)
+        hs = None if sinks is None else sinks[h0:h1] if sinks.dim() == 1 else sinks[:, h0:h1]
+        y[:, h0:h1] = pieces(q[:, h0:h1], [piece, own], c, hs, bound, clean)
+    return y
+
+
+def _piece_tile(rows: Rows, q: torch.Tensor, piece: tuple, bound: tuple[float, float] | None, clean: bool,
+                **fields: Any) -> Tile:
+    """The tile of a piece ``(k, v, is_causal[, β])`` over ``rows`` of ``q``."""
+    return Tile(rows, q, piece[0], piece[1], piece[2], bias=piece[3] if len(piece) > 3 else None, bound=bound,
+                clean=clean, **fields)
 
 
 def _maker(t: Tile) -> Callable[[Arena | None], Tile]:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as Fn
 
 from liepos.attention_call import Call, row_norms
-from liepos.attention_pieces import available, fresh, pieces, pieces_by_heads, raw_clearing
+from liepos.attention_pieces import available, fresh, pieces, pieces_by_heads, pieces_per_group, raw_clearing
 from liepos.attention_sdpa import sdpa
 from liepos.causal_tiling import FLASH_ROWS, tile_plan
 from liepos.faded_keys import tiled_or_faded
@@ -246,31 +246,24 @@ def _diagonal(call: Call, lo: int, hi: int, o: torch.Tensor, slopes: tuple[torch
         qe, ke, ve = qe.to(call.content_dtype), ke.to(call.content_dtype), ve.to(call.content_dtype)
     cut = lo - first
 
-    def parts(hs: slice, a: int) -> list[tuple]:
-        bb = (None, None) if beta is None else (beta[:, hs, :, a:cut], beta[:, hs, :, cut:])
-        return [(ke[:, hs, a:cut], ve[:, hs, a:cut], False, bb[0]), (ke[:, hs, cut:], ve[:, hs, cut:], True, bb[1])]
+    def before(hs: slice, a: int) -> tuple:  # the heads' keys a … cut − 1 (before the block)
+        return ke[:, hs, a:cut], ve[:, hs, a:cut], False, None if beta is None else beta[:, hs, :, a:cut]
 
-    def head_sinks(hs: slice) -> torch.Tensor | None:
-        return None if sinks is None else sinks[hs] if sinks.dim() == 1 else sinks[:, hs]
-
+    own = (ke[:, :, cut:], ve[:, :, cut:], True, None if beta is None else beta[:, :, :, cut:])  # the block's keys
     r = None if raw is None or fresh(qe, call.q) or fresh(ke, call.k) else raw()
     bound, clean = (None, False) if r is None else r
     groups = [(0, qe.shape[1], first)] if starts is None else head_groups(starts, hi - lo)
     if len(groups) == 1:
-        y = pieces(qe, parts(slice(None), groups[0][2] - first), call.c, sinks, bound, clean)
-    elif not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (qe, ke, ve, beta, sinks))):
-        # per-head windows, streamed: the block's own keys (causal) in one call over every head (a call per group
-        # with an odd head count splits its causal row blocks unevenly over the threads), each group's earlier keys
-        # in a call of its own, merged into its heads
-        y = pieces_by_heads(qe, parts(slice(None), cut)[1], [(h0, h1, parts(slice(h0, h1), start - first)[0])
-                                                             for h0, h1, start in groups], call.c, sinks, bound, clean)
+        y = pieces(qe, [before(slice(None), groups[0][2] - first), own], call.c, sinks, bound, clean)
     else:
-        # per-head windows (keys per head: a per-head bias has its keys repeated to every head); the heads of a
-        # group (adjacent: ALiBi's slopes fall with the head) share one call, as views
-        y = torch.empty(*qe.shape[:-1], ve.shape[-1], dtype=qe.dtype, device=qe.device)
-        for h0, h1, start in groups:
-            hs = slice(h0, h1)
-            y[:, hs] = pieces(qe[:, hs], parts(hs, start - first), call.c, head_sinks(hs), bound, clean)
+        # per-head windows (keys per head: a per-head bias has its keys repeated to every head), the heads of a group
+        # (adjacent: ALiBi's slopes fall with the head) sharing the call of their earlier keys, as views. Streamed, the
+        # block's own keys are one call over every head (a call per group of an odd head count splits its causal row
+        # blocks unevenly over the threads); under a gradient each group takes its share of them
+        grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (qe, ke, ve, beta, sinks))
+        attend = pieces_per_group if grad else pieces_by_heads
+        y = attend(qe, own, [(h0, h1, before(slice(h0, h1), start - first)) for h0, h1, start in groups], call.c,
+                   sinks, bound, clean)
     if call.venc is not None:
         y = call.venc.key(y, o - tq)  # A_v(t - o) = G_v(o - t)
     return y
