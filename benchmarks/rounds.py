@@ -39,20 +39,45 @@ def ratio(times: list[float], yardstick: list[float]) -> float:
 
 
 def machine() -> dict:
-    """The CPU model (``/proc/cpuinfo``'s model name, what ``lscpu`` reads), its vector / matrix instruction-set
-    flags and torch's thread count."""
+    """The CPU model (``/proc/cpuinfo``'s model name, what ``lscpu`` reads, with its family, model number and the
+    largest cache level's size, which tell apart two CPUs a virtual machine names alike), its vector / matrix
+    instruction-set flags and torch's thread count."""
     model, flags = platform.processor() or platform.machine(), []
+    ids: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, val = line.partition(":")
-            if key.strip() == "model name":
+            key = key.strip()
+            if key == "model name":
                 model = val.strip()
-            if key.strip() == "flags":
+            if key in ("cpu family", "model") and key not in ids:
+                ids[key] = val.strip()
+            if key == "flags":
                 flags = sorted(f for f in val.split() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
                 break
     except OSError:
         pass
-    return {"cpu": model, "cpu_flags": flags, "threads": torch.get_num_threads()}
+    extra = [f"family {ids['cpu family']} model {ids['model']}"] if len(ids) == 2 else []
+    cache = _last_level_cache()
+    if cache:
+        extra.append(cache)
+    return {"cpu": model + (f" ({', '.join(extra)})" if extra else ""), "cpu_flags": flags,
+            "threads": torch.get_num_threads()}
+
+
+def _last_level_cache() -> str | None:
+    """``"L3 32768K"``: the largest data cache level CPU 0 reports and its size (Linux sysfs), else None."""
+    found: tuple[int, str] | None = None
+    try:
+        for d in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+            if (d / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((d / "level").read_text())
+            if found is None or level > found[0]:
+                found = (level, (d / "size").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return None if found is None else f"L{found[0]} {found[1]}"
 
 
 def threads(n: int) -> str:

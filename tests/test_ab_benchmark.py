@@ -2,6 +2,7 @@
 code the change replaced and nothing else does, and the quotient is the median of the per-round ones."""
 
 import json
+import platform
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,31 @@ def test_every_results_file_names_the_cpu_and_its_flags(ab, tmp_path):
     assert here["cpu"] in head and f"CPU flags: {' '.join(here['cpu_flags'])}" in head
     if Path("/proc/cpuinfo").exists() and "avx2" in Path("/proc/cpuinfo").read_text():
         assert "avx2" in here["cpu_flags"]
+
+
+def test_the_cpu_is_named_by_family_model_and_cache_where_linux_tells_them(ab, tmp_path, monkeypatch):
+    """Two CPUs a virtual machine names alike ("AMD EPYC") are told apart in every results file: the family and
+    model numbers of ``/proc/cpuinfo`` and the largest data cache level of CPU 0 (sysfs), instruction caches
+    left out."""
+    import rounds
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n"
+                    "processor\t: 1\ncpu family\t: 99\nmodel\t\t: 7\n")
+    caches = tmp_path / "cache"
+    for i, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "512K"),
+                                             (3, "Unified", "32768K"), (4, "Instruction", "9M")]):
+        d = caches / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    real = rounds.Path
+    monkeypatch.setattr(rounds, "Path", lambda p: info if p == "/proc/cpuinfo" else caches if "cache" in p else real(p))
+    here = rounds.machine()
+    assert here["cpu"] == "AMD EPYC (family 25 model 1, L3 32768K)" and here["cpu_flags"] == ["avx2", "fma"]
+    monkeypatch.setattr(rounds, "Path", lambda p: tmp_path / "none")
+    assert rounds.machine()["cpu"] == (platform.processor() or platform.machine())
 
 
 def test_the_native_kernel_is_compared_only_where_it_runs_in_the_new_call_alone(ab, monkeypatch):
