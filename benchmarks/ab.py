@@ -14,6 +14,7 @@
     python benchmarks/ab.py term-bounds --encodings jordan --threads 2
     python benchmarks/ab.py shared-own-keys --encodings alibi --threads 2 --lengths 4096 8192
     python benchmarks/ab.py head-views --encodings retnet --threads 2 --lengths 4096 8192
+    python benchmarks/ab.py windowed-keys --encodings retnet --threads 2 --lengths 4096 8192 16384
 
 Separate runs of ``attention.py`` move by 10-25 % on a shared 2-core machine, more than most single changes
 make, so each change is timed here against the code it replaced, restored for the old contender's call alone
@@ -94,6 +95,8 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
                         lambda: _patched(recentre, "pieces_by_heads", attention_pieces.pieces_per_group)),
     "head-views": ("the faded path's head subsets copied (index_select; now a view where they are a run of heads)",
                    lambda: _patched(faded_keys, "take_heads", lambda x, hs: x.index_select(1, torch.tensor(hs)))),
+    "windowed-keys": ("the faded path's near keys as one tile per block distance (now one tile of the m blocks of "
+                      "keys before each query block)", lambda: _patched(faded_keys, "WINDOWED", False)),
     "block-rows": ("the re-centred path's query blocks as long as the origin's span allows (now whole multiples of the "
                    "flash kernel's 32-row blocks)", lambda: _patched(recentre, "BLOCK_ROWS", 1)),
     "span-tables": ("each tile's range check and table rows looked up afresh (now kept per range while the "

@@ -10,7 +10,7 @@ import torch
 from helpers import BENCH, bench_script
 
 import liepos as lp
-from liepos import _kernels, attention_pieces, causal_tiling, recentre, recentred_kernel
+from liepos import _kernels, attention_pieces, causal_tiling, faded_keys, recentre, recentred_kernel
 
 
 
@@ -228,3 +228,19 @@ def test_the_shared_own_keys_switch_restores_the_calls_per_group(ab, monkeypatch
     with torch.no_grad():
         now = lp.attention(q, q, q, alibi)
     assert float((now - before).abs().max()) <= 1e-5 * float(q.abs().max())
+
+
+def test_the_windowed_keys_switch_restores_a_tile_per_block_distance(ab, monkeypatch):
+    """RetNet at T = 4096: head 0 fades over m blocks; its near keys are one flash call of windows, or (the switch, for
+    its call alone) one call per block distance, m − 1 calls more; the same outputs to float32's rounding."""
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 8, 4096, 64, generator=g)
+    retnet = lp.build("retnet", 64, 8)
+    with torch.no_grad():
+        new_out = lp.attention(q, q, q, retnet)
+        new = _flash_calls(retnet, q, monkeypatch)
+        with ab.SWITCHES["windowed-keys"][1]():
+            old = _flash_calls(retnet, q, monkeypatch)
+            old_out = lp.attention(q, q, q, retnet)
+    assert faded_keys.WINDOWED and old - new >= 2  # restored after; at least two distances became one call
+    assert float((new_out - old_out).abs().max()) <= 1e-5

@@ -314,3 +314,68 @@ def test_the_faded_path_reads_its_heads_as_views_and_equals_the_copies(monkeypat
         monkeypatch.setattr(faded_keys, "take_heads", lambda x, hs: x.index_select(1, torch.tensor(hs)))
         copies = lp.attention(q, k, v, enc)
     assert torch.equal(views, copies)
+
+
+def _fast_fading(dim: int = 64, heads: int = 4, rate: float = 0.07) -> lp.Encoding:
+    """A decay whose head 0 fades within a few hundred lags (its keys before that score 0) and the others not."""
+    rates = torch.full((heads, dim), 1e-4, dtype=torch.float64)
+    rates[0] = rate
+    return lp.decay(rates)
+
+
+@pytest.mark.parametrize("T, B, Hk, dtype, blocks", [
+    (1600, 1, 4, torch.float32, None),  # n = 12 blocks and a partial one (64 rows), one call of windows
+    (1536, 2, 2, torch.float32, None),  # two batch rows (windows copied), grouped keys
+    (1600, 1, 4, torch.float32, 3),  # windows of three blocks per flash call
+    (1600, 1, 4, torch.bfloat16, None),  # (float64 keeps every key: no faded path)
+])
+def test_the_faded_near_keys_as_windows_equal_the_tiles_per_distance(T, B, Hk, dtype, blocks):
+    """Without a gradient the faded head's query blocks see the m blocks of keys before them in one tile per block
+    (each window encoded at its block's first query, the rows before time 0 masked out), the windows of a flash call
+    within WINDOW_BYTES: the output is the tiles per block distance's, and the whole tiled triangle's, to the
+    dtype's rounding; with a gradient the tiles per distance run."""
+    enc = _fast_fading(heads=4)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, 4, T, 64, generator=g, dtype=F64).to(dtype)
+    k, v = (torch.randn(B, Hk, T, 64, generator=g, dtype=F64).to(dtype) for _ in range(2))
+    tiles, real, plans = [], faded_keys._window_tile, []
+    spy_plan = lambda call, b: plans.append(_fade_plan(call, b)) or plans[-1]  # noqa: E731
+
+    def spy(*a, **kw):
+        tiles.append(a[1].count)
+        return real(*a, **kw)
+
+    with torch.no_grad(), mock.patch.object(faded_keys, "_window_tile", spy), \
+            mock.patch.object(faded_keys, "_fade_plan", spy_plan):
+        windowed = lp.attention(q, k, v, enc)
+        rows, groups, _ = plans[0]
+        (m, heads), = groups.items()
+        assert m >= 2 and heads == [0]  # head 0 fades over m ≥ 2 blocks of keys: the windows ran
+        n, rest = divmod(T, rows)
+        per = n - 1
+        if blocks is not None:  # a budget of `blocks` windows (the faded call's keys: head 0's, or every grouped head)
+            per = blocks
+            size = B * (1 if Hk == 4 else Hk) * m * rows * 64 * q.element_size()
+            tiles.clear()
+            with mock.patch.object(faded_keys, "WINDOW_BYTES", blocks * size):
+                windowed = lp.attention(q, k, v, enc)
+        assert tiles == [min(per, n - a) for a in range(1, n, per)] + ([1] if rest else [])
+        tiles.clear()
+        with mock.patch.object(faded_keys, "WINDOWED", False):
+            distances = lp.attention(q, k, v, enc)
+        with mock.patch.object(faded_keys, "_fade_plan", lambda call, b: None):
+            whole = lp.attention(q, k, v, enc)
+        assert not tiles
+    eps = torch.finfo(torch.float32 if dtype == torch.bfloat16 else dtype).eps
+    scale = float(v.double().abs().max())
+    # bfloat16 outputs: each path rounds its float32 result once (2^-8 relative), so the two may differ by an ulp
+    tol = torch.finfo(torch.bfloat16).eps * scale if dtype == torch.bfloat16 else 64 * eps * scale
+    assert float((windowed.double() - distances.double()).abs().max()) <= tol
+    assert float((windowed.double() - whole.double()).abs().max()) <= tol
+    if dtype != torch.bfloat16:
+        qg = q.clone().requires_grad_()
+        with mock.patch.object(faded_keys, "_window_tile", spy):
+            y = lp.attention(qg, k, v, enc)
+        y.sum().backward()
+        assert not tiles and qg.grad is not None and bool(torch.isfinite(qg.grad).all())
+        assert float((y.detach().double() - windowed.double()).abs().max()) <= 64 * eps * scale

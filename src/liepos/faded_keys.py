@@ -215,13 +215,75 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
                     bias=bias)
 
     makers = [partial(diagonal, *dg) for dg in diag]
-    makers += [partial(near, d, False) for d in range(1, m + 1)] + [partial(near, d, True) for d in range(1, m + 1)
-                                                                    if rest]
+    if WINDOWED and m > 1 and not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        # streamed: the m blocks of keys before each query block in one tile of m·n_b keys (:func:`_key_windows`), not one
+        # tile per block distance
+        wk, wv, wb = _key_windows(k, v, n, m, n_b, work)
+        per = max(1, WINDOW_BYTES // (k.shape[0] * k.shape[1] * m * n_b * k.shape[-1] * k.element_size()))
+        for a in range(1, n, per):  # blocks a … b − 1, their windows' encodings within WINDOW_BYTES
+            b = min(n, a + per)
+            makers.append(partial(_window_tile, enc, Rows(a * n_b, b - a, n_b, 0, n_b),
+                                  partial(_blocks_of, qe, a, b), wk(slice(a, b)), wv(slice(a, b)), wb(slice(a, b)),
+                                  -m * n_b, bound))
+        if rest:
+            makers.append(partial(_window_tile, enc, _last(last), tail_queries, wk(slice(n, n + 1)),
+                                  wv(slice(n, n + 1)), wb(slice(n, n + 1)), -m * n_b, bound))
+    else:
+        makers += [partial(near, d, False) for d in range(1, m + 1)] + [partial(near, d, True) for d in range(1, m + 1)
+                                                                        if rest]
     if n - m - 1 > 0:
         makers.append(partial(far, False))
     if rest and n - m - 1 >= 0:
         makers.append(partial(far, True))
     return made((B, H, T), makers, call.c, call.sinks)
+
+
+# the faded path's near keys as one tile per query block of the m blocks before it (False: a tile per block distance,
+# the form the gradient takes; `benchmarks/ab.py windowed-keys`), the windows' encoded keys of one flash call within
+# WINDOW_BYTES (a window holds m blocks of keys: m times the keys of a tile per distance)
+WINDOWED, WINDOW_BYTES = True, 32 << 20
+
+
+def _blocks_of(qe: torch.Tensor, a: int, b: int, arena: Arena | None = None) -> torch.Tensor:
+    """Query blocks ``a … b − 1`` of ``qe (B, n, H, n_b, D)`` as a tile's batch ``(B·(b − a), H, n_b, D)``."""
+    return qe[:, a:b].flatten(0, 1)
+
+
+def _key_windows(k: torch.Tensor, v: torch.Tensor, n: int, m: int, n_b: int, work: torch.dtype) -> tuple:
+    """For query blocks ``i`` of ``n_b`` rows, the keys and values of blocks ``i − m … i − 1`` as windows of ``m·n_b``
+    rows: functions of a slice of ``i`` (``1 ≤ i ≤ n``, block ``n`` being the last, partial one) giving the keys and
+    values ``(B·count, Hk, m·n_b, ·)`` (views of ``k`` and ``v`` after ``m·n_b`` rows of zeros, overlapping from window
+    to window; copies when ``B > 1``) and the per-key bias ``(B·count, 1, 1, m·n_b)``: 0, or −inf on the rows before
+    time 0 (blocks ``i < m`` see only ``i`` blocks of keys). Window ``i`` row ``j`` is key ``(i − m)·n_b + j``."""
+    B, Hk, T, _ = k.shape
+    W = m * n_b
+    kp = torch.cat([k.new_zeros(B, Hk, W, k.shape[-1]), k[:, :, : n * n_b]], 2)  # (B, Hk, W + n·n_b, D)
+    vp = torch.cat([v.new_zeros(B, Hk, W, v.shape[-1]), v[:, :, : n * n_b]], 2)  # (B, Hk, W + n·n_b, Dv)
+    start = torch.arange(n + 1, device=k.device).unsqueeze(-1) * n_b + torch.arange(W, device=k.device)  # (n+1, W)
+    bias = torch.zeros(n + 1, W, dtype=work, device=k.device).masked_fill_(start < W, -math.inf)  # (n + 1, W)
+
+    def windows(x: torch.Tensor, sl: slice) -> torch.Tensor:  # (B, Hk, W + n·n_b, ·) -> (B·count, Hk, W, ·)
+        st = x.stride()
+        count = len(range(n + 1)[sl])
+        y = x.as_strided((B, Hk, count, W, x.shape[-1]), (st[0], st[1], n_b * st[2], st[2], st[3]),
+                         x.storage_offset() + sl.start * n_b * st[2])  # (B, Hk, count, W, ·): window i at row i·n_b
+        return y.movedim(2, 1).flatten(0, 1)  # (B·count, Hk, W, ·)
+
+    def biases(sl: slice) -> torch.Tensor:
+        b = bias[sl]  # (count, W)
+        return b.view(1, -1, 1, 1, W).expand(B, -1, 1, 1, W).flatten(0, 1)  # (B·count, 1, 1, W)
+
+    return partial(windows, kp), partial(windows, vp), biases
+
+
+def _window_tile(enc: Encoding, rows: Rows, queries, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                 p0: int, bound: tuple[float, float] | None, arena: Arena | None = None) -> Tile:
+    """The tile of query blocks ``rows`` (encoded at their first time ``p_i``: ``queries(arena)``) over the windows of
+    keys before them (:func:`_key_windows`), each window encoded at ``s − p_i = p0 … −1``, the same times for every
+    block; ``bias``: −inf on a window's rows before time 0."""
+    qe = queries(arena)  # (B·count, H, w, D)
+    ke = enc._span(keys, p0, "key", into=slot(arena, "k", keys.device))  # (B·count, Hk, W, D)
+    return Tile(rows, qe, ke, values, False, bound=bound, bias=bias.expand(-1, qe.shape[1], 1, -1))
 
 
 def _last(rows: Rows | None) -> Rows:
