@@ -215,7 +215,10 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
                     bias=bias)
 
     makers = [partial(diagonal, *dg) for dg in diag]
-    if WINDOWED and m > 1 and not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+    g = enc.generator
+    grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                           for x in (q, k, v, call.sinks, g.rates, g.freqs))
+    if WINDOWED and m > 1 and not grad:
         # streamed: the m blocks of keys before each query block in one tile of m·n_b keys (:func:`_key_windows`), not one
         # tile per block distance
         wk, wv, wb = _key_windows(k, v, n, m, n_b, work)
