@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -214,23 +215,12 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
         return Tile(Rows((m + 1) * n_b, n - m - 1, n_b, 0, n_b), qe[:, m + 1 :].flatten(0, 1), kt, vt, False,
                     bias=bias)
 
-    makers = [partial(diagonal, *dg) for dg in diag]
+    makers: list[Callable[..., Tile]] = [partial(diagonal, *dg) for dg in diag]
     g = enc.generator
     grad = torch.is_grad_enabled() and any(x is not None and x.requires_grad
                                            for x in (q, k, v, call.sinks, g.rates, g.freqs))
-    if WINDOWED and m > 1 and not grad:
-        # streamed: the m blocks of keys before each query block in one tile of m·n_b keys (:func:`_key_windows`), not one
-        # tile per block distance
-        wk, wv, wb = _key_windows(k, v, n, m, n_b, work)
-        per = max(1, WINDOW_BYTES // (k.shape[0] * k.shape[1] * m * n_b * k.shape[-1] * k.element_size()))
-        for a in range(1, n, per):  # blocks a … b − 1, their windows' encodings within WINDOW_BYTES
-            b = min(n, a + per)
-            makers.append(partial(_window_tile, enc, Rows(a * n_b, b - a, n_b, 0, n_b),
-                                  partial(_blocks_of, qe, a, b), wk(slice(a, b)), wv(slice(a, b)), wb(slice(a, b)),
-                                  -m * n_b, bound))
-        if rest:
-            makers.append(partial(_window_tile, enc, _last(last), tail_queries, wk(slice(n, n + 1)),
-                                  wv(slice(n, n + 1)), wb(slice(n, n + 1)), -m * n_b, bound))
+    if WINDOWED and m > 1 and not grad:  # streamed: a window of the m blocks of keys before each query block
+        makers += _window_makers(call, qe, m, n_b, work, bound, (_last(last), tail_queries) if rest else None)
     else:
         makers += [partial(near, d, False) for d in range(1, m + 1)] + [partial(near, d, True) for d in range(1, m + 1)
                                                                         if rest]
@@ -245,6 +235,25 @@ def _faded(call: Call, m: int, n_b: int) -> torch.Tensor:
 # the form the gradient takes; `benchmarks/ab.py windowed-keys`), the windows' encoded keys of one flash call within
 # WINDOW_BYTES (a window holds m blocks of keys: m times the keys of a tile per distance)
 WINDOWED, WINDOW_BYTES = True, 32 << 20
+
+
+def _window_makers(call: Call, qe: torch.Tensor, m: int, n_b: int, work: torch.dtype,
+                   bound: tuple[float, float] | None, tail: tuple[Rows, Callable] | None) -> list[Callable[..., Tile]]:
+    """:func:`_faded`'s near tiles as windows: query blocks ``1 … n − 1`` (``qe (B, n, H, n_b, D)``, encoded at their
+    first queries) over the ``m`` blocks of keys before each (:func:`_key_windows`), as many blocks per tile as keep
+    its encoded keys within :data:`WINDOW_BYTES`; ``tail``: the last, partial block's rows and its queries' maker."""
+    k, n = call.k, qe.shape[1]
+    wk, wv, wb = _key_windows(k, call.v, n, m, n_b, work)
+    per = max(1, WINDOW_BYTES // (k.shape[0] * k.shape[1] * m * n_b * k.shape[-1] * k.element_size()))
+    makers: list[Callable[..., Tile]] = []
+    for a in range(1, n, per):  # blocks a … b − 1
+        b = min(n, a + per)
+        makers.append(partial(_window_tile, call.enc, Rows(a * n_b, b - a, n_b, 0, n_b), partial(_blocks_of, qe, a, b),
+                              wk(slice(a, b)), wv(slice(a, b)), wb(slice(a, b)), -m * n_b, bound))
+    if tail is not None:
+        makers.append(partial(_window_tile, call.enc, tail[0], tail[1], wk(slice(n, n + 1)), wv(slice(n, n + 1)),
+                              wb(slice(n, n + 1)), -m * n_b, bound))
+    return makers
 
 
 def _blocks_of(qe: torch.Tensor, a: int, b: int, arena: Arena | None = None) -> torch.Tensor:
