@@ -288,8 +288,9 @@ def _key_windows(k: torch.Tensor, v: torch.Tensor, n: int, m: int, n_b: int, wor
     return partial(windows, kp), partial(windows, vp), biases
 
 
-def _window_tile(enc: Encoding, rows: Rows, queries, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                 p0: int, bound: tuple[float, float] | None, arena: Arena | None = None) -> Tile:
+def _window_tile(enc: Encoding, rows: Rows, queries: Callable[[Arena | None], torch.Tensor], keys: torch.Tensor,
+                 values: torch.Tensor, bias: torch.Tensor, p0: int, bound: tuple[float, float] | None,
+                 arena: Arena | None = None) -> Tile:
     """The tile of query blocks ``rows`` (encoded at their first time ``p_i``: ``queries(arena)``) over the windows of
     keys before them (:func:`_key_windows`), each window encoded at ``s − p_i = p0 … −1``, the same times for every
     block; ``bias``: −inf on a window's rows before time 0."""
