@@ -103,6 +103,65 @@ def test_planes_are_the_complex_product(dtype, conj, bshd, small):
     assert f"planes {dtype}" in _kernels.status()["native"]
 
 
+def _float_patterns() -> torch.Tensor:
+    """Every float32 top half (sign, exponent, 7 mantissa bits) with low halves at and around bfloat16's rounding
+    boundaries (0, the tie 0x8000 and its neighbours, the extremes) and a few others: every class of value — zeros,
+    subnormals, normals, the largest finite, ±inf, NaNs of either sign and any payload — and every tie."""
+    top = torch.arange(1 << 16, dtype=torch.int64) << 16  # (65536,)
+    low = torch.tensor([0, 1, 0x3FFF, 0x7FFF, 0x8000, 0x8001, 0xBFFF, 0xFFFF, 0x1234, 0xC0DE], dtype=torch.int64)
+    bits = (top[:, None] | low[None, :]).flatten()  # (65536 · 10,)
+    return (bits - ((bits >= 1 << 31).long() << 32)).to(torch.int32).view(torch.float32)
+
+
+def test_bfloat16_outputs_are_rounded_as_torch_rounds_every_class_of_float():
+    """The scale op with x = 1 stores its float32 table rounded to bfloat16: the bits torch's own conversion gives
+    for every float32 class — ties to even, subnormals (which the AVX512-BF16 conversion instruction would read as
+    0), overflow to ±inf — and NaN for NaN (torch's own kernels differ in a NaN's sign and payload bits)."""
+    t = _float_patterns().view(1, 1, -1, 64)  # (1, 1, 10240, 64)
+    x = torch.ones(t.shape, dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    assert _kernels.multiply(x, t, out) is out
+    want = t.to(torch.bfloat16)
+    assert torch.equal(out.isnan(), want.isnan())
+    assert torch.equal(out.nan_to_num(0.0).view(torch.int16), want.nan_to_num(0.0).view(torch.int16))
+    assert "scale torch.bfloat16" in _kernels.status()["native"]
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 fma(a, b, c) for float32 a, c and a bfloat16-exact b: a·b is exact in float64 (24 + 8 bits) and
+    a·b + c rounds once to float64, then to float32 (a double rounding that moves a result only when the float64
+    sum lands on a float32 tie it did not start on, which these random inputs do not produce)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("conj", [False, True])
+@pytest.mark.parametrize("D", [16, 40, 64])
+def test_planes_and_halves_are_the_plain_loops_fused_multiply_adds_to_the_bit(dtype, conj, D, small):
+    """planes: out[2i] = fma(re, x0, −(im·x1)), out[2i+1] = fma(im, x0, re·x1) (im negated under conj); halves:
+    out[k] = fma(c, x0, −(s·x1)), out[k+P] = fma(s, x0, c·x1), with x1 the row's second half — the same bits from
+    the sixteen-lane bfloat16 loop (where the CPU has one) as from the plain loop, widths of whole and partial
+    vectors, in place too."""
+    g = torch.Generator().manual_seed(D)
+    x = torch.randn(2, 3, 37, D, generator=g).to(dtype)
+    t = torch.polar(torch.rand(37, D // 2, generator=g) + 0.5, torch.randn(37, D // 2, generator=g) * 3)
+    re, im = t.real, (-t.imag if conj else t.imag)
+    xf = x.float()
+    x0, x1 = xf[..., 0::2], xf[..., 1::2]
+    want = torch.stack((_fma32(re, x0, -(im * x1)), _fma32(im, x0, re * x1)), -1).flatten(-2).to(dtype)
+    out = torch.empty_like(x)
+    assert _kernels.multiply(x, t, out, conj=conj) is out
+    assert torch.equal(out.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    y = x.clone()
+    assert _kernels.multiply(y, t, y, conj=conj) is y and torch.equal(y, out)
+    c, s = t.real.contiguous(), (t.imag if not conj else -t.imag).contiguous()  # (37, D/2): the half-layout tables
+    h0, h1 = xf[..., : D // 2], xf[..., D // 2 :]
+    want = torch.cat((_fma32(c, h0, -(s * h1)), _fma32(s, h0, c * h1)), -1).to(dtype)
+    got = _kernels.rotate_halves(x, c[None, None], s[None, None], into=torch.empty_like(x))
+    assert got is not None and torch.equal(got, want)
+
+
 def test_scale_broadcasts_tables_and_refuses_what_it_cannot_take(small):
     """``scale`` broadcasts a (S, W) table over batch and heads; a table of another dtype, an odd width for
     planes or an output overlapping x part-way are not taken (None: the caller's torch ops run)."""

@@ -65,6 +65,43 @@ inline void st(float& out, float f) { out = f; }
 inline double ld(double v) { return v; }
 inline void st(double& out, double f) { out = f; }
 
+// bfloat16 rows sixteen at a time where the CPU converts float to bfloat16 itself (AVX512-BF16): the conversion
+// instruction rounds to nearest even as st does, but reads a subnormal float as 0 and keeps a NaN's sign and payload,
+// so the lanes holding either are rounded by st's formula instead (torch's bits, NaN as 0x7fc0). Elsewhere (and for
+// the other dtypes) the kernels' plain loops, which the compiler vectorises with that formula in every lane.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512BF16__)
+#define LIEPOS_BF16_LANES 1
+inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u); }
+inline __m512 ld16(const c10::BFloat16* p, __mmask16 m) {  // exact: a bfloat16 is the top half of its float
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+inline __m256i round16(__m512 y) {  // the bits st writes, lane by lane
+  const __m512i u = _mm512_castps_si512(y);
+  const __m512i mag = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 sub = _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x00800000)) &
+                        _mm512_cmpneq_epi32_mask(mag, _mm512_setzero_si512());
+  __m256i r;
+  const __m256bh h = _mm512_cvtneps_pbh(y);
+  std::memcpy(&r, &h, sizeof(r));
+  if (sub) {  // u + 0x7fff + ((u >> 16) & 1), its top half
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i up = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+    r = _mm256_mask_mov_epi16(r, sub, _mm512_cvtepi32_epi16(_mm512_srli_epi32(up, 16)));
+  }
+  return _mm256_mask_mov_epi16(r, nan, _mm256_set1_epi16(0x7fc0));
+}
+// y rounded to bfloat16 and stored in the lanes of m; CLEAR: +0 where the stored magnitude bits are below `bits`
+template <bool CLEAR> inline void st16(c10::BFloat16* p, __m512 y, __mmask16 m, uint16_t bits) {
+  __m256i r = round16(y);
+  if constexpr (CLEAR) {
+    const __m256i mag = _mm256_and_si256(r, _mm256_set1_epi16(0x7fff));
+    r = _mm256_maskz_mov_epi16(_mm256_cmpge_epu16_mask(mag, _mm256_set1_epi16(static_cast<short>(bits))), r);
+  }
+  _mm256_mask_storeu_epi16(p, m, r);
+}
+#endif
+
 template <typename X> struct Work { using type = float; using mask = int32_t; };
 template <> struct Work<double> { using type = double; using mask = int64_t; };
 

@@ -55,6 +55,20 @@ __attribute__((noinline)) void halves_chunk(const X* xp, X* yp, const W* __restr
     }
   }
 #endif
+#if defined(LIEPOS_BF16_LANES)
+  if constexpr (std::is_same_v<X, c10::BFloat16>) {  // the plain loop's fused multiply-adds, 16 lanes at a time
+    FOR_ROWS(g, lo, hi, xo, yo, to) {
+      for (int64_t k = 0; k < P; k += 16) {
+        const __mmask16 m = lanes(P - k);
+        const __m512 x0 = ld16(xp + xo + k, m), x1 = ld16(xp + xo + k + P, m);
+        const __m512 c = _mm512_maskz_loadu_ps(m, cp + to + k), s = _mm512_maskz_loadu_ps(m, sp + to + k);
+        st16<false>(yp + yo + k, _mm512_fmsub_ps(c, x0, _mm512_mul_ps(s, x1)), m, 0);
+        st16<false>(yp + yo + k + P, _mm512_fmadd_ps(s, x0, _mm512_mul_ps(c, x1)), m, 0);
+      }
+    }
+    return;
+  }
+#endif
   (void)stream;
   FOR_ROWS(g, lo, hi, xo, yo, to) {
     const X* xr = xp + xo;
@@ -173,6 +187,31 @@ template <typename X, typename W, int64_t DC, bool PAIRS, bool CONJ, bool CLEAR>
 __attribute__((noinline)) void mul_chunk(const X* xp, X* yp, const W* __restrict__ tp, int64_t dn, const Rows g,
                                          int64_t lo, int64_t hi, const Cut<X, W> cut) {
   const int64_t D = DC > 0 ? DC : dn;
+#if defined(LIEPOS_BF16_LANES)
+  if constexpr (std::is_same_v<X, c10::BFloat16>) {  // the same products and fused multiply-adds, 16 lanes at a time
+    FOR_ROWS(g, lo, hi, xo, yo, to) {
+      for (int64_t d = 0; d < D; d += 16) {
+        const __mmask16 m = lanes(D - d);
+        const __m512 x = ld16(xp + xo + d, m), t = _mm512_maskz_loadu_ps(m, tp + to + d);
+        __m512 y;
+        if constexpr (PAIRS) {  // lanes (2i, 2i + 1): x = (x0, x1), t = (re, im); swapped: (x1, x0)
+          const __m512 sw = _mm512_permute_ps(x, 0xb1), re = _mm512_moveldup_ps(t);
+          __m512 im = _mm512_movehdup_ps(t);
+          if constexpr (CONJ) im = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(im),
+                                                                        _mm512_set1_epi32(int(0x80000000u))));
+          // even lane fma(re, x0, -(im x1)), odd lane fma(im, x0, re x1): the plain loop's roundings
+          const __m512 even = _mm512_fmsub_ps(re, x, _mm512_mul_ps(im, sw));
+          const __m512 odd = _mm512_fmadd_ps(im, sw, _mm512_mul_ps(re, x));
+          y = _mm512_mask_blend_ps(__mmask16(0xaaaa), even, odd);
+        } else {
+          y = _mm512_mul_ps(t, x);
+        }
+        st16<CLEAR>(yp + yo + d, y, m, cut.bits);
+      }
+    }
+    return;
+  }
+#endif
   FOR_ROWS(g, lo, hi, xo, yo, to) {
     const X* xr = xp + xo;
     X* yr = yp + yo;
