@@ -40,7 +40,7 @@ from attention import _inputs, _step, encodings  # benchmarks/attention.py: the 
 from rounds import interleaved, machine, save, threads
 
 import liepos as lp
-from liepos import _kernels, attention_pieces, causal_tiling, faded_keys, recentre, recentred_kernel
+from liepos import _kernels, attention_call, attention_pieces, causal_tiling, faded_keys, recentre, recentred_kernel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -104,6 +104,9 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
     "term-bounds": ("Jordan's between tiles each finding their largest entries and clearing in passes of their own "
                     "(now bounded by the tables' row sums and cleared as they are encoded)",
                     lambda: _patched(causal_tiling, "term_bounds", lambda *a: None)),
+    "lazy-float32": ("a float32 linear-bias call's q multiplied by c in a pass of its own before the path is chosen (now "
+                     "read as given on the fused linear-bias path, as bfloat16 is)",
+                     lambda: _patched(attention_call, "LAZY_DTYPES", (torch.bfloat16,))),
     "native-kernel": ("a fading encoding's tiles, one flash call per family, merged per row (now one native kernel "
                       "re-centring every pair of blocks where it pays)",
                       lambda: _patched(causal_tiling, "pays", lambda *a: False)),

@@ -21,9 +21,13 @@ from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
 from liepos.masks import strictly_increasing
 
-__all__ = ["LOW", "Call", "Inputs", "prepare", "bind", "widened", "expand_batch", "key_times", "half_holds",
+__all__ = ["LOW", "LAZY_DTYPES", "Call", "Inputs", "prepare", "bind", "widened", "expand_batch", "key_times", "half_holds",
            "in_float32", "row_norms"]
 
+# the dtypes whose call with slots that couple nothing but themselves (ALiBi) stays as the caller gave it until the
+# path is chosen (Call.lazy): the fused linear-bias path reads q, k, v as they are, its scale c; every other path
+# widens them to float32 and multiplies q by c (float32: that product is a fresh pass over q the fused path saves)
+LAZY_DTYPES = (torch.bfloat16, torch.float32)
 # the half-precision dtypes of an attention call, whose working dtype is float32
 LOW = (torch.float16, torch.bfloat16)
 # the largest factor an origin's budget lets a float16 encoding apply, e^{log(max)/3} (origin_budget's limit)
@@ -116,8 +120,8 @@ class Call:
     # the dtype the flash kernel reads the encoded content in where a path keeps the slots out of q and k
     # (ALiBi's bias as the kernel's per-key mask): the caller's bfloat16 when only the slots needed float32
     content_dtype: torch.dtype | None = None
-    # q, k, v are still the caller's bfloat16 and q is not yet multiplied by c (``content_dtype`` set): the fused
-    # linear-bias path reads them so; every other path takes :func:`widened` first
+    # q, k, v are still the caller's (bfloat16 or float32: LAZY_DTYPES) and q is not yet multiplied by c
+    # (``content_dtype`` set): the fused linear-bias path reads them so; every other path takes :func:`widened` first
     lazy: bool = False
 
     def cached(self) -> KVCache:
@@ -328,8 +332,8 @@ def bind(x: Inputs) -> Call:
     q = x.q
     wide = enc.plan.has_coupling or (x.venc is not None and x.venc.plan.has_coupling)
     content_dtype = None
-    if q.dtype == torch.bfloat16 and wide and x.venc is None and not _content_coupled(enc):
-        content_dtype = q.dtype  # only the slots couple (ALiBi): the content may be attended in bfloat16
+    if q.dtype in LAZY_DTYPES and wide and x.venc is None and not _content_coupled(enc):
+        content_dtype = q.dtype  # only the slots couple (ALiBi): the content may be attended in q's own dtype
     lazy = content_dtype is not None  # widened by the caller unless the fused linear-bias path takes the call
     if q.dtype in LOW and not lazy and (wide or q.dtype == torch.float16 and not half_holds(enc, x.venc, q, k, v)):
         # polynomial (Jordan) parts cancel between F(t - o) and G(s - o): bfloat16 cannot hold the
