@@ -40,7 +40,7 @@ from attention import _inputs, _step, encodings  # benchmarks/attention.py: the 
 from rounds import interleaved, machine, save, threads
 
 import liepos as lp
-from liepos import _kernels, attention_call, attention_pieces, causal_tiling, faded_keys, recentre, recentred_kernel
+from liepos import _kernels, attend, attention_call, attention_pieces, causal_tiling, faded_keys, recentre, recentred_kernel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -104,6 +104,8 @@ SWITCHES: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager]]]
     "term-bounds": ("Jordan's between tiles each finding their largest entries and clearing in passes of their own "
                     "(now bounded by the tables' row sums and cleared as they are encoded)",
                     lambda: _patched(causal_tiling, "term_bounds", lambda *a: None)),
+    "in-buffers": ("the plain causal self-attention's q and k encoded into fresh tensors (now into the thread's reused "
+                   "buffers, their pages mapped)", lambda: _patched(attend, "IN_BUFFERS", False)),
     "lazy-float32": ("a float32 linear-bias call's q multiplied by c in a pass of its own before the path is chosen (now "
                      "read as given on the fused linear-bias path, as bfloat16 is)",
                      lambda: _patched(attention_call, "LAZY_DTYPES", (torch.bfloat16,))),

@@ -31,7 +31,8 @@ import torch
 import liepos.attention_graph as attention_graph
 from liepos._checks import all_finite
 from liepos.attention_call import Call, bind, expand_batch, prepare, widened
-from liepos.attention_pieces import available, pieces
+from liepos._fast import arange_start
+from liepos.attention_pieces import arena, available, pieces, slot
 from liepos.attention_sdpa import sdpa
 from liepos.cache import KVCache
 from liepos.encoding import Encoding, as_positions
@@ -182,12 +183,42 @@ def _encoded(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     return store.part("k"), call.v if venc is None else store.part("v")
 
 
+# the plain causal self-attention encodes q and k into this thread's buffers (attention_pieces.arena), whose pages stay
+# mapped from call to call, not into fresh tensors (a page fault per 4 KiB); False: fresh tensors (benchmarks/ab.py)
+IN_BUFFERS = True
+
+
+def _in_buffers(call: Call) -> torch.Tensor | None:
+    """The causal self-attention over times ``p0 … p0 + T − 1`` (one range for every batch row; no cache, sinks or
+    value encoding) with q and k encoded into this thread's :class:`~liepos.attention_pieces.Arena`, free again once
+    the flash call has read them: its output is the kernel's own. None (the caller encodes into fresh tensors) when
+    anything needs a gradient — autograd would keep the encodings, which the next call overwrites — or the call is of
+    another kind."""
+    enc, q, k, v = call.enc, call.q, call.k, call.v
+    if (not IN_BUFFERS or not call.simple or call.cache is not None or call.sinks is not None or call.venc is not None
+            or enc.num_slots or not available(q)):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or enc._learned()):
+        return None
+    pos = call.kpos  # (B, T), or (B, T, axes) for an encoding of several axes (no range)
+    one = pos.dim() == 2 and (pos.shape[0] == 1 or pos.stride(0) == 0)
+    p0 = arange_start(pos[:1]) if one else None  # (1, T): one range for every batch row
+    if p0 is None or not enc._span_takes_tables(q, p0):
+        return None
+    with arena() as buffers:
+        qe = enc._span(q, p0, "query", into=slot(buffers, "q", q.device))
+        ke = enc._span(k, p0, "key", into=slot(buffers, "k", k.device))
+        return sdpa(qe, ke, v, None, call.c, is_causal=True, finite=call.finite)
+
+
 def _plain(call: Call) -> torch.Tensor:
     """Pure rotations (no re-centring): encode at absolute times, one fused call where possible. NoPE (the
     identity, nothing to learn, no slots or query scale) reads q and k as they are, without their copies."""
     enc = call.enc
     if enc.generator.is_identity and not enc.num_slots and enc.query_scale is None and call.cache is None:
         qe, ke, ve = call.q, call.k, call.v if call.venc is None else call.venc.key(call.v, call.kpos)
+    elif (y := _in_buffers(call)) is not None:
+        return y
     else:
         qe = enc.query(call.q, call.qpos)
         ke, ve = _encoded(call)
