@@ -139,8 +139,8 @@ def measure(switch: str, names: list[str], T: int, dtype: torch.dtype, rounds: i
         finally:
             recentred_kernel.kernel = real
         if switch == "native-kernel" and (ran != 1 or len(calls) != 1):
-            raise SystemExit(f"{name}: the native kernel ran {ran} times in the new call and {len(calls) - ran} in "
-                             "the old one (1 and 0 expected): nothing to compare here")
+            raise SystemExit(f"{name} at T = {T} in {dtype}: the native kernel ran {ran} times in the new call and "
+                             f"{len(calls) - ran} in the old one (1 and 0 expected): nothing to compare here")
         times = interleaved({"sdpa": sdpa, "new": new, "old": old}, rounds, number=1)
         q = [(n / s) / (o / s) for s, n, o in zip(times["sdpa"], times["new"], times["old"])]
         out[name] = {"new": statistics.median(n / s for s, n in zip(times["sdpa"], times["new"])),
