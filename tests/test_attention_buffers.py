@@ -42,13 +42,16 @@ def _inputs(B: int, H: int, Hk: int, T: int, dtype: torch.dtype, seed: int):
 
 @given(name=st.sampled_from(sorted(ENCODINGS)), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        B=st.integers(1, 2), groups=st.sampled_from([1, 2]), T=st.integers(1, 300), start=st.integers(0, 5000),
-       seed=st.integers(0, 2**16))
+       bshd=st.booleans(), seed=st.integers(0, 2**16))
 @settings(max_examples=25, deadline=None)
-def test_encodings_in_buffers_give_the_bits_of_fresh_ones(name, dtype, B, groups, T, start, seed):
-    """Any batch, grouped keys, length and first time: the buffered call equals the call encoding into fresh
-    tensors to the bit, and took the buffers."""
+def test_encodings_in_buffers_give_the_bits_of_fresh_ones(name, dtype, B, groups, T, start, bshd, seed):
+    """Any batch, grouped keys, length, first time and memory order (heads inside positions, as a model's
+    projections lay them out): the buffered call equals the call encoding into fresh tensors to the bit, and took
+    the buffers."""
     enc = ENCODINGS[name]()
     q, k, v = _inputs(B, 4, 4 // groups, T, dtype, seed)
+    if bshd:  # (B, H, T, D) views of (B, T, H, D) memory
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     pos = torch.arange(start, start + T)
     taken: list = []
     real = attention_pieces.slot
