@@ -85,6 +85,15 @@ def contenders(shape: tuple[int, ...]) -> dict:
                 _kernels.STREAM_ABOVE_BYTES = before
         return run
 
+    def small_pages(fn):  # the same call with every fresh output on 4 KiB pages (no transparent huge pages asked)
+        def run():
+            before, _kernels.HUGE_ABOVE_BYTES = _kernels.HUGE_ABOVE_BYTES, math.inf
+            try:
+                return fn()
+            finally:
+                _kernels.HUGE_ABOVE_BYTES = before
+        return run
+
     def unreplayed(enc, fn):  # the call with the encoding's lanes and kept tables let go first: the full call each time
         def run():
             enc.__dict__.pop("_lanes", None)
@@ -98,6 +107,7 @@ def contenders(shape: tuple[int, ...]) -> dict:
     full = lp.rope(shape[-1], layout="half")  # an encoding of its own: the timed "half" keeps its lanes
     out["half (full call)"] = unreplayed(full, lambda: (full.query(q, pos), full.key(k, pos)))
     out["half (not streamed)"] = stored(out["half"])
+    out["half (4 KiB pages)"] = small_pages(out["half"])
     out["half (torch ops)"] = ops(out["half"])
     out["half inplace (torch ops)"] = ops(out["half inplace"])
     out["jordan"] = lambda: (jordan.query(q, pos), jordan.key(k, pos))

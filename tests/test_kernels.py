@@ -594,3 +594,29 @@ def test_streaming_takes_only_pages_already_mapped():
     fresh.zero_()  # every page of it mapped
     assert ops.halves_streams(x, fresh)
     del fresh
+
+
+def test_fresh_outputs_ask_for_huge_pages_over_their_aligned_interior(monkeypatch):
+    """An output of at least HUGE_ABOVE_BYTES is advised as transparent huge pages over exactly its 2 MiB-aligned
+    interior (never a byte outside it), a smaller one not at all; the values are those of 4 KiB pages, every layout
+    that allocates a fresh output (half, interleaved, Jordan terms)."""
+    calls: list[tuple[int, int, int]] = []
+    real = _kernels._madvise()
+    monkeypatch.setattr(_kernels, "_madvise", lambda: lambda a, n, advice: calls.append((a, n, advice)) or (
+        real(a, n, advice) if real is not None else 0))
+    small = _kernels.huge(torch.empty(_kernels.HUGE_ABOVE_BYTES // 4 - 1))
+    assert calls == [] and small.numel() == _kernels.HUGE_ABOVE_BYTES // 4 - 1
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 8, 4096, 64, generator=g)  # 8 MiB
+    pos = torch.arange(4096)
+    for enc in (lp.rope(64, layout="half"), lp.rope(64), lp.build("jordan", 64, rate=-1 / 8192)):
+        calls.clear()
+        y = enc.query(x, pos)
+        assert calls, enc.name
+        lo, hi = y.data_ptr(), y.data_ptr() + y.nbytes
+        for a, n, advice in calls:
+            assert advice == 14 and a % (2 << 20) == 0 and n % (2 << 20) == 0 and n > 0
+        assert any(lo <= a and a + n <= hi for a, n, _ in calls)
+        monkeypatch.setattr(_kernels, "HUGE_ABOVE_BYTES", float("inf"))
+        assert torch.equal(enc.query(x, pos), y)
+        monkeypatch.setattr(_kernels, "HUGE_ABOVE_BYTES", 8 << 20)

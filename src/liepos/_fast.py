@@ -391,11 +391,11 @@ def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype,
     that the output of an encoding has the strides of its input. ``take``: a provider of the contiguous
     tensor in that order (given its shape and dtype; a buffer the caller reuses), else a fresh one."""
     if take is None and width == x.shape[-1] and dtype == x.dtype:
-        return torch.empty_like(x)
+        return _kernels.huge(torch.empty_like(x))
     strides: list[int] = [x.stride(i) for i in range(x.dim() - 1)]
     order = sorted(range(x.dim() - 1), key=lambda i: -strides[i])  # outer → inner, last dim stays last
     shape = [x.shape[i] for i in order] + [width]
-    y = torch.empty(shape, dtype=dtype, device=x.device) if take is None else take(tuple(shape), dtype)
+    y = _kernels.huge(torch.empty(shape, dtype=dtype, device=x.device)) if take is None else take(tuple(shape), dtype)
     inv = [0] * (x.dim() - 1)
     for pos, i in enumerate(order):
         inv[i] = pos

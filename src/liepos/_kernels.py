@@ -243,7 +243,7 @@ def rotate_halves(
     # one native pass (both halves loaded, both stored; a fresh output in tiles of positions, :func:`_tile`):
     # in place, into a view, or fresh (measured at (1, 32, 4096, 128) against the Inductor loop below:
     # 1.03-1.04x a clone against 1.08-1.14x on two threads, 1.09x against 1.17-1.20x on one)
-    y = torch.empty_like(x) if into is None and _native_ok(x, None, c, s) else into
+    y = huge(torch.empty_like(x)) if into is None and _native_ok(x, None, c, s) else into
     if y is not None and _rotate_halves_native(x, c, s, y, into is None) is not None:
         return y
     if x.numel() < MIN_ELEMS or not enabled(x.device):
@@ -296,6 +296,11 @@ TILE, TILE_ABOVE_BYTES = 32, 0
 # non-temporal stores): it leaves the cache before it is read; fresh pages are zeroed into the cache by their first
 # touch, where writing through wins (figures in the performance guide)
 STREAM_ABOVE_BYTES = 8 << 20
+# a fresh output of this many bytes or more asks Linux for transparent huge pages over its 2 MiB-aligned interior
+# (madvise MADV_HUGEPAGE, before its first touch; honoured where THP is "madvise" or "always"): one page fault per
+# 2 MiB instead of per 4 KiB, each fault's zeroing the only cost left (`benchmarks/apply.py` counts the faults)
+HUGE_ABOVE_BYTES, HUGE_PAGE = 8 << 20, 2 << 20
+_MADV_HUGEPAGE = 14
 _native: dict[str, Path] = {}  # "library": the loaded library, once per process
 _ran: set[str] = set()  # the native ops called in this process, with x's dtype ("terms float32")
 _fakes: set[str] = set()  # the ops whose fake implementation is registered
@@ -522,6 +527,35 @@ def library() -> Path | None:
     return _native.get("library")
 
 
+@functools.lru_cache(maxsize=1)
+def _madvise() -> Any:
+    """libc's ``madvise`` on Linux, else None."""
+    if platform.system() != "Linux":
+        return None
+    try:
+        import ctypes
+
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+    return fn
+
+
+def huge(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a fresh CPU tensor, not yet written) with its 2 MiB-aligned interior advised as transparent huge pages
+    when it holds at least :data:`HUGE_ABOVE_BYTES`; a hint the kernel may ignore (any failure is ignored too):
+    the values are those of any fresh tensor."""
+    n = t.numel() * t.element_size()
+    if n < HUGE_ABOVE_BYTES or t.device.type != "cpu" or (fn := _madvise()) is None:
+        return t
+    p = t.data_ptr()
+    a, e = (p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), (p + n) & ~(HUGE_PAGE - 1)
+    if e > a:
+        fn(a, e - a, _MADV_HUGEPAGE)
+    return t
+
+
 def _native_ok(x: torch.Tensor, into: torch.Tensor | None, *tables: torch.Tensor, least: int | None = None) -> bool:
     """The native kernels take 4-D x (last stride 1, at least ``least`` elements, default :data:`MIN_ELEMS`) of
     a supported dtype, tables of the work dtype."""
@@ -566,7 +600,7 @@ def apply_terms(
         raise ValueError(f"terms: tables {tuple(T.shape)} do not match {J} offsets and width {D}")
     if (ops := _ops()) is None:
         return None
-    y = torch.empty_like(x) if into is None else into
+    y = huge(torch.empty_like(x)) if into is None else into
     T = T.expand(B, H, S, J, D)  # (B|1, H|1, S, J, D) -> (B, H, S, J, D), stride 0 where broadcast
     # a fresh output in tiles of positions, whose page faults evict the tables between heads (at (1, 32, 4096, 128):
     # 1.2x a clone in tiles of 32, 1.6x head after head); in place head after head (1.1x against 2.1x a warm copy)
