@@ -76,23 +76,21 @@ def contenders(shape: tuple[int, ...]) -> dict:
         "interleaved inplace": lambda: (inter.query(bq, pos, inplace=True), inter.key(bk, pos, inplace=True)),
         "half inplace": lambda: (half.query(bq, pos, inplace=True), half.key(bk, pos, inplace=True)),
     }
-    def stored(fn):  # the same call with a fresh output written through the cache (no non-temporal stores)
+    def with_constant(name, value, fn):  # the same call with a module constant of _kernels set to value
         def run():
-            before, _kernels.STREAM_ABOVE_BYTES = _kernels.STREAM_ABOVE_BYTES, math.inf
+            before = getattr(_kernels, name)
+            setattr(_kernels, name, value)
             try:
                 return fn()
             finally:
-                _kernels.STREAM_ABOVE_BYTES = before
+                setattr(_kernels, name, before)
         return run
 
-    def small_pages(fn):  # the same call with every fresh output on 4 KiB pages (no transparent huge pages asked)
-        def run():
-            before, _kernels.HUGE_ABOVE_BYTES = _kernels.HUGE_ABOVE_BYTES, math.inf
-            try:
-                return fn()
-            finally:
-                _kernels.HUGE_ABOVE_BYTES = before
-        return run
+    def stored(fn):  # a fresh output written through the cache (no non-temporal stores)
+        return with_constant("STREAM_ABOVE_BYTES", math.inf, fn)
+
+    def small_pages(fn):  # every fresh output on 4 KiB pages (no transparent huge pages asked)
+        return with_constant("HUGE_ABOVE_BYTES", math.inf, fn)
 
     def unreplayed(enc, fn):  # the call with the encoding's lanes and kept tables let go first: the full call each time
         def run():
