@@ -607,7 +607,7 @@ def test_fresh_outputs_ask_for_huge_pages_over_their_aligned_interior(monkeypatc
     small = _kernels.huge(torch.empty(_kernels.HUGE_ABOVE_BYTES // 4 - 1))
     assert calls == [] and small.numel() == _kernels.HUGE_ABOVE_BYTES // 4 - 1
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 8, 4096, 64, generator=g)  # 8 MiB
+    x = torch.randn(1, 32, 4096, 64, generator=g)  # 32 MiB
     pos = torch.arange(4096)
     for enc in (lp.rope(64, layout="half"), lp.rope(64), lp.build("jordan", 64, rate=-1 / 8192)):
         calls.clear()
@@ -619,4 +619,4 @@ def test_fresh_outputs_ask_for_huge_pages_over_their_aligned_interior(monkeypatc
         assert any(lo <= a and a + n <= hi for a, n, _ in calls)
         monkeypatch.setattr(_kernels, "HUGE_ABOVE_BYTES", float("inf"))
         assert torch.equal(enc.query(x, pos), y)
-        monkeypatch.setattr(_kernels, "HUGE_ABOVE_BYTES", 8 << 20)
+        monkeypatch.setattr(_kernels, "HUGE_ABOVE_BYTES", 32 << 20)

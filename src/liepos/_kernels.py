@@ -298,8 +298,10 @@ TILE, TILE_ABOVE_BYTES = 32, 0
 STREAM_ABOVE_BYTES = 8 << 20
 # a fresh output of this many bytes or more asks Linux for transparent huge pages over its 2 MiB-aligned interior
 # (madvise MADV_HUGEPAGE, before its first touch; honoured where THP is "madvise" or "always"): one page fault per
-# 2 MiB instead of per 4 KiB, each fault's zeroing the only cost left (`benchmarks/apply.py` counts the faults)
-HUGE_ABOVE_BYTES, HUGE_PAGE = 8 << 20, 2 << 20
+# 2 MiB instead of per 4 KiB (`benchmarks/apply.py` counts the faults: at (1, 32, 4096, 128), 64 MiB a tensor, the
+# half layout took 0.74-0.79 of a clone's time against 1.15-1.17 on 4 KiB pages, on a Xeon with AMX); at 8 MiB
+# (the attention shape) the two read alike within that shape's noise, so smaller outputs keep 4 KiB pages
+HUGE_ABOVE_BYTES, HUGE_PAGE = 32 << 20, 2 << 20
 _MADV_HUGEPAGE = 14
 _native: dict[str, Path] = {}  # "library": the loaded library, once per process
 _ran: set[str] = set()  # the native ops called in this process, with x's dtype ("terms float32")
