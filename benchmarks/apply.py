@@ -59,7 +59,7 @@ def contenders(shape: tuple[int, ...]) -> dict:
     pos = torch.arange(shape[2])
     inter, half = lp.rope(shape[-1]), lp.rope(shape[-1], layout="half")
     jordan, mixed = lp.build("jordan", shape[-1], rate=-1 / 8192), _mixed(shape[-1])
-    from liepos import _kernels
+    from liepos import _kernels, _pages
 
     def ops(fn):  # the same call with the compiled kernels off: the torch-op fallback
         def run():
@@ -76,21 +76,21 @@ def contenders(shape: tuple[int, ...]) -> dict:
         "interleaved inplace": lambda: (inter.query(bq, pos, inplace=True), inter.key(bk, pos, inplace=True)),
         "half inplace": lambda: (half.query(bq, pos, inplace=True), half.key(bk, pos, inplace=True)),
     }
-    def with_constant(name, value, fn):  # the same call with a module constant of _kernels set to value
+    def with_constant(name, value, fn, module=_kernels):  # the same call with a module constant set to value
         def run():
-            before = getattr(_kernels, name)
-            setattr(_kernels, name, value)
+            before = getattr(module, name)
+            setattr(module, name, value)
             try:
                 return fn()
             finally:
-                setattr(_kernels, name, before)
+                setattr(module, name, before)
         return run
 
     def stored(fn):  # a fresh output written through the cache (no non-temporal stores)
         return with_constant("STREAM_ABOVE_BYTES", math.inf, fn)
 
     def small_pages(fn):  # every fresh output on 4 KiB pages (no transparent huge pages asked)
-        return with_constant("HUGE_ABOVE_BYTES", math.inf, fn)
+        return with_constant("HUGE_ABOVE_BYTES", math.inf, fn, _pages)
 
     def unreplayed(enc, fn):  # the call with the encoding's lanes and kept tables let go first: the full call each time
         def run():

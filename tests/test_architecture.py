@@ -84,7 +84,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("liepos._jordan_form", "liepos._jordan_numeric", "liepos._jordan", "liepos.generator"),
     ("liepos.classification", "liepos.tables"),
     ("liepos.apply",),
-    ("liepos._fast", "liepos._kernels", "liepos._triton", "liepos._replay"),
+    ("liepos._pages", "liepos._fast", "liepos._kernels", "liepos._triton", "liepos._replay"),
     ("liepos.encoding", "liepos._graph"),
     ("liepos.catalogue", "liepos.scaling", "liepos.nn", "liepos.coordinates", "liepos._graph_key"),
     ("liepos.cache", "liepos.masks", "liepos.recentre", "liepos.origin_budget", "liepos.causal_tiling",
@@ -168,8 +168,11 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_positions_only_go_down_from_the_encoding_to_the_kernels():
-    assert GRAPH["liepos._fast"] <= {"liepos.tables", "liepos.apply", "liepos._kernels", "liepos._triton"}, GRAPH["liepos._fast"]
-    assert not GRAPH["liepos._kernels"], GRAPH["liepos._kernels"]  # the compiled kernels import torch only
+    assert GRAPH["liepos._fast"] <= {"liepos.tables", "liepos.apply", "liepos._kernels", "liepos._triton",
+                                     "liepos._pages"}, GRAPH["liepos._fast"]
+    # the compiled kernels import torch and the page policy of fresh outputs only, which imports torch only
+    assert GRAPH["liepos._kernels"] <= {"liepos._pages"}, GRAPH["liepos._kernels"]
+    assert not GRAPH["liepos._pages"], GRAPH["liepos._pages"]
     assert not GRAPH["liepos._triton"], GRAPH["liepos._triton"]  # torch and (lazily) triton only
     assert GRAPH["liepos.apply"] <= {"liepos.tables", "liepos.generator", "liepos.structure"}, GRAPH["liepos.apply"]
     assert "liepos.encoding" not in GRAPH["liepos.tables"] | GRAPH["liepos.generator"]

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import liepos as lp
-from liepos import _fast, _kernels
+from liepos import _fast, _kernels, _pages
 from liepos.generator import Generator, direct_sum
 from helpers import fast_lane
 
@@ -601,11 +601,17 @@ def test_fresh_outputs_ask_for_huge_pages_over_their_aligned_interior(monkeypatc
     interior (never a byte outside it), a smaller one not at all; the values are those of 4 KiB pages, every layout
     that allocates a fresh output (half, interleaved, Jordan terms)."""
     calls: list[tuple[int, int, int]] = []
-    real = _kernels._madvise()
-    monkeypatch.setattr(_kernels, "_madvise", lambda: lambda a, n, advice: calls.append((a, n, advice)) or (
+    real = _pages._madvise()
+    monkeypatch.setattr(_pages, "_madvise", lambda: lambda a, n, advice: calls.append((a, n, advice)) or (
         real(a, n, advice) if real is not None else 0))
-    small = _kernels.huge(torch.empty(_kernels.HUGE_ABOVE_BYTES // 4 - 1))
-    assert calls == [] and small.numel() == _kernels.HUGE_ABOVE_BYTES // 4 - 1
+    small = _pages.huge(torch.empty(_pages.HUGE_ABOVE_BYTES // 4 - 1))
+    assert calls == [] and small.numel() == _pages.HUGE_ABOVE_BYTES // 4 - 1
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # as torch.compile traces: no data pointer to advise, the tensor as it is
+        fake = torch.empty(_pages.HUGE_ABOVE_BYTES // 4)
+        assert _pages.huge(fake) is fake
+    assert _pages.huge(meta := torch.empty(_pages.HUGE_ABOVE_BYTES, device="meta")) is meta and calls == []
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 32, 4096, 64, generator=g)  # 32 MiB
     pos = torch.arange(4096)
@@ -617,6 +623,6 @@ def test_fresh_outputs_ask_for_huge_pages_over_their_aligned_interior(monkeypatc
         for a, n, advice in calls:
             assert advice == 14 and a % (2 << 20) == 0 and n % (2 << 20) == 0 and n > 0
         assert any(lo <= a and a + n <= hi for a, n, _ in calls)
-        monkeypatch.setattr(_kernels, "HUGE_ABOVE_BYTES", float("inf"))
+        monkeypatch.setattr(_pages, "HUGE_ABOVE_BYTES", float("inf"))
         assert torch.equal(enc.query(x, pos), y)
-        monkeypatch.setattr(_kernels, "HUGE_ABOVE_BYTES", 32 << 20)
+        monkeypatch.setattr(_pages, "HUGE_ABOVE_BYTES", 32 << 20)

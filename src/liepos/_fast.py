@@ -49,6 +49,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 import liepos._kernels as _kernels
+import liepos._pages as _pages
 import liepos._triton as _triton
 from liepos.tables import Tables
 
@@ -391,11 +392,11 @@ def empty_out(x: torch.Tensor, width: int, dtype: torch.dtype,
     that the output of an encoding has the strides of its input. ``take``: a provider of the contiguous
     tensor in that order (given its shape and dtype; a buffer the caller reuses), else a fresh one."""
     if take is None and width == x.shape[-1] and dtype == x.dtype:
-        return _kernels.huge(torch.empty_like(x))
+        return _pages.huge(torch.empty_like(x))
     strides: list[int] = [x.stride(i) for i in range(x.dim() - 1)]
     order = sorted(range(x.dim() - 1), key=lambda i: -strides[i])  # outer → inner, last dim stays last
     shape = [x.shape[i] for i in order] + [width]
-    y = _kernels.huge(torch.empty(shape, dtype=dtype, device=x.device)) if take is None else take(tuple(shape), dtype)
+    y = _pages.huge(torch.empty(shape, dtype=dtype, device=x.device)) if take is None else take(tuple(shape), dtype)
     inv = [0] * (x.dim() - 1)
     for pos, i in enumerate(order):
         inv[i] = pos

@@ -69,6 +69,8 @@ from typing import Any
 
 import torch
 
+from liepos import _pages
+
 __all__ = [
     "CACHE_ENV", "ENV", "MIN_ELEMS", "MIN_ELEMS_TERMS", "SLAB_BYTES", "absmax", "absrange", "apply_terms", "clear_below",
     "enabled", "flushed", "library", "merge", "multiply", "norms", "off", "rotate_halves", "status",
@@ -77,8 +79,8 @@ __all__ = [
 ENV = "LIEPOS_KERNELS"
 # where the native ops are built (default: $XDG_CACHE_HOME/liepos/kernels or ~/.cache/…), one directory per build key
 CACHE_ENV = "LIEPOS_KERNEL_CACHE"
-# below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers
-# (measured: 31 µs compiled vs 16 µs eager for one (1, 1, 1, 128) row on the 2-core CPU)
+# below this many elements of x the torch ops win: a compiled call costs ~30 µs of guards and wrappers (31 µs
+# compiled against 16 µs eager for one (1, 1, 1, 128) row on the 2-core CPU)
 MIN_ELEMS = 1 << 16
 # the terms kernel runs at any size: its fallback is one addcmul_ per coupling pair (measured, one thread: a
 # decode step of build("jordan", 64) on (1, 8, 1, 64) takes 139 µs with the kernel, 524 µs with the ops)
@@ -240,10 +242,9 @@ def rotate_halves(
     of x's shape): written there. Returns the result, or ``None`` when the compiled kernel does not
     apply (see the module docstring) and the caller must use the torch ops.
     """
-    # one native pass (both halves loaded, both stored; a fresh output in tiles of positions, :func:`_tile`):
-    # in place, into a view, or fresh (measured at (1, 32, 4096, 128) against the Inductor loop below:
-    # 1.03-1.04x a clone against 1.08-1.14x on two threads, 1.09x against 1.17-1.20x on one)
-    y = huge(torch.empty_like(x)) if into is None and _native_ok(x, None, c, s) else into
+    # one native pass (a fresh output in tiles of positions, :func:`_tile`), in place, into a view or fresh: at (1, 32,
+    # 4096, 128) 1.03-1.04x a clone against the Inductor loop's 1.08-1.14x on two threads, 1.09x / 1.17-1.20x on one
+    y = _pages.huge(torch.empty_like(x)) if into is None and _native_ok(x, None, c, s) else into
     if y is not None and _rotate_halves_native(x, c, s, y, into is None) is not None:
         return y
     if x.numel() < MIN_ELEMS or not enabled(x.device):
@@ -288,21 +289,13 @@ STALE_LOCK_S = 1800  # a build lock older than this was left by a killed build
 _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _MAX_WIDTH = 4096  # the kernels keep a row on the stack
 # a fresh output is written in tiles of TILE positions (all heads of a tile in turn) when x is larger than
-# TILE_ABOVE_BYTES: at every size (on a Xeon with AMX the half-layout rotation of an L3-resident (1, 8, 4096, 64)
-# took 0.98 ms in tiles against 1.73 ms head after head, a clone 0.59 ms; the re-centred attention's tiles gained
-# 2-5 %); in place the rows run head after head
+# TILE_ABOVE_BYTES: at every size (a Xeon with AMX, the half-layout rotation of an L3-resident (1, 8, 4096, 64): 0.98 ms
+# in tiles, 1.73 ms head after head, a clone 0.59; the re-centred tiles gained 2-5 %); in place head after head
 TILE, TILE_ABOVE_BYTES = 32, 0
 # a fresh float32 half-layout output of this many bytes or more, into pages already mapped, is streamed (the kernel's
 # non-temporal stores): it leaves the cache before it is read; fresh pages are zeroed into the cache by their first
 # touch, where writing through wins (figures in the performance guide)
 STREAM_ABOVE_BYTES = 8 << 20
-# a fresh output of this many bytes or more asks Linux for transparent huge pages over its 2 MiB-aligned interior
-# (madvise MADV_HUGEPAGE, before its first touch; honoured where THP is "madvise" or "always"): one page fault per
-# 2 MiB instead of per 4 KiB (`benchmarks/apply.py` counts the faults: at (1, 32, 4096, 128), 64 MiB a tensor, the
-# half layout took 0.74-0.79 of a clone's time against 1.15-1.17 on 4 KiB pages, on a Xeon with AMX); at 8 MiB
-# (the attention shape) the two read alike within that shape's noise, so smaller outputs keep 4 KiB pages
-HUGE_ABOVE_BYTES, HUGE_PAGE = 32 << 20, 2 << 20
-_MADV_HUGEPAGE = 14
 _native: dict[str, Path] = {}  # "library": the loaded library, once per process
 _ran: set[str] = set()  # the native ops called in this process, with x's dtype ("terms float32")
 _fakes: set[str] = set()  # the ops whose fake implementation is registered
@@ -529,35 +522,6 @@ def library() -> Path | None:
     return _native.get("library")
 
 
-@functools.lru_cache(maxsize=1)
-def _madvise() -> Any:
-    """libc's ``madvise`` on Linux, else None."""
-    if platform.system() != "Linux":
-        return None
-    try:
-        import ctypes
-
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
-    return fn
-
-
-def huge(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (a fresh CPU tensor, not yet written) with its 2 MiB-aligned interior advised as transparent huge pages
-    when it holds at least :data:`HUGE_ABOVE_BYTES`; a hint the kernel may ignore (any failure is ignored too):
-    the values are those of any fresh tensor."""
-    n = t.numel() * t.element_size()
-    if n < HUGE_ABOVE_BYTES or t.device.type != "cpu" or (fn := _madvise()) is None:
-        return t
-    p = t.data_ptr()
-    a, e = (p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1), (p + n) & ~(HUGE_PAGE - 1)
-    if e > a:
-        fn(a, e - a, _MADV_HUGEPAGE)
-    return t
-
-
 def _native_ok(x: torch.Tensor, into: torch.Tensor | None, *tables: torch.Tensor, least: int | None = None) -> bool:
     """The native kernels take 4-D x (last stride 1, at least ``least`` elements, default :data:`MIN_ELEMS`) of
     a supported dtype, tables of the work dtype."""
@@ -602,7 +566,7 @@ def apply_terms(
         raise ValueError(f"terms: tables {tuple(T.shape)} do not match {J} offsets and width {D}")
     if (ops := _ops()) is None:
         return None
-    y = huge(torch.empty_like(x)) if into is None else into
+    y = _pages.huge(torch.empty_like(x)) if into is None else into
     T = T.expand(B, H, S, J, D)  # (B|1, H|1, S, J, D) -> (B, H, S, J, D), stride 0 where broadcast
     # a fresh output in tiles of positions, whose page faults evict the tables between heads (at (1, 32, 4096, 128):
     # 1.2x a clone in tiles of 32, 1.6x head after head); in place head after head (1.1x against 2.1x a warm copy)
