@@ -99,3 +99,24 @@ def test_no_buffers_under_a_gradient(needs, monkeypatch):
     (got,) = torch.autograd.grad(y.square().sum(), wrt)
     assert taken == ([] if needs == "frequencies" else ["q", "k"])  # the other call alone, needing nothing
     assert torch.equal(got, alone)
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "retnet", "decay", "alibi", "jordan"])
+def test_buffers_made_under_inference_mode_serve_every_later_call(name):
+    """A buffer made under ``torch.inference_mode`` is an inference tensor, which nothing may write outside that
+    mode: the calls after it (no_grad, a gradient, inference mode again) each get a buffer they may write, with the
+    same outputs and the gradient of a call that came first."""
+    enc = {"rope": lambda: lp.rope(64), "xpos": lambda: lp.xpos(64), "retnet": lambda: lp.retnet(64, num_heads=4),
+           "decay": lambda: lp.build("decay", 64, 4), "alibi": lambda: lp.alibi(64, num_heads=4),
+           "jordan": lambda: lp.build("jordan", 64)}[name]()
+    q, k, v = _inputs(1, 4, 4, 300, torch.float32, 4)
+    leaf = q.clone().requires_grad_(True)
+    (first,) = torch.autograd.grad(lp.attention(leaf, k, v, enc).square().sum(), leaf)
+    with torch.inference_mode():
+        a = lp.attention(q, k, v, enc)
+    with torch.no_grad():
+        b = lp.attention(q, k, v, enc)
+    (again,) = torch.autograd.grad(lp.attention(leaf, k, v, enc).square().sum(), leaf)
+    with torch.inference_mode():
+        c = lp.attention(q, k, v, enc)
+    assert torch.equal(a, b) and torch.equal(b, c) and torch.equal(first, again)

@@ -152,7 +152,8 @@ class Arena:
             n = math.prod(shape)
             key = (name, dtype, device)
             buf = self._bufs.get(key)
-            if buf is None or buf.numel() < n:
+            # a buffer made under torch.inference_mode is an inference tensor, which nothing may write outside it
+            if buf is None or buf.numel() < n or (buf.is_inference() and not torch.is_inference_mode_enabled()):
                 self._bufs.pop(key, None)
                 size = n * torch.empty((), dtype=dtype).element_size()
                 if size > self.cap:
