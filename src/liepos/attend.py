@@ -198,8 +198,8 @@ def _in_buffers(call: Call) -> torch.Tensor | None:
     if (not IN_BUFFERS or not call.simple or call.cache is not None or call.sinks is not None or call.venc is not None
             or enc.num_slots or not available(q)):
         return None
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or enc._learned()):
-        return None
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None  # learned frequencies are refused below: their tables take no span (Encoding._fast_usable)
     pos = call.kpos  # (B, T), or (B, T, axes) for an encoding of several axes (no range)
     one = pos.dim() == 2 and (pos.shape[0] == 1 or pos.stride(0) == 0)
     p0 = arange_start(pos[:1]) if one else None  # (1, T): one range for every batch row
