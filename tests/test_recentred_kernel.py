@@ -1,7 +1,7 @@
 """The native re-centring kernel (liepos.recentred_kernel): the attention it gives equals the float64 reference
 within the precision contract and the tiling it replaces, over random shapes (hypothesis: batch, heads, grouped
 keys, head sizes, lengths not a multiple of the block, both layouts, decay dims, damped and plain rotation
-planes); it runs exactly where it should (no gradient, no sinks, float32 everywhere, bfloat16 where it pays and
+planes, fading Jordan blocks real and complex); it runs exactly where it should (no gradient, no sinks, float32 everywhere, bfloat16 where it pays and
 oneDNN packs bfloat16), and its corrections are the encoding's own A(m·W)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import liepos as lp
 from liepos import _kernels, causal_tiling, recentred_kernel
 from liepos.catalogue import default_decay_rates
+from liepos.recentre import POLY_ROUNDING
 
 F64 = torch.float64
 pytestmark = pytest.mark.skipif(_kernels.library() is None or not recentred_kernel.gemms(),
@@ -50,7 +51,7 @@ def _encoding(kind: str, dim: int, heads: int) -> lp.Encoding:
 
 def _ran(monkeypatch) -> list:
     calls, real = [], recentred_kernel.kernel
-    monkeypatch.setattr(recentred_kernel, "kernel", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(recentred_kernel, "kernel", lambda *a: calls.append(a[5]) or real(*a))  # the block
     return calls
 
 
@@ -120,6 +121,9 @@ def test_runs_only_where_it_should(monkeypatch):
     with torch.no_grad():
         lp.attention(q, k, v, enc)
     assert len(calls) == 1  # float32, more than one block, no gradient
+    with torch.no_grad():
+        lp.attention(q, k, v, lp.build("jordan", 64))  # fading Jordan blocks: their queries and keys at the edges
+    assert calls == [128, recentred_kernel.EDGE_BLOCK]
     q.requires_grad_(True)
     lp.attention(q, k, v, enc).sum().backward()  # a gradient: the tiling
     with torch.no_grad():
@@ -127,10 +131,10 @@ def test_runs_only_where_it_should(monkeypatch):
         lp.attention(q[:, :, :100], k[:, :, :100], v[:, :, :100], enc)  # one block: the tiling
         with _kernels.off():
             lp.attention(q, k, v, enc)  # native kernels off
-        lp.attention(q, k, v, lp.build("jordan", 64))  # a Jordan block: no pair form
+        lp.attention(q, k, v, lp.build("jordan", 64, rate=0.0))  # Jordan blocks that do not fade
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
         lp.attention(q, k, v, enc)  # no oneDNN GEMMs of its kind (not x86 with AVX2): the tiling
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 def test_pays(monkeypatch):
@@ -153,33 +157,55 @@ def test_block_rows():
     assert recentred_kernel.block_rows(31.0, 2048) is None  # below 64 rows
 
 
-@pytest.mark.parametrize("kind", ["retnet", "retnet_half", "damped", "damped_half", "decay", "per_head"])
-def test_corrections_are_the_encodings_own(kind):
-    """corr[h, m] applied to an encoded query row equals the encoding at lag m·W applied to it (float64), to the
-    float32 rounding of the table's entries."""
+def _jordan(kind: str, dim: int) -> lp.Encoding:
+    """Encodings of fading Jordan blocks: the catalogue's (3×3 real blocks and a NoPE dim), 2×2 ones, and complex
+    ones (a damped rotation plane of Jordan chains) beside a decay dim."""
+    if kind == "jordan3":
+        return lp.build("jordan", dim)
+    if kind == "jordan2":
+        return lp.build("jordan", dim, size=2)
+    P = (dim - 2) // 4  # complex blocks of size 2 (4 dims each), the rest decay dims
+    rest = dim - 4 * P
+    g = lp.Generator(torch.cat([-default_decay_rates(P), torch.full((rest,), -0.1, dtype=F64)]),
+                     torch.cat([lp.rope_freqs(2 * P), torch.zeros(rest, dtype=F64)]), [2] * P + [1] * rest,
+                     complex=[True] * P + [False] * rest)
+    return lp.Encoding(g, name="damped_jordan")
+
+
+@pytest.mark.parametrize("kind", ["retnet", "retnet_half", "damped", "damped_half", "decay", "per_head", "jordan3",
+                                  "jordan2", "damped_jordan"])
+@pytest.mark.parametrize("edges", [False, True])
+def test_corrections_are_the_encodings_own(kind, edges):
+    """corr[h, m] applied to an encoded query row equals the encoding at the lag of the pair of blocks m apart
+    (m·W, or (m − 1)·W with ``edges``) applied to it (float64), to the float32 rounding of the table's entries."""
     D, H, W, nb = 16, 2, 64, 4
-    enc = _encoding(kind, D, H)
-    corr, partner = recentred_kernel.corrections(enc, W, nb, 1.0)
+    enc = _jordan(kind, D) if "jordan" in kind else _encoding(kind, D, H)
+    corr, partner = recentred_kernel.corrections(enc, W, nb, 1.0, edges)
+    P = corr.shape[2]
+    assert partner.shape == (P - 1, D)
+    terms = torch.cat([torch.arange(D).unsqueeze(0), partner])  # (P, D)
     x = torch.randn(1, corr.shape[0], 3, D, dtype=F64)
     for m in range(nb):
-        want = enc._query_after(x, torch.full((3,), float(m * W), dtype=F64))
-        a, b = corr[:, m, 0].double() / recentred_kernel._LOG2E, corr[:, m, 1].double() / recentred_kernel._LOG2E
-        a, b = a.view(1, -1, 1, D), b.view(1, -1, 1, D)
-        got = a * x + b * x[..., partner]
-        scale = a.abs() * x.abs() + b.abs() * x[..., partner].abs()  # each table entry rounded once to float32
-        tiny = 2 * torch.finfo(torch.float32).tiny * float(x.abs().max())  # an entry that underflows float32: 0
-        assert bool(((got - want).abs() <= 2.0**-22 * scale + tiny).all())
+        lag = max(m - 1, 0) * W if edges else m * W
+        want = enc._query_after(x, torch.full((3,), float(lag), dtype=F64))
+        a = corr[:, m].double().view(1, -1, 1, P, D) / recentred_kernel._LOG2E  # (1, Hc, 1, P, D)
+        parts = a * x[..., terms]  # (1, Hc, 3, P, D): each term's product
+        got = parts.sum(-2)
+        tiny = 2 * P * torch.finfo(torch.float32).tiny * float(x.abs().max())  # an entry underflowing float32: 0
+        assert bool(((got - want).abs() <= 2.0**-22 * parts.abs().sum(-2) + tiny).all())
 
 
-def test_no_pair_form_is_refused():
-    """A coupling of more than two dims (a Jordan block) has no pair form: None, and the call is tiled."""
-    assert recentred_kernel.corrections(lp.build("jordan", 12), 64, 3, 1.0) is None
+def test_more_terms_than_the_kernel_takes_are_refused():
+    """A dim coupled to more than MAX_TERMS − 1 others (a Jordan block of size 9) has no correction the kernel
+    takes: None, and the call is tiled."""
+    assert recentred_kernel.corrections(lp.jordan(recentred_kernel.MAX_TERMS + 1), 64, 3, 1.0) is None
+    assert recentred_kernel.corrections(lp.jordan(recentred_kernel.MAX_TERMS), 64, 3, 1.0) is not None
 
 
 def test_the_op_refuses_what_it_cannot_take():
     ops = torch.ops.liepos_native
     x = torch.randn(1, 2, 128, 16)
-    corr, partner = torch.zeros(1, 2, 2, 16), torch.arange(16)
+    corr, partner = torch.zeros(1, 2, 2, 16), torch.arange(16).unsqueeze(0)
     with pytest.raises(RuntimeError, match="block"):
         ops.recentred_flash(x, x, x, corr, partner, 63)
     with pytest.raises(RuntimeError, match="corr"):
@@ -188,3 +214,60 @@ def test_the_op_refuses_what_it_cannot_take():
         ops.recentred_flash(x, x, x.transpose(2, 3).contiguous().transpose(2, 3), corr, partner, 64)
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         ops.recentred_flash(x.double(), x.double(), x.double(), corr, partner, 64)
+    with pytest.raises(RuntimeError, match="qd and kd come together"):
+        ops.recentred_flash(x, x, x, corr, partner, 64, x, None)
+    with pytest.raises(RuntimeError, match="qd and kd must be shaped"):
+        ops.recentred_flash(x, x, x, corr, partner, 64, x[:, :, :64], x)
+    with pytest.raises(RuntimeError, match="partner must be"):
+        ops.recentred_flash(x, x, x, corr, torch.arange(16), 64)
+    with pytest.raises(RuntimeError, match="corr must be"):
+        ops.recentred_flash(x, x, x, torch.zeros(1, 2, 9, 16), torch.zeros(8, 16, dtype=torch.long), 64)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.recentred_flash(x, x, x, torch.zeros(1, 3, 2, 16), partner, 50)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["jordan3", "jordan2", "damped_jordan"]), B=st.integers(1, 2),
+       heads=st.sampled_from([(2, 2), (4, 2), (2, 1)]), D=st.sampled_from([16, 32, 64]), Dv=st.sampled_from([16, 48]),
+       T=st.integers(260, 520), half=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_jordan_blocks_equal_the_float64_reference(monkeypatch, kind, B, heads, D, Dv, T, half, seed):
+    """Fading Jordan blocks in the kernel (queries at their block's start, keys at its end, the diagonal blocks at
+    their middles): within the polynomial parts' contract, 2⁻¹⁴·max|v|, of the float64 attention on the same rounded
+    inputs where the attention is well conditioned (q and k of norm ~0.8: the slow 3×3 blocks' u²/2 still makes
+    logits of tens by 500 tokens); bfloat16 inputs are
+    attended in float32 and rounded once (16·eps·max|v|)."""
+    dtype = torch.bfloat16 if half else torch.float32
+    H, Hk = heads
+    calls = _ran(monkeypatch)
+    enc = _jordan(kind, D)
+    g = torch.Generator().manual_seed(seed)
+    q, k = (0.1 * torch.randn(B, n, T, D, dtype=F64, generator=g) for n in (H, Hk))
+    v = torch.randn(B, Hk, T, Dv, dtype=F64, generator=g)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    with torch.no_grad():
+        out = lp.attention(q, k, v, enc)
+    # blocks of 32 for the 3×3 blocks (their diagonal budget: 22.6 from the middle), of 128 for degree one
+    assert calls == [recentred_kernel.EDGE_BLOCK if kind == "jordan3" else 128], "the kernel did not run"
+    ref = lp.attention_reference(q.double(), k.double(), v.double(), enc)
+    scale = float(v.double().abs().max())
+    tol = (16 * torch.finfo(dtype).eps if half else POLY_ROUNDING) * scale
+    assert out.dtype == dtype and float((out.double() - ref).abs().max()) <= tol
+
+
+def test_jordan_off_the_diagonal_needs_forward_lags(monkeypatch):
+    """The reason for the edges: with every block's origin at its middle, neighbouring blocks' binomial terms cancel
+    and the float32 logits of near pairs lose ~(2W)²·eps; the kernel's own scheme keeps within 2⁻¹⁴·max|v|, the
+    middle one does not (so the comparison can fail)."""
+    monkeypatch.setattr(causal_tiling, "pays", lambda *a: True)
+    enc = lp.build("jordan", 64, rate=-0.01)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 64, dtype=F64, generator=g) for _ in range(3))
+    ref = lp.attention_reference(q, k, v, enc)  # N(0, 1) inputs: logits of tens at lags of a few blocks
+    scale = float(v.abs().max())
+    with torch.no_grad():
+        good = lp.attention(q.float(), k.float(), v.float(), enc).double()
+        corr, partner = recentred_kernel.corrections(enc, 32, 8, 0.125)
+        mid = [recentred_kernel._encoded(enc, x.float(), 32, side, 16) for x, side in ((q, "query"), (k, "key"))]
+        bad = recentred_kernel.kernel(*mid, v.float(), corr, partner, 32)[0].double()
+    assert float((good - ref).abs().max()) <= POLY_ROUNDING * scale
+    assert float((bad - ref).abs().max()) > POLY_ROUNDING * scale

@@ -63,10 +63,12 @@ def flash_inputs(monkeypatch) -> list[dict]:
         return real(q, k, v, *a, attn_mask=attn_mask, **kw)
 
     def spy_kernel(qe, ke, v, *a, real_kernel=recentred_kernel.kernel):
-        # the native kernel's inputs: the blocks' encodings at their middles, every factor within the diagonal
-        # budget (its corrected query rows are formed inside it, its threads' subnormals flushed for its run)
-        seen.append({"q": _subnormal(qe), "k": _subnormal(ke), "v": _subnormal(v), "mask": 0,
-                     "product": _smallest(qe) * _smallest(ke), "tiny": torch.finfo(qe.dtype).tiny})
+        # the native kernel's inputs: the blocks' encodings (and, for Jordan blocks, the diagonal blocks' own, a[3:]),
+        # every factor within the diagonal budget (its corrected query rows are formed inside it, its threads'
+        # subnormals flushed for its run)
+        for qx, kx in [(qe, ke)] + ([(a[3], a[4])] if len(a) > 3 and a[3] is not None else []):
+            seen.append({"q": _subnormal(qx), "k": _subnormal(kx), "v": _subnormal(v), "mask": 0,
+                         "product": _smallest(qx) * _smallest(kx), "tiny": torch.finfo(qx.dtype).tiny})
         return real_kernel(qe, ke, v, *a)
 
     monkeypatch.setattr(recentred_kernel, "kernel", spy_kernel)

@@ -1,20 +1,25 @@
 // The causal attention of a fading encoding in one native kernel: liepos_native::recentred_flash, built with
 // native_kernels.cpp into one library (liepos._kernels) and called by liepos.recentred_kernel.
 //
-//   recentred_flash(qe, ke, v, corr, partner, block) -> (out, lse)
+//   recentred_flash(qe, ke, v, corr, partner, block, qd=None, kd=None) -> (out, lse)
 //
-// qe (B, H, T, D) and ke (B, Hk, T, D) are q and k encoded at the middle of their block of `block` rows,
-// F(t − o_i) q and G(s − o_j) k with o_i = i·block + block/2, so that every factor lies within the diagonal
-// budget. The score of query t of block i and key s of block j ≤ i is
+// qe (B, H, T, D) and ke (B, Hk, T, D) are q and k encoded at an origin of their block of `block` rows,
+// F(t − o_i) q and G(s − p_j) k, so that every factor lies within the diagonal budget. The score of query t of
+// block i and key s of block j ≤ i is
 //
-//   c·qᵀ A(t − s) k = c·(F(t − o_i) q)ᵀ A((i − j)·block) (G(s − o_j) k),
+//   c·qᵀ A(t − s) k = c·(F(t − o_i) q)ᵀ A(o_i − p_j) (G(s − p_j) k),
 //
-// and the kernel forms it as ((i − j)·block)'s correction of the query rows (in registers, per pair of query
-// block and key block) times the encoded keys: corr (Hc, nblocks, 2, D), float32, holds for every lag m·block
-// the correction y_d = a_d x_d + b_d x_partner(d) (a rotation plane, a damped one, or a decay dim with b = 0)
-// times c·log2(e), so the kernel's logits are in base 2. Hc is H or 1 (one correction for every head); the
-// heads of k and v are H / Hk query heads each. A key block's keys s ≤ t (the block's own, causally) enter one
-// online softmax per query row; out (B, H, T, Dv) is in q's dtype, lse (B, H, T) float32 its log-sum-exp.
+// and the kernel forms it as the lag's correction of the query rows (in registers, per pair of query block and
+// key block) times the encoded keys: corr (Hc, nblocks, P, D), float32, holds for every m = i − j the correction
+// y_d = Σ_p a_pd x_{partner_p(d)} of A(o_i − p_j) (partner_0(d) = d; partner (P − 1, D) int64 the others: a
+// rotation plane's other dim, the rest of a Jordan chain, or d itself with a = 0) times c·log2(e), so the
+// kernel's logits are in base 2. Either both origins are the blocks' middles (a fading encoding: every factor
+// within e^{±λ·block/2}, the lag m·block), or, with qd and kd (an encoding of Jordan blocks), queries sit at their
+// block's start and keys at their block's end (every factor a forward lag, so the binomial terms of the three
+// share their sign and round like A(t − s) itself; the lag (m − 1)·block) and the diagonal block (m = 0) reads qd
+// and kd instead, encoded at its middle (corr[:, 0] the identity). Hc is H or 1 (one correction for every head);
+// the heads of k and v are H / Hk query heads each. A key block's keys s ≤ t (the block's own, causally) enter
+// one online softmax per query row; out (B, H, T, Dv) is in q's dtype, lse (B, H, T) float32 its log-sum-exp.
 //
 // bfloat16 and float32 run the products as oneDNN's batch-reduce GEMM (at::native::cpublas::brgemm: AMX or
 // AVX-512 where the CPU has them), bfloat16 on VNNI-packed keys and values. The threads' subnormal numbers are
@@ -32,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -48,7 +54,7 @@
 namespace {
 
 constexpr int64_t kLanes = 16;
-constexpr int64_t kCols = 64;  // the packed column blocks of keys (and of values' width) one GEMM call takes
+constexpr int64_t kCols = 64;  // the packed column blocks of keys (of a block of 32: 32) and of values' width one GEMM call takes
 constexpr int64_t kKeysPerRow = 512;  // key blocks joined into one softmax update of a row, at most this many keys
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -113,35 +119,48 @@ inline v16 exp2_lanes(v16 y) {
 }
 
 struct Shape {
-  int64_t B, H, Hk, T, D, Dv, block, nb, ksub, vsub, kpack, vpack, rows2;
+  int64_t B, H, Hk, T, D, Dv, block, nb, ksub, vsub, kpack, vpack, rows2, kc;
 };
 
-// keys transposed (D × kCols per column block) and values (rows2 × kCols per column block) of every key block,
-// zero past the block's end (and past Dv), VNNI-packed for bfloat16
+// keys transposed (D × kc per column block: 64 keys, or the block's 32) of every key block, zero past the block's end, VNNI-packed for bfloat16
 template <typename X>
-void pack(const at::Tensor& ke, const at::Tensor& v, const Shape& z, X* kp, X* vp) {
+void pack_keys(const at::Tensor& ke, const Shape& z, X* kp) {
   const bool vnni = std::is_same<X, c10::BFloat16>::value;
   const X* kb = ke.const_data_ptr<X>();
-  const X* vb = v.const_data_ptr<X>();
-  const int64_t k0 = ke.stride(0), k1 = ke.stride(1), k2 = ke.stride(2), v0 = v.stride(0), v1 = v.stride(1),
-                v2 = v.stride(2);
+  const int64_t k0 = ke.stride(0), k1 = ke.stride(1), k2 = ke.stride(2);
   at::parallel_for(0, z.B * z.Hk * z.nb, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<X> tk(z.D * kCols), tv(z.rows2 * kCols);
+    std::vector<X> tk(z.D * z.kc);
+    for (int64_t idx = lo; idx < hi; idx++) {
+      const int64_t j = idx % z.nb, hk = idx / z.nb % z.Hk, b = idx / z.nb / z.Hk;
+      const int64_t s0 = j * z.block, nk = std::min(z.block, z.T - s0);
+      const X* kr = kb + b * k0 + hk * k1 + s0 * k2;
+      for (int64_t u = 0; u < z.ksub; u++) {
+        X* dst = kp + idx * z.kpack + u * z.D * z.kc;
+        X* t = vnni ? tk.data() : dst;
+        for (int64_t d = 0; d < z.D; d++)
+          for (int64_t c = 0; c < z.kc; c++) {
+            const int64_t s = u * z.kc + c;
+            t[d * z.kc + c] = s < nk ? kr[s * k2 + d] : X(0);
+          }
+        if (vnni) at::native::cpublas::pack(z.D, z.kc, z.kc, z.kc, ke.scalar_type(), ke.scalar_type(), t, dst);
+      }
+    }
+  });
+}
+
+// values (rows2 × kCols per column block) of every key block, zero past the block's end and past Dv, VNNI-packed
+// for bfloat16
+template <typename X>
+void pack_values(const at::Tensor& v, const Shape& z, X* vp) {
+  const bool vnni = std::is_same<X, c10::BFloat16>::value;
+  const X* vb = v.const_data_ptr<X>();
+  const int64_t v0 = v.stride(0), v1 = v.stride(1), v2 = v.stride(2);
+  at::parallel_for(0, z.B * z.Hk * z.nb, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<X> tv(z.rows2 * kCols);
     for (int64_t idx = lo; idx < hi; idx++) {
       const int64_t j = idx % z.nb, hk = idx / z.nb % z.Hk, b = idx / z.nb / z.Hk;
       const int64_t s0 = j * z.block, nk = std::min(z.block, z.T - s0), nk2 = (nk + 1) / 2 * 2;
-      const X* kr = kb + b * k0 + hk * k1 + s0 * k2;
       const X* vr = vb + b * v0 + hk * v1 + s0 * v2;
-      for (int64_t u = 0; u < z.ksub; u++) {
-        X* dst = kp + idx * z.kpack + u * z.D * kCols;
-        X* t = vnni ? tk.data() : dst;
-        for (int64_t d = 0; d < z.D; d++)
-          for (int64_t c = 0; c < kCols; c++) {
-            const int64_t s = u * kCols + c;
-            t[d * kCols + c] = s < nk ? kr[s * k2 + d] : X(0);
-          }
-        if (vnni) at::native::cpublas::pack(z.D, kCols, kCols, kCols, ke.scalar_type(), ke.scalar_type(), t, dst);
-      }
       for (int64_t w = 0; w < z.vsub; w++) {
         X* dst = vp + idx * z.vpack + w * z.rows2 * kCols;
         X* t = vnni ? tv.data() : dst;
@@ -157,36 +176,43 @@ void pack(const at::Tensor& ke, const at::Tensor& v, const Shape& z, X* kp, X* v
 }
 
 template <typename X>
-void attend(const at::Tensor& qe, const at::Tensor& corr, const at::Tensor& partner, const Shape& z, const X* kp,
-            const X* vp, at::Tensor& out, at::Tensor& lse) {
+void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, const at::Tensor& partner,
+            const Shape& z, const X* kp, const X* kdp, const X* vp, at::Tensor& out, at::Tensor& lse) {
   const bool vnni = std::is_same<X, c10::BFloat16>::value;
-  const int64_t D = z.D, Dv = z.Dv, blk = z.block, nb = z.nb;
+  const int64_t D = z.D, Dv = z.Dv, blk = z.block, nb = z.nb, P = corr.size(2);
   const int64_t per = std::max<int64_t>(1, kKeysPerRow / blk);  // key blocks per softmax update
-  const int64_t lds = z.ksub * kCols, ldw = per * lds, ldo = z.vsub * kCols, Hc = corr.size(0);
+  const int64_t lds = z.ksub * z.kc, ldw = per * lds, ldo = z.vsub * kCols, Hc = corr.size(0);
   const X* qb = qe.const_data_ptr<X>();
+  const X* qdb = qd ? qd->const_data_ptr<X>() : nullptr;
   const float* cb = corr.const_data_ptr<float>();
-  const int64_t* pp = partner.const_data_ptr<int64_t>();
+  const int64_t* pp = partner.const_data_ptr<int64_t>();  // (P − 1, D): each dim's other terms
   X* ob = out.mutable_data_ptr<X>();
   float* lb = lse.mutable_data_ptr<float>();
   const float neg = -std::numeric_limits<float>::infinity();
   const int64_t q0 = qe.stride(0), q1 = qe.stride(1), q2 = qe.stride(2), o0 = out.stride(0), o1 = out.stride(1),
                 o2 = out.stride(2);
+  const int64_t d0 = qd ? qd->stride(0) : 0, d1 = qd ? qd->stride(1) : 0, d2 = qd ? qd->stride(2) : 0;
   at::parallel_for(0, z.B * z.H * nb, 1, [&](int64_t lo, int64_t hi) {
 #if defined(__x86_64__) || defined(_M_X64)
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040u);  // flush-to-zero and denormals-are-zero on this thread, for this task
 #endif
-    std::vector<float> Q(blk * D), Qp(blk * D), S(blk * ldw), O(blk * ldo), m(blk), l(blk);
-    std::vector<X> A(blk * D), P(blk * ldw);
+    // Q[p·blk·D + r·D + d]: row r's entry at dim d's p-th term (p = 0: d itself), of qe's rows and of qd's
+    std::vector<float> Q(P * blk * D), Qd(qdb ? P * blk * D : 0), S(blk * ldw), O(blk * ldo), m(blk), l(blk);
+    std::vector<X> A(blk * D), P_(blk * ldw);
+    auto load = [&](const X* rows, int64_t stride, float* dst, int64_t nr) {
+      for (int64_t r = 0; r < nr; r++)
+        for (int64_t d = 0; d < D; d++) dst[r * D + d] = load1(rows[r * stride + d]);
+      for (int64_t p = 1; p < P; p++)
+        for (int64_t r = 0; r < nr; r++)
+          for (int64_t d = 0; d < D; d++) dst[p * blk * D + r * D + d] = dst[r * D + pp[(p - 1) * D + d]];
+    };
     for (int64_t idx = lo; idx < hi; idx++) {
       const int64_t i = idx % nb, h = idx / nb % z.H, b = idx / nb / z.H, hk = h / (z.H / z.Hk);
       const int64_t t0 = i * blk, nr = std::min(blk, z.T - t0);
-      const float* ch = cb + (Hc == 1 ? 0 : h) * nb * 2 * D;
-      const X* qr = qb + b * q0 + h * q1 + t0 * q2;
-      for (int64_t r = 0; r < nr; r++)
-        for (int64_t d = 0; d < D; d++) Q[r * D + d] = load1(qr[r * q2 + d]);
-      for (int64_t r = 0; r < nr; r++)  // each dim's partner in its plane (itself for a decay dim)
-        for (int64_t d = 0; d < D; d++) Qp[r * D + d] = Q[r * D + pp[d]];
+      const float* ch = cb + (Hc == 1 ? 0 : h) * nb * P * D;
+      load(qb + b * q0 + h * q1 + t0 * q2, q2, Q.data(), nr);
+      if (qdb) load(qdb + b * d0 + h * d1 + t0 * d2, d2, Qd.data(), nr);
       std::fill(O.begin(), O.begin() + nr * ldo, 0.0f);
       std::fill(m.begin(), m.begin() + nr, neg);
       std::fill(l.begin(), l.begin() + nr, 0.0f);
@@ -194,21 +220,23 @@ void attend(const at::Tensor& qe, const at::Tensor& corr, const at::Tensor& part
         const int64_t jlo = std::max<int64_t>(0, jhi - per + 1), width = (jhi - jlo + 1) * lds;
         for (int64_t j = jlo; j <= jhi; j++) {  // the logits of key block j: S[:, col …]
           const int64_t col = (j - jlo) * lds, nk = std::min(blk, z.T - j * blk);
-          const float* ca = ch + (i - j) * 2 * D;
-          const float* cq = ca + D;
+          const float* ca = ch + (i - j) * P * D;
+          const float* src = (j == i && qdb) ? Qd.data() : Q.data();  // the diagonal block's own encoding, if given
           v16 big = splat(0.0f);
           for (int64_t r = 0; r < nr; r++)
-            for (int64_t d = 0; d < D; d += kLanes) {  // the query rows corrected by A((i − j)·block)
-              const v16 y = load16(ca + d) * load16(Q.data() + r * D + d) + load16(cq + d) * load16(Qp.data() + r * D + d);
+            for (int64_t d = 0; d < D; d += kLanes) {  // the query rows corrected by the lag's A
+              v16 y = load16(ca + d) * load16(src + r * D + d);
+              for (int64_t p = 1; p < P; p++) y += load16(ca + p * D + d) * load16(src + p * blk * D + r * D + d);
               const v16 ay = y < 0.0f ? -y : y;
               big = ay > big ? ay : big;
               store16(A.data() + r * D + d, y);
             }
           const int64_t kidx = (b * z.Hk + hk) * nb + j;
           if (lanes_max(big, 0.0f) > 0.0f) {
-            for (int64_t u = 0; u * kCols < nk; u++)
-              at::native::cpublas::brgemm(nr, kCols, D, D, kCols, ldw, false, A.data(), kp + kidx * z.kpack + u * D * kCols,
-                                          S.data() + col + u * kCols, vnni);
+            for (int64_t u = 0; u * z.kc < nk; u++)
+              at::native::cpublas::brgemm(nr, z.kc, D, D, z.kc, ldw, false, A.data(),
+                                          (j == i && kdp ? kdp : kp) + kidx * z.kpack + u * D * z.kc,
+                                          S.data() + col + u * z.kc, vnni);
           } else {  // every correction underflowed: the logits are exactly 0
             for (int64_t r = 0; r < nr; r++) std::fill(S.data() + r * ldw + col, S.data() + r * ldw + col + lds, 0.0f);
           }
@@ -226,7 +254,7 @@ void attend(const at::Tensor& qe, const at::Tensor& corr, const at::Tensor& part
           }
           const float top = lanes_max(mx, m[r]);
           const float alpha = std::exp2(m[r] - top);  // m[r] = −inf the first time: 0
-          X* p = P.data() + r * ldw;
+          X* p = P_.data() + r * ldw;
           v16 sum = splat(0.0f);
           for (int64_t c = 0; c < width; c += kLanes) {
             const v16 e = exp2_lanes(load16(s + c) - top);
@@ -242,7 +270,7 @@ void attend(const at::Tensor& qe, const at::Tensor& corr, const at::Tensor& part
           const int64_t nk = std::min(blk, z.T - j * blk), nk2 = (nk + 1) / 2 * 2;
           const int64_t kidx = (b * z.Hk + hk) * nb + j;
           for (int64_t w = 0; w < z.vsub; w++)
-            at::native::cpublas::brgemm(nr, kCols, nk2, ldw, kCols, ldo, true, P.data() + (j - jlo) * lds,
+            at::native::cpublas::brgemm(nr, kCols, nk2, ldw, kCols, ldo, true, P_.data() + (j - jlo) * lds,
                                         vp + kidx * z.vpack + w * z.rows2 * kCols, O.data() + w * kCols, vnni);
         }
       }
@@ -263,50 +291,72 @@ void attend(const at::Tensor& qe, const at::Tensor& corr, const at::Tensor& part
   });
 }
 
+// P terms per dim at most: a real Jordan block of size n couples a dim to n − 1 others, a complex one of size n (a
+// rotation plane of Jordan chains) to 2n − 1
+constexpr int64_t kMaxTerms = 8;
+
 std::tuple<at::Tensor, at::Tensor> recentred_flash(const at::Tensor& qe, const at::Tensor& ke, const at::Tensor& v,
-                                                   const at::Tensor& corr, const at::Tensor& partner, int64_t block) {
+                                                   const at::Tensor& corr, const at::Tensor& partner, int64_t block,
+                                                   const std::optional<at::Tensor>& qd,
+                                                   const std::optional<at::Tensor>& kd) {
   const auto dt = qe.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "liepos_native::recentred_flash: float32 or bfloat16, got ", dt);
   TORCH_CHECK(qe.dim() == 4 && ke.dim() == 4 && v.dim() == 4 && ke.scalar_type() == dt && v.scalar_type() == dt,
               "liepos_native::recentred_flash: qe, ke, v must be (B, H, T, D) of one dtype");
   TORCH_CHECK(qe.stride(3) == 1 && ke.stride(3) == 1 && v.stride(3) == 1,
               "liepos_native::recentred_flash: the last axis of qe, ke and v must be contiguous");
+  TORCH_CHECK(qd.has_value() == kd.has_value(), "liepos_native::recentred_flash: qd and kd come together or not at all");
+  if (qd.has_value()) {
+    TORCH_CHECK(qd->sizes() == qe.sizes() && kd->sizes() == ke.sizes() && qd->scalar_type() == dt &&
+                    kd->scalar_type() == dt && qd->stride(3) == 1 && kd->stride(3) == 1,
+                "liepos_native::recentred_flash: qd and kd must be shaped as qe and ke, of their dtype, the last axis "
+                "contiguous; got qd ", qd->sizes(), ", kd ", kd->sizes());
+  }
   const int64_t B = qe.size(0), H = qe.size(1), T = qe.size(2), D = qe.size(3), Hk = ke.size(1), Dv = v.size(3);
   TORCH_CHECK(ke.size(0) == B && v.size(0) == B && ke.size(2) == T && v.size(2) == T && ke.size(3) == D &&
                   v.size(1) == Hk && Hk >= 1 && H % Hk == 0,
               "liepos_native::recentred_flash: shapes qe ", qe.sizes(), ", ke ", ke.sizes(), ", v ", v.sizes(),
               " do not match (keys and values of T rows and H / Hk query heads each)");
-  TORCH_CHECK(block >= 2 && block % 2 == 0 && D % kLanes == 0 && D <= 512 && Dv >= 1 && Dv <= 512,
-              "liepos_native::recentred_flash: block ", block, " must be even, D ", D, " a multiple of 16, D and Dv ",
-              Dv, " at most 512");
+  TORCH_CHECK(block >= 2 && block % 2 == 0 && (block >= kCols || block % kLanes == 0) && D % kLanes == 0 &&
+                  D <= 512 && Dv >= 1 && Dv <= 512,
+              "liepos_native::recentred_flash: block ", block, " must be even (below ", kCols, " a multiple of ",
+              kLanes, "), D ", D, " a multiple of 16, D and Dv ", Dv, " at most 512");
   const int64_t nb = (T + block - 1) / block;
   TORCH_CHECK(corr.scalar_type() == at::kFloat && corr.is_contiguous() && corr.dim() == 4 &&
-                  (corr.size(0) == H || corr.size(0) == 1) && corr.size(1) == nb && corr.size(2) == 2 &&
-                  corr.size(3) == D,
-              "liepos_native::recentred_flash: corr must be contiguous float32 (H or 1, ", nb, ", 2, ", D, "), got ",
-              corr.sizes());
-  TORCH_CHECK(partner.scalar_type() == at::kLong && partner.is_contiguous() && partner.dim() == 1 &&
-                  partner.size(0) == D && partner.min().item<int64_t>() >= 0 && partner.max().item<int64_t>() < D,
-              "liepos_native::recentred_flash: partner must be a contiguous int64 (D,) of dims");
+                  (corr.size(0) == H || corr.size(0) == 1) && corr.size(1) == nb && corr.size(2) >= 1 &&
+                  corr.size(2) <= kMaxTerms && corr.size(3) == D,
+              "liepos_native::recentred_flash: corr must be contiguous float32 (H or 1, ", nb, ", P, ", D, ") with 1 ≤ P ≤ ",
+              kMaxTerms, ", got ", corr.sizes());
+  const int64_t P = corr.size(2);
+  TORCH_CHECK(partner.scalar_type() == at::kLong && partner.is_contiguous() && partner.dim() == 2 &&
+                  partner.size(0) == P - 1 && partner.size(1) == D &&
+                  (partner.numel() == 0 || (partner.min().item<int64_t>() >= 0 && partner.max().item<int64_t>() < D)),
+              "liepos_native::recentred_flash: partner must be a contiguous int64 (P − 1, D) = (", P - 1, ", ", D,
+              ") of dims, got ", partner.sizes());
   const bool vnni = dt == at::kBFloat16;
   TORCH_CHECK(!vnni || at::native::cpublas::could_pack(dt),
               "liepos_native::recentred_flash: bfloat16 needs oneDNN's packed GEMM (AMX), which this CPU lacks");
   auto out = at::empty({B, H, T, Dv}, qe.options());
   auto lse = at::empty({B, H, T}, qe.options().dtype(at::kFloat));
   if (T == 0 || B == 0 || H == 0) return {out, lse};
-  Shape z{B, H, Hk, T, D, Dv, block, nb, (block + kCols - 1) / kCols, (Dv + kCols - 1) / kCols, 0, 0, block};
-  z.kpack = z.ksub * D * kCols;
+  const int64_t kc = std::min(kCols, block);  // keys per packed column block
+  Shape z{B, H, Hk, T, D, Dv, block, nb, (block + kc - 1) / kc, (Dv + kCols - 1) / kCols, 0, 0, block, kc};
+  z.kpack = z.ksub * D * kc;
   z.vpack = z.vsub * z.rows2 * kCols;
   auto kp = at::empty({B * Hk * nb * z.kpack}, qe.options());
+  auto kdp = at::empty({kd.has_value() ? B * Hk * nb * z.kpack : 0}, qe.options());
   auto vpk = at::empty({B * Hk * nb * z.vpack}, qe.options());
-  if (vnni) {
-    using X = c10::BFloat16;
-    pack<X>(ke, v, z, kp.mutable_data_ptr<X>(), vpk.mutable_data_ptr<X>());
-    attend<X>(qe, corr, partner, z, kp.const_data_ptr<X>(), vpk.const_data_ptr<X>(), out, lse);
-  } else {
-    pack<float>(ke, v, z, kp.mutable_data_ptr<float>(), vpk.mutable_data_ptr<float>());
-    attend<float>(qe, corr, partner, z, kp.const_data_ptr<float>(), vpk.const_data_ptr<float>(), out, lse);
-  }
+  const at::Tensor* qdp = qd.has_value() ? &*qd : nullptr;
+  auto run = [&](auto zero) {
+    using X = decltype(zero);
+    pack_keys<X>(ke, z, kp.mutable_data_ptr<X>());
+    if (kd.has_value()) pack_keys<X>(*kd, z, kdp.mutable_data_ptr<X>());
+    pack_values<X>(v, z, vpk.mutable_data_ptr<X>());
+    attend<X>(qe, qdp, corr, partner, z, kp.const_data_ptr<X>(), kd.has_value() ? kdp.const_data_ptr<X>() : nullptr,
+              vpk.const_data_ptr<X>(), out, lse);
+  };
+  if (vnni) run(c10::BFloat16(0.0f));
+  else run(0.0f);
   return {out, lse};
 }
 
@@ -315,7 +365,9 @@ bool packs_bfloat16() { return at::native::cpublas::could_pack(at::kBFloat16); }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(liepos_native, m) {
-  m.def("recentred_flash(Tensor qe, Tensor ke, Tensor v, Tensor corr, Tensor partner, int block) -> (Tensor, Tensor)");
+  m.def(
+      "recentred_flash(Tensor qe, Tensor ke, Tensor v, Tensor corr, Tensor partner, int block, Tensor? qd=None, "
+      "Tensor? kd=None) -> (Tensor, Tensor)");
   m.def("packs_bfloat16() -> bool");
 }
 

@@ -37,7 +37,7 @@ from liepos.attention_pieces import Rows
 from liepos.encoding import Encoding
 
 __all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "block_rows", "pays", "recentred_flash", "corrections",
-           "usable", "kernel", "gemms", "measured_here"]
+           "usable", "kernel", "gemms", "measured_here", "terms_fade", "MAX_TERMS"]
 
 MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow with it; 128 and 256 measured alike)
 # bfloat16: the flash kernel's AMX GEMMs make the tiling's large tiles cheaper than this kernel's own softmax
@@ -52,15 +52,20 @@ _LOG2E = 1.0 / math.log(2.0)
 _DTYPES = (torch.float32, torch.bfloat16)
 _CORRECTIONS: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
 _MEASURED: dict[str, bool] = {}
-_KEEP = 32  # correction tables kept (per encoding, block, length and scale)
+_KEEP = 32  # correction tables kept (per encoding, block, length, scale and scheme)
+# rows of a block of an encoding of Jordan blocks whose diagonal budget allows fewer than 64 (degree 2 in float32:
+# 22.6 from the middle); the kernel's GEMMs then take 32 keys at a time
+EDGE_BLOCK = 32
+MAX_TERMS = 8  # terms of one dim's correction the kernel takes at most (its kMaxTerms)
 
 
-def block_rows(allowed: float, T: int) -> int | None:
+def block_rows(allowed: float, T: int, edges: bool = False) -> int | None:
     """Rows of a block: the largest multiple of 64 up to :data:`MAX_BLOCK` whose times all lie within ``allowed``
-    of its middle (``W/2 ≤ allowed``), or T rounded up to even when that is smaller; None below 64 rows."""
+    of its middle (``W/2 ≤ allowed``), or T rounded up to even when that is smaller; with ``edges`` (an encoding of
+    Jordan blocks, whose diagonal budget is short) :data:`EDGE_BLOCK` where 64 is too many; else None below 64."""
     w = min(MAX_BLOCK, int(2 * math.floor(allowed)) // 64 * 64) if math.isfinite(allowed) else MAX_BLOCK
     if w < 64:
-        return None
+        return EDGE_BLOCK if edges and 2 * math.floor(allowed) >= EDGE_BLOCK and T > EDGE_BLOCK else None
     return min(w, T + T % 2)
 
 
@@ -91,6 +96,21 @@ def gemms() -> bool:
                 and torch.backends.mkldnn.enabled)
 
 
+def terms_fade(enc: Encoding) -> bool:
+    """Whether ``enc`` is an encoding of Jordan blocks the kernel takes: every block a decay dim, a rotation plane
+    (damped or not) or a Jordan block (real or complex) that fades (rate < 0, so that ``A(u) ≥ 0`` entrywise up to
+    its rotation and ``|A(u)| → 0``), some block coupled, nothing else (no slots, change of basis, several axes or
+    query scale)."""
+    g = enc.generator
+    if (not enc.plan.has_coupling or enc.num_slots or g.basis is not None or g.num_axes is not None
+            or enc.query_scale is not None):
+        return False
+    with torch.no_grad():
+        rates = g.rates.detach().double().reshape(-1, g.num_blocks)  # (H or 1, blocks)
+    chains = torch.tensor([n > 1 for n in g.sizes])  # (blocks,): the Jordan blocks
+    return bool((rates <= 0).all()) and bool((rates[:, chains] < 0).all())
+
+
 def usable(call: Call, fading: bool, block: int | None) -> bool:
     """Whether the kernel takes ``call``: CPU with oneDNN's GEMMs (:func:`gemms`), float32 or bfloat16 (bfloat16
     where oneDNN packs it: AMX), nothing
@@ -113,58 +133,64 @@ def usable(call: Call, fading: bool, block: int | None) -> bool:
     return q.dtype == torch.float32 or bool(ops.packs_bfloat16())
 
 
-def corrections(enc: Encoding, block: int, nb: int, c: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(corr, partner)`` of the kernel: for every lag ``m·block`` (``m < nb``) the correction ``A(m·block)`` of an
-    encoded query row, as ``y_d = a_d x_d + b_d x_partner(d)``, float32 ``(H or 1, nb, 2, D)`` times ``c·log2(e)``,
-    and ``partner`` int64 ``(D,)`` (a dim's partner in its plane, itself for a decay dim); None when the encoding's
-    correction is not of that form (a dim coupled to more than one other). Kept per encoding, block, length and
-    scale (the last :data:`_KEEP`)."""
-    key = (enc.version, block, nb, c)
+def corrections(enc: Encoding, block: int, nb: int, c: float, edges: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(corr, partner)`` of the kernel: for every ``m < nb`` the correction ``A(lag_m)`` of an encoded query row,
+    as ``y_d = Σ_p corr[p, d] · x_{partner_p(d)}`` (``partner_0(d) = d``), float32 ``(H or 1, nb, P, D)`` times
+    ``c·log2(e)``, and ``partner`` int64 ``(P − 1, D)`` (a dim's other terms: its plane's other dim, the rest of its
+    Jordan chain; d itself with coefficient 0 where it has fewer). ``lag_m = m·block`` (origins at the blocks'
+    middles), or with ``edges`` ``(m − 1)·block`` for ``m ≥ 1`` and 0 for the diagonal block (queries at their
+    block's start, keys at their block's end). None when a dim has more than :data:`MAX_TERMS` terms. Kept per
+    encoding, block, length, scale and scheme (the last :data:`_KEEP`)."""
+    key = (enc.version, block, nb, c, edges)
     if key in _CORRECTIONS:
         _CORRECTIONS.move_to_end(key)
         return _CORRECTIONS[key]
     D, Hc = enc.dim, enc.num_heads or 1
     eye = torch.eye(D, dtype=torch.float64).expand(nb, Hc, D, D)  # (nb, Hc, D rows e_r, D)
-    lags = (torch.arange(nb, dtype=torch.float64) * block).unsqueeze(-1).expand(nb, D)  # (nb, D): row r at m·block
+    m = torch.arange(nb, dtype=torch.float64)
+    lag = ((m - 1).clamp(min=0) if edges else m) * block
     with torch.no_grad():
-        M = enc._query_after(eye, lags)  # (nb, Hc, D, D): M[m, h, r] = F(m·block) e_r, the image of dim r
-    nz = (M != 0).any(0).any(0)  # (D, D): which dims an image ever reaches
-    off = nz & ~torch.eye(D, dtype=torch.bool)
+        M = enc._query_after(eye, lag.unsqueeze(-1).expand(nb, D))  # (nb, Hc, D, D): M[m, h, r] = F(lag_m) e_r
+    off = (M != 0).any(0).any(0) & ~torch.eye(D, dtype=torch.bool)  # (D, D): row r reaches column d (r ≠ d)
     found = None
-    if bool((off.sum(0) <= 1).all()):
-        partner = torch.where(off.any(0), off.float().argmax(0), torch.arange(D))  # column d's other row
-        if bool((partner[partner] == torch.arange(D)).all()):
-            d = torch.arange(D)
-            a = M[:, :, d, d]  # y_d = M[d, d] x_d + M[partner(d), d] x_partner(d), the second 0 for a decay dim
-            b = torch.where(partner == d, 0.0, M[:, :, partner, d])
-            corr = torch.stack([a, b], dim=2).movedim(1, 0)  # (nb, Hc, 2, D) -> (Hc, nb, 2, D)
-            found = ((corr * (c * _LOG2E)).float().contiguous(), partner.contiguous())
+    if int(off.sum(0).max()) < MAX_TERMS:
+        P = 1 + int(off.sum(0).max())
+        d = torch.arange(D)
+        partner = d.expand(P, D).clone()  # (P, D): row 0 the dim itself, the rest its other terms (or itself)
+        for col in range(D):
+            rows = torch.nonzero(off[:, col]).flatten()
+            partner[1 : 1 + rows.numel(), col] = rows
+        corr = M[:, :, partner, d]  # (nb, Hc, P, D): M[partner[p, d], d], the p-th term's entry of column d
+        corr[:, :, 1:] = torch.where(partner[1:] == d, 0.0, corr[:, :, 1:])  # padding terms weigh nothing
+        found = ((corr.movedim(1, 0) * (c * _LOG2E)).float().contiguous(), partner[1:].contiguous())
     _CORRECTIONS[key] = found
     if len(_CORRECTIONS) > _KEEP:
         _CORRECTIONS.popitem(last=False)
     return found
 
 
-def _encoded(enc: Encoding, x: torch.Tensor, block: int, side: str) -> torch.Tensor:
-    """``x (B, H, T, D)`` encoded at the middle of its blocks of ``block`` rows (the last one partial): row
-    ``i·block + a`` at time ``a − block/2``, as ``(B, H, T, D)``."""
+def _encoded(enc: Encoding, x: torch.Tensor, block: int, side: str, at: int) -> torch.Tensor:
+    """``x (B, H, T, D)`` encoded at an origin ``at`` rows into each of its blocks of ``block`` rows (the last one
+    partial): row ``i·block + a`` at time ``a − at``, as ``(B, H, T, D)``; a query of a block whose origin is its
+    first row (``at = 0``) by :meth:`Encoding._query_after`, as the tiling's between tiles."""
     B, H, T, D = x.shape
     full, tail = divmod(T, block)
+    fade = side == "query" and at == 0
     parts = []
     if full:
         rows = Rows(0, full, block, 0, block)
-        y = enc._span(rows.gather(x), -(block // 2), side, into=_fresh)  # (B·full, H, block, D)
+        y = enc._span(rows.gather(x), -at, side, fade, into=_fresh)  # (B·full, H, block, D)
         parts.append(rows.scatter(y).reshape(B, H, full * block, D))  # (B, H, full, block, D) -> (B, H, T', D)
     if tail:
         rows = Rows(full * block, 1, tail, 0, tail)
-        parts.append(rows.scatter(enc._span(rows.gather(x), -(block // 2), side, into=_fresh)).reshape(B, H, tail, D))
+        parts.append(rows.scatter(enc._span(rows.gather(x), -at, side, fade, into=_fresh)).reshape(B, H, tail, D))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
 
 
 def kernel(qe: torch.Tensor, ke: torch.Tensor, v: torch.Tensor, corr: torch.Tensor, partner: torch.Tensor,
-           block: int) -> tuple[torch.Tensor, torch.Tensor]:
+           block: int, qd: torch.Tensor | None = None, kd: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``liepos_native::recentred_flash`` itself: ``(out, lse)`` (the one call of the op, which tests observe)."""
-    return torch.ops.liepos_native.recentred_flash(qe, ke, v, corr, partner, block)
+    return torch.ops.liepos_native.recentred_flash(qe, ke, v, corr, partner, block, qd, kd)
 
 
 def _fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -173,14 +199,25 @@ def _fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def recentred_flash(call: Call, block: int) -> torch.Tensor | None:
     """The call's causal attention ``(B, H, T, Dv)`` in q's dtype through the native kernel, blocks of ``block``
-    rows; None when the encoding's correction has no pair form (the caller tiles)."""
+    rows; None when the encoding's correction has more terms per dim than the kernel takes (the caller tiles).
+
+    A fading encoding's q and k sit at the middle of their blocks. An encoding of Jordan blocks (:func:`terms_fade`)
+    has its binomial terms cancel around a middle origin (rounding of ``(2·block)^n·eps`` between neighbouring
+    blocks): off the diagonal its queries sit at their block's start and its keys at their block's end, every
+    factor a forward lag, and its diagonal blocks at their middles, within the diagonal budget as the tiling's."""
     q, k, v, enc = call.q, call.k, call.v, call.enc
     T = q.shape[2]
     nb = -(-T // block)
-    found = corrections(enc, block, nb, call.c)
+    edges = enc.plan.has_coupling
+    found = corrections(enc, block, nb, call.c, edges)
     if found is None:
         return None
     corr, partner = found
-    qe, ke = _encoded(enc, q, block, "query"), _encoded(enc, k, block, "key")
-    out, _ = kernel(qe, ke, v, corr, partner, block)
+    if not edges:
+        out, _ = kernel(_encoded(enc, q, block, "query", block // 2), _encoded(enc, k, block, "key", block // 2), v,
+                        corr, partner, block)
+        return out
+    qe, ke = _encoded(enc, q, block, "query", 0), _encoded(enc, k, block, "key", block)
+    qd, kd = _encoded(enc, q, block, "query", block // 2), _encoded(enc, k, block, "key", block // 2)
+    out, _ = kernel(qe, ke, v, corr, partner, block, qd, kd)
     return out
