@@ -122,28 +122,37 @@ struct Shape {
   int64_t B, H, Hk, T, D, Dv, block, nb, ksub, vsub, kpack, vpack, rows2, kc;
 };
 
-// keys transposed (D × kc per column block: 64 keys, or the block's 32) of every key block, zero past the block's end, VNNI-packed for bfloat16
+// fn(idx, rows, nk, scratch) for every key block idx = (b·Hk + hk)·nb + j of x (B, Hk, T, ·) on torch's pool: rows
+// its first row, nk its rows, scratch a thread's buffer of `scratch` entries
+template <typename X, typename F>
+void each_key_block(const at::Tensor& x, const Shape& z, int64_t scratch, F fn) {
+  const X* base = x.const_data_ptr<X>();
+  const int64_t x0 = x.stride(0), x1 = x.stride(1), x2 = x.stride(2);
+  at::parallel_for(0, z.B * z.Hk * z.nb, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<X> t(scratch);
+    for (int64_t idx = lo; idx < hi; idx++) {
+      const int64_t j = idx % z.nb, hk = idx / z.nb % z.Hk, b = idx / z.nb / z.Hk;
+      fn(idx, base + b * x0 + hk * x1 + j * z.block * x2, std::min(z.block, z.T - j * z.block), t.data());
+    }
+  });
+}
+
+// keys transposed (D × kc per column block: 64 keys, or the block's 32) of every key block, zero past the block's
+// end, VNNI-packed for bfloat16
 template <typename X>
 void pack_keys(const at::Tensor& ke, const Shape& z, X* kp) {
   const bool vnni = std::is_same<X, c10::BFloat16>::value;
-  const X* kb = ke.const_data_ptr<X>();
-  const int64_t k0 = ke.stride(0), k1 = ke.stride(1), k2 = ke.stride(2);
-  at::parallel_for(0, z.B * z.Hk * z.nb, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<X> tk(z.D * z.kc);
-    for (int64_t idx = lo; idx < hi; idx++) {
-      const int64_t j = idx % z.nb, hk = idx / z.nb % z.Hk, b = idx / z.nb / z.Hk;
-      const int64_t s0 = j * z.block, nk = std::min(z.block, z.T - s0);
-      const X* kr = kb + b * k0 + hk * k1 + s0 * k2;
-      for (int64_t u = 0; u < z.ksub; u++) {
-        X* dst = kp + idx * z.kpack + u * z.D * z.kc;
-        X* t = vnni ? tk.data() : dst;
-        for (int64_t d = 0; d < z.D; d++)
-          for (int64_t c = 0; c < z.kc; c++) {
-            const int64_t s = u * z.kc + c;
-            t[d * z.kc + c] = s < nk ? kr[s * k2 + d] : X(0);
-          }
-        if (vnni) at::native::cpublas::pack(z.D, z.kc, z.kc, z.kc, ke.scalar_type(), ke.scalar_type(), t, dst);
-      }
+  const int64_t k2 = ke.stride(2);
+  each_key_block<X>(ke, z, vnni ? z.D * z.kc : 0, [&](int64_t idx, const X* kr, int64_t nk, X* tmp) {
+    for (int64_t u = 0; u < z.ksub; u++) {
+      X* dst = kp + idx * z.kpack + u * z.D * z.kc;
+      X* t = vnni ? tmp : dst;
+      for (int64_t d = 0; d < z.D; d++)
+        for (int64_t c = 0; c < z.kc; c++) {
+          const int64_t s = u * z.kc + c;
+          t[d * z.kc + c] = s < nk ? kr[s * k2 + d] : X(0);
+        }
+      if (vnni) at::native::cpublas::pack(z.D, z.kc, z.kc, z.kc, ke.scalar_type(), ke.scalar_type(), t, dst);
     }
   });
 }
@@ -153,24 +162,18 @@ void pack_keys(const at::Tensor& ke, const Shape& z, X* kp) {
 template <typename X>
 void pack_values(const at::Tensor& v, const Shape& z, X* vp) {
   const bool vnni = std::is_same<X, c10::BFloat16>::value;
-  const X* vb = v.const_data_ptr<X>();
-  const int64_t v0 = v.stride(0), v1 = v.stride(1), v2 = v.stride(2);
-  at::parallel_for(0, z.B * z.Hk * z.nb, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<X> tv(z.rows2 * kCols);
-    for (int64_t idx = lo; idx < hi; idx++) {
-      const int64_t j = idx % z.nb, hk = idx / z.nb % z.Hk, b = idx / z.nb / z.Hk;
-      const int64_t s0 = j * z.block, nk = std::min(z.block, z.T - s0), nk2 = (nk + 1) / 2 * 2;
-      const X* vr = vb + b * v0 + hk * v1 + s0 * v2;
-      for (int64_t w = 0; w < z.vsub; w++) {
-        X* dst = vp + idx * z.vpack + w * z.rows2 * kCols;
-        X* t = vnni ? tv.data() : dst;
-        for (int64_t s = 0; s < nk2; s++)
-          for (int64_t c = 0; c < kCols; c++) {
-            const int64_t e = w * kCols + c;
-            t[s * kCols + c] = (s < nk && e < z.Dv) ? vr[s * v2 + e] : X(0);
-          }
-        if (vnni) at::native::cpublas::pack(nk2, kCols, kCols, kCols, v.scalar_type(), v.scalar_type(), t, dst);
-      }
+  const int64_t v2 = v.stride(2);
+  each_key_block<X>(v, z, vnni ? z.rows2 * kCols : 0, [&](int64_t idx, const X* vr, int64_t nk, X* tmp) {
+    const int64_t nk2 = (nk + 1) / 2 * 2;
+    for (int64_t w = 0; w < z.vsub; w++) {
+      X* dst = vp + idx * z.vpack + w * z.rows2 * kCols;
+      X* t = vnni ? tmp : dst;
+      for (int64_t s = 0; s < nk2; s++)
+        for (int64_t c = 0; c < kCols; c++) {
+          const int64_t e = w * kCols + c;
+          t[s * kCols + c] = (s < nk && e < z.Dv) ? vr[s * v2 + e] : X(0);
+        }
+      if (vnni) at::native::cpublas::pack(nk2, kCols, kCols, kCols, v.scalar_type(), v.scalar_type(), t, dst);
     }
   });
 }
