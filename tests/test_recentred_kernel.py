@@ -1,8 +1,8 @@
 """The native re-centring kernel (liepos.recentred_kernel): the attention it gives equals the float64 reference
 within the precision contract and the tiling it replaces, over random shapes (hypothesis: batch, heads, grouped
 keys, head sizes, lengths not a multiple of the block, both layouts, decay dims, damped and plain rotation
-planes, fading Jordan blocks real and complex); it runs exactly where it should (no gradient, no sinks, float32 everywhere, bfloat16 where it pays and
-oneDNN packs bfloat16), and its corrections are the encoding's own A(m·W)."""
+planes, fading Jordan blocks real and complex); it runs exactly where it should (no gradient, no sinks, float32
+everywhere, bfloat16 where it pays and oneDNN packs bfloat16), and its corrections are the encoding's own A(lag)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_runs_only_where_it_should(monkeypatch):
     assert len(calls) == 1  # float32, more than one block, no gradient
     with torch.no_grad():
         lp.attention(q, k, v, lp.build("jordan", 64))  # fading Jordan blocks: their queries and keys at the edges
-    assert calls == [128, recentred_kernel.EDGE_BLOCK]
+    assert calls == [128, 64]
     q.requires_grad_(True)
     lp.attention(q, k, v, enc).sum().backward()  # a gradient: the tiling
     with torch.no_grad():
@@ -147,6 +147,18 @@ def test_pays(monkeypatch):
     assert recentred_kernel.pays(f32, 8192, 1024)
     assert recentred_kernel.pays(bf16, 2048, 128) and recentred_kernel.pays(bf16, 1024, 128)
     assert not recentred_kernel.pays(bf16, 4096, 128) and not recentred_kernel.pays(bf16, 2048, 1024)
+
+
+def test_edge_rows():
+    """Jordan blocks: off the diagonal every factor within e^{−32} (rate·W ≤ 32), the diagonal at its middle or in
+    halves at theirs within the diagonal budget."""
+    assert recentred_kernel.edge_rows(22.6, 0.5, 32.0) == (64, True)  # the catalogue's 3×3 blocks in float32
+    assert recentred_kernel.edge_rows(64.0, 0.5, 32.0) == (64, False)  # 2×2 blocks: the budget covers half a block
+    assert recentred_kernel.edge_rows(22.6, 0.01, 32.0) == (64, True)  # slow: the halves' budget caps it
+    assert recentred_kernel.edge_rows(40.0, 0.01, 32.0) == (128, True)
+    assert recentred_kernel.edge_rows(500.0, 0.01, 32.0) == (recentred_kernel.MAX_BLOCK, False)
+    assert recentred_kernel.edge_rows(22.6, 1.0, 32.0) is None  # 32 rows at most: below the kernel's 64
+    assert recentred_kernel.edge_rows(15.0, 0.01, 32.0) is None  # halves of 32 rows need 16 from their middle
 
 
 def test_block_rows():
@@ -222,6 +234,11 @@ def test_the_op_refuses_what_it_cannot_take():
         ops.recentred_flash(x, x, x, corr, torch.arange(16), 64)
     with pytest.raises(RuntimeError, match="corr must be"):
         ops.recentred_flash(x, x, x, torch.zeros(1, 2, 9, 16), torch.zeros(8, 16, dtype=torch.long), 64)
+    with pytest.raises(RuntimeError, match="kx .blocks in halves. needs qd and kd"):
+        ops.recentred_flash(x, x, x, torch.zeros(1, 4, 2, 16), partner, 64, None, None, x)
+    with pytest.raises(RuntimeError, match="float32"):
+        b = x.bfloat16()
+        ops.recentred_flash(b, b, b, torch.zeros(1, 4, 2, 16), partner, 64, b, b, b)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         ops.recentred_flash(x, x, x, torch.zeros(1, 3, 2, 16), partner, 50)
 
@@ -246,28 +263,9 @@ def test_jordan_blocks_equal_the_float64_reference(monkeypatch, kind, B, heads, 
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     with torch.no_grad():
         out = lp.attention(q, k, v, enc)
-    # blocks of 32 for the 3×3 blocks (their diagonal budget: 22.6 from the middle), of 128 for degree one
-    assert calls == [recentred_kernel.EDGE_BLOCK if kind == "jordan3" else 128], "the kernel did not run"
+    # blocks of 64 (rate 1/2: every factor within e^{±32}), the 3×3 blocks' diagonal in halves (22.6 from the middle)
+    assert calls == [64], "the kernel did not run"
     ref = lp.attention_reference(q.double(), k.double(), v.double(), enc)
     scale = float(v.double().abs().max())
     tol = (16 * torch.finfo(dtype).eps if half else POLY_ROUNDING) * scale
     assert out.dtype == dtype and float((out.double() - ref).abs().max()) <= tol
-
-
-def test_jordan_off_the_diagonal_needs_forward_lags(monkeypatch):
-    """The reason for the edges: with every block's origin at its middle, neighbouring blocks' binomial terms cancel
-    and the float32 logits of near pairs lose ~(2W)²·eps; the kernel's own scheme keeps within 2⁻¹⁴·max|v|, the
-    middle one does not (so the comparison can fail)."""
-    monkeypatch.setattr(causal_tiling, "pays", lambda *a: True)
-    enc = lp.build("jordan", 64, rate=-0.01)
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 256, 64, dtype=F64, generator=g) for _ in range(3))
-    ref = lp.attention_reference(q, k, v, enc)  # N(0, 1) inputs: logits of tens at lags of a few blocks
-    scale = float(v.abs().max())
-    with torch.no_grad():
-        good = lp.attention(q.float(), k.float(), v.float(), enc).double()
-        corr, partner = recentred_kernel.corrections(enc, 32, 8, 0.125)
-        mid = [recentred_kernel._encoded(enc, x.float(), 32, side, 16) for x, side in ((q, "query"), (k, "key"))]
-        bad = recentred_kernel.kernel(*mid, v.float(), corr, partner, 32)[0].double()
-    assert float((good - ref).abs().max()) <= POLY_ROUNDING * scale
-    assert float((bad - ref).abs().max()) > POLY_ROUNDING * scale

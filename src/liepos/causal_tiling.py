@@ -20,7 +20,7 @@ from liepos.attention_call import Call
 from liepos.attention_pieces import Arena, Rows, Tile, absmax, clear_thresholds, fresh, made, row_source, slot
 from liepos.encoding import Encoding
 from liepos.origin_budget import allowed
-from liepos.recentred_kernel import block_rows, pays, recentred_flash, terms_fade, usable
+from liepos.recentred_kernel import block_rows, edge_rows, pays, recentred_flash, terms_fade, usable
 
 __all__ = ["tile_plan", "tile_size", "diagonal_budget", "tiled", "fade_rates", "fading_bound", "term_bounds",
            "FLASH_ROWS", "DIAGONAL_EXPONENT", "TERM_MARGIN"]
@@ -167,11 +167,11 @@ def tiled(call: Call, b) -> torch.Tensor | None:
         return None
     diag, off = tile_plan(T, size)
     if off:  # more than one block: one native kernel re-centres every pair of blocks where it can
-        r, terms = fade_rates(enc), terms_fade(enc)
-        w = block_rows(allowed(diagonal_budget(b, q.dtype)), T, terms)
+        r, terms, a = fade_rates(enc), terms_fade(enc), allowed(diagonal_budget(b, q.dtype))
+        w, halves = (edge_rows(a, b[0], DIAGONAL_EXPONENT) or (None, False)) if terms else (block_rows(a, T), False)
         fading = r is not None and float(r.min()) >= 0 and b[0] > 0 or terms
         if w is not None and pays(q.dtype, T, size) and usable(call, fading, w):
-            out = recentred_flash(call, w)
+            out = recentred_flash(call, w, halves)
             if out is not None:
                 return out
     bound = fading_bound(call) if off else None  # the between tiles' thresholds, from one pass over q and k

@@ -180,9 +180,11 @@ void pack_values(const at::Tensor& v, const Shape& z, X* vp) {
 
 template <typename X>
 void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, const at::Tensor& partner,
-            const Shape& z, const X* kp, const X* kdp, const X* vp, at::Tensor& out, at::Tensor& lse) {
+            const Shape& z, const X* kp, const X* kdp, const X* kxp, const X* vp, at::Tensor& out, at::Tensor& lse) {
   const bool vnni = std::is_same<X, c10::BFloat16>::value;
   const int64_t D = z.D, Dv = z.Dv, blk = z.block, nb = z.nb, P = corr.size(2);
+  // with kx: each block's rows in two halves, each with its own corrections (corr (Hc, nb·2, P, D)); else one
+  const int64_t halves = kxp ? 2 : 1, half = blk / halves;
   const int64_t per = std::max<int64_t>(1, kKeysPerRow / blk);  // key blocks per softmax update
   const int64_t lds = z.ksub * z.kc, ldw = per * lds, ldo = z.vsub * kCols, Hc = corr.size(0);
   const X* qb = qe.const_data_ptr<X>();
@@ -202,7 +204,7 @@ void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, 
 #endif
     // Q[p·blk·D + r·D + d]: row r's entry at dim d's p-th term (p = 0: d itself), of qe's rows and of qd's
     std::vector<float> Q(P * blk * D), Qd(qdb ? P * blk * D : 0), S(blk * ldw), O(blk * ldo), m(blk), l(blk);
-    std::vector<X> A(blk * D), P_(blk * ldw);
+    std::vector<X> A(blk * D), Ax(kxp ? blk * D : 0), P_(blk * ldw);
     auto load = [&](const X* rows, int64_t stride, float* dst, int64_t nr) {
       for (int64_t r = 0; r < nr; r++)
         for (int64_t d = 0; d < D; d++) dst[r * D + d] = load1(rows[r * stride + d]);
@@ -210,10 +212,26 @@ void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, 
         for (int64_t r = 0; r < nr; r++)
           for (int64_t d = 0; d < D; d++) dst[p * blk * D + r * D + d] = dst[r * D + pp[(p - 1) * D + d]];
     };
+    // rows r0 … r1 − 1 of src corrected by the lag's A (a row of the second half by the half's own table, ca + P·D),
+    // into dst's rows from 0; their largest magnitude
+    auto correct = [&](const float* src, const float* ca, int64_t r0, int64_t r1, X* dst) {
+      v16 big = splat(0.0f);
+      for (int64_t r = r0; r < r1; r++) {
+        const float* cr = ca + (r >= half ? P * D : 0);
+        for (int64_t d = 0; d < D; d += kLanes) {
+          v16 y = load16(cr + d) * load16(src + r * D + d);
+          for (int64_t p = 1; p < P; p++) y += load16(cr + p * D + d) * load16(src + p * blk * D + r * D + d);
+          const v16 ay = y < 0.0f ? -y : y;
+          big = ay > big ? ay : big;
+          store16(dst + (r - r0) * D + d, y);
+        }
+      }
+      return lanes_max(big, 0.0f);
+    };
     for (int64_t idx = lo; idx < hi; idx++) {
       const int64_t i = idx % nb, h = idx / nb % z.H, b = idx / nb / z.H, hk = h / (z.H / z.Hk);
       const int64_t t0 = i * blk, nr = std::min(blk, z.T - t0);
-      const float* ch = cb + (Hc == 1 ? 0 : h) * nb * P * D;
+      const float* ch = cb + (Hc == 1 ? 0 : h) * nb * halves * P * D;
       load(qb + b * q0 + h * q1 + t0 * q2, q2, Q.data(), nr);
       if (qdb) load(qdb + b * d0 + h * d1 + t0 * d2, d2, Qd.data(), nr);
       std::fill(O.begin(), O.begin() + nr * ldo, 0.0f);
@@ -222,26 +240,20 @@ void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, 
       for (int64_t jhi = i; jhi >= 0; jhi -= per) {
         const int64_t jlo = std::max<int64_t>(0, jhi - per + 1), width = (jhi - jlo + 1) * lds;
         for (int64_t j = jlo; j <= jhi; j++) {  // the logits of key block j: S[:, col …]
-          const int64_t col = (j - jlo) * lds, nk = std::min(blk, z.T - j * blk);
-          const float* ca = ch + (i - j) * P * D;
-          const float* src = (j == i && qdb) ? Qd.data() : Q.data();  // the diagonal block's own encoding, if given
-          v16 big = splat(0.0f);
-          for (int64_t r = 0; r < nr; r++)
-            for (int64_t d = 0; d < D; d += kLanes) {  // the query rows corrected by the lag's A
-              v16 y = load16(ca + d) * load16(src + r * D + d);
-              for (int64_t p = 1; p < P; p++) y += load16(ca + p * D + d) * load16(src + p * blk * D + r * D + d);
-              const v16 ay = y < 0.0f ? -y : y;
-              big = ay > big ? ay : big;
-              store16(A.data() + r * D + d, y);
-            }
-          const int64_t kidx = (b * z.Hk + hk) * nb + j;
-          if (lanes_max(big, 0.0f) > 0.0f) {
+          const int64_t col = (j - jlo) * lds, nk = std::min(blk, z.T - j * blk), kidx = (b * z.Hk + hk) * nb + j;
+          const float* ca = ch + (i - j) * halves * P * D;
+          if (correct(j == i && qdb ? Qd.data() : Q.data(), ca, 0, nr, A.data()) > 0.0f) {
             for (int64_t u = 0; u * z.kc < nk; u++)
               at::native::cpublas::brgemm(nr, z.kc, D, D, z.kc, ldw, false, A.data(),
                                           (j == i && kdp ? kdp : kp) + kidx * z.kpack + u * D * z.kc,
                                           S.data() + col + u * z.kc, vnni);
           } else {  // every correction underflowed: the logits are exactly 0
             for (int64_t r = 0; r < nr; r++) std::fill(S.data() + r * ldw + col, S.data() + r * ldw + col + lds, 0.0f);
+          }
+          if (j == i && kxp && nr > half) {  // the second half's queries and the first half's keys, at their boundary
+            correct(Q.data(), ca, half, nr, Ax.data());
+            at::native::cpublas::brgemm(nr - half, half, D, D, z.kc, ldw, false, Ax.data(), kxp + kidx * z.kpack,
+                                        S.data() + half * ldw + col, vnni);
           }
           for (int64_t r = 0; r < nr; r++) {  // keys past the block's end, and on the diagonal keys after the query
             const int64_t seen = j == i ? r + 1 : nk;
@@ -301,7 +313,8 @@ constexpr int64_t kMaxTerms = 8;
 std::tuple<at::Tensor, at::Tensor> recentred_flash(const at::Tensor& qe, const at::Tensor& ke, const at::Tensor& v,
                                                    const at::Tensor& corr, const at::Tensor& partner, int64_t block,
                                                    const std::optional<at::Tensor>& qd,
-                                                   const std::optional<at::Tensor>& kd) {
+                                                   const std::optional<at::Tensor>& kd,
+                                                   const std::optional<at::Tensor>& kx) {
   const auto dt = qe.scalar_type();
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "liepos_native::recentred_flash: float32 or bfloat16, got ", dt);
   TORCH_CHECK(qe.dim() == 4 && ke.dim() == 4 && v.dim() == 4 && ke.scalar_type() == dt && v.scalar_type() == dt,
@@ -315,6 +328,13 @@ std::tuple<at::Tensor, at::Tensor> recentred_flash(const at::Tensor& qe, const a
                 "liepos_native::recentred_flash: qd and kd must be shaped as qe and ke, of their dtype, the last axis "
                 "contiguous; got qd ", qd->sizes(), ", kd ", kd->sizes());
   }
+  if (kx.has_value()) {
+    TORCH_CHECK(qd.has_value() && kx->sizes() == ke.sizes() && kx->scalar_type() == dt && kx->stride(3) == 1 &&
+                    dt == at::kFloat && block % 4 == 0 && block <= 2 * kCols,
+                "liepos_native::recentred_flash: kx (blocks in halves) needs qd and kd, float32, the shape of ke with "
+                "its last axis contiguous, and a block that is a multiple of 4 of at most ", 2 * kCols, "; got kx ",
+                kx->sizes(), " of ", kx->scalar_type(), ", block ", block);
+  }
   const int64_t B = qe.size(0), H = qe.size(1), T = qe.size(2), D = qe.size(3), Hk = ke.size(1), Dv = v.size(3);
   TORCH_CHECK(ke.size(0) == B && v.size(0) == B && ke.size(2) == T && v.size(2) == T && ke.size(3) == D &&
                   v.size(1) == Hk && Hk >= 1 && H % Hk == 0,
@@ -324,12 +344,12 @@ std::tuple<at::Tensor, at::Tensor> recentred_flash(const at::Tensor& qe, const a
                   D <= 512 && Dv >= 1 && Dv <= 512,
               "liepos_native::recentred_flash: block ", block, " must be even (below ", kCols, " a multiple of ",
               kLanes, "), D ", D, " a multiple of 16, D and Dv ", Dv, " at most 512");
-  const int64_t nb = (T + block - 1) / block;
+  const int64_t nb = (T + block - 1) / block, halves = kx.has_value() ? 2 : 1;
   TORCH_CHECK(corr.scalar_type() == at::kFloat && corr.is_contiguous() && corr.dim() == 4 &&
-                  (corr.size(0) == H || corr.size(0) == 1) && corr.size(1) == nb && corr.size(2) >= 1 &&
+                  (corr.size(0) == H || corr.size(0) == 1) && corr.size(1) == nb * halves && corr.size(2) >= 1 &&
                   corr.size(2) <= kMaxTerms && corr.size(3) == D,
-              "liepos_native::recentred_flash: corr must be contiguous float32 (H or 1, ", nb, ", P, ", D, ") with 1 ≤ P ≤ ",
-              kMaxTerms, ", got ", corr.sizes());
+              "liepos_native::recentred_flash: corr must be contiguous float32 (H or 1, ", nb * halves, ", P, ", D,
+              ") with 1 ≤ P ≤ ", kMaxTerms, ", got ", corr.sizes());
   const int64_t P = corr.size(2);
   TORCH_CHECK(partner.scalar_type() == at::kLong && partner.is_contiguous() && partner.dim() == 2 &&
                   partner.size(0) == P - 1 && partner.size(1) == D &&
@@ -348,15 +368,17 @@ std::tuple<at::Tensor, at::Tensor> recentred_flash(const at::Tensor& qe, const a
   z.vpack = z.vsub * z.rows2 * kCols;
   auto kp = at::empty({B * Hk * nb * z.kpack}, qe.options());
   auto kdp = at::empty({kd.has_value() ? B * Hk * nb * z.kpack : 0}, qe.options());
+  auto kxp = at::empty({kx.has_value() ? B * Hk * nb * z.kpack : 0}, qe.options());
   auto vpk = at::empty({B * Hk * nb * z.vpack}, qe.options());
   const at::Tensor* qdp = qd.has_value() ? &*qd : nullptr;
   auto run = [&](auto zero) {
     using X = decltype(zero);
     pack_keys<X>(ke, z, kp.mutable_data_ptr<X>());
     if (kd.has_value()) pack_keys<X>(*kd, z, kdp.mutable_data_ptr<X>());
+    if (kx.has_value()) pack_keys<X>(*kx, z, kxp.mutable_data_ptr<X>());
     pack_values<X>(v, z, vpk.mutable_data_ptr<X>());
     attend<X>(qe, qdp, corr, partner, z, kp.const_data_ptr<X>(), kd.has_value() ? kdp.const_data_ptr<X>() : nullptr,
-              vpk.const_data_ptr<X>(), out, lse);
+              kx.has_value() ? kxp.const_data_ptr<X>() : nullptr, vpk.const_data_ptr<X>(), out, lse);
   };
   if (vnni) run(c10::BFloat16(0.0f));
   else run(0.0f);
@@ -370,7 +392,7 @@ bool packs_bfloat16() { return at::native::cpublas::could_pack(at::kBFloat16); }
 TORCH_LIBRARY_FRAGMENT(liepos_native, m) {
   m.def(
       "recentred_flash(Tensor qe, Tensor ke, Tensor v, Tensor corr, Tensor partner, int block, Tensor? qd=None, "
-      "Tensor? kd=None) -> (Tensor, Tensor)");
+      "Tensor? kd=None, Tensor? kx=None) -> (Tensor, Tensor)");
   m.def("packs_bfloat16() -> bool");
 }
 

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
 from liepos import _kernels
 from liepos.attention_call import Call
-from liepos.attention_pieces import Rows
+from liepos.attention_pieces import Rows, arena, slot
 from liepos.encoding import Encoding
 
 __all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "block_rows", "pays", "recentred_flash", "corrections",
-           "usable", "kernel", "gemms", "measured_here", "terms_fade", "MAX_TERMS"]
+           "usable", "kernel", "gemms", "measured_here", "terms_fade", "MAX_TERMS", "edge_rows"]
 
 MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow with it; 128 and 256 measured alike)
 # bfloat16: the flash kernel's AMX GEMMs make the tiling's large tiles cheaper than this kernel's own softmax
@@ -53,20 +54,29 @@ _DTYPES = (torch.float32, torch.bfloat16)
 _CORRECTIONS: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
 _MEASURED: dict[str, bool] = {}
 _KEEP = 32  # correction tables kept (per encoding, block, length, scale and scheme)
-# rows of a block of an encoding of Jordan blocks whose diagonal budget allows fewer than 64 (degree 2 in float32:
-# 22.6 from the middle); the kernel's GEMMs then take 32 keys at a time
-EDGE_BLOCK = 32
 MAX_TERMS = 8  # terms of one dim's correction the kernel takes at most (its kMaxTerms)
 
 
-def block_rows(allowed: float, T: int, edges: bool = False) -> int | None:
+def block_rows(allowed: float, T: int) -> int | None:
     """Rows of a block: the largest multiple of 64 up to :data:`MAX_BLOCK` whose times all lie within ``allowed``
-    of its middle (``W/2 ≤ allowed``), or T rounded up to even when that is smaller; with ``edges`` (an encoding of
-    Jordan blocks, whose diagonal budget is short) :data:`EDGE_BLOCK` where 64 is too many; else None below 64."""
+    of its middle (``W/2 ≤ allowed``), or T rounded up to even when that is smaller; None below 64 rows."""
     w = min(MAX_BLOCK, int(2 * math.floor(allowed)) // 64 * 64) if math.isfinite(allowed) else MAX_BLOCK
     if w < 64:
-        return EDGE_BLOCK if edges and 2 * math.floor(allowed) >= EDGE_BLOCK and T > EDGE_BLOCK else None
+        return None
     return min(w, T + T % 2)
+
+
+def edge_rows(allowed: float, rate: float, exponent: float) -> tuple[int, bool] | None:
+    """``(W, halves)`` for an encoding of Jordan blocks (queries at their block's start, keys at its end): the largest
+    multiple of 64 up to :data:`MAX_BLOCK` whose off-diagonal factors stay within ``e^{−exponent}`` (``rate·W ≤
+    exponent``, so none is subnormal) and whose diagonal block lies within ``allowed`` of its middle (``W/2 ≤
+    allowed``) or, in two halves of ``W/2`` rows (``halves``: up to 128 rows), of theirs (``W/4 ≤ allowed``); None
+    below 64 rows."""
+    cap = float(MAX_BLOCK) if rate <= 0 else min(float(MAX_BLOCK), exponent / rate)
+    if math.isfinite(allowed):
+        cap = min(cap, max(2 * math.floor(allowed), min(4 * math.floor(allowed), 128)))
+    w = int(cap) // 64 * 64
+    return None if w < 64 else (w, w / 2 > allowed)
 
 
 def measured_here() -> bool:
@@ -133,24 +143,29 @@ def usable(call: Call, fading: bool, block: int | None) -> bool:
     return q.dtype == torch.float32 or bool(ops.packs_bfloat16())
 
 
-def corrections(enc: Encoding, block: int, nb: int, c: float, edges: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+def corrections(enc: Encoding, block: int, nb: int, c: float, edges: bool = False,
+                halves: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(corr, partner)`` of the kernel: for every ``m < nb`` the correction ``A(lag_m)`` of an encoded query row,
     as ``y_d = Σ_p corr[p, d] · x_{partner_p(d)}`` (``partner_0(d) = d``), float32 ``(H or 1, nb, P, D)`` times
     ``c·log2(e)``, and ``partner`` int64 ``(P − 1, D)`` (a dim's other terms: its plane's other dim, the rest of its
     Jordan chain; d itself with coefficient 0 where it has fewer). ``lag_m = m·block`` (origins at the blocks'
     middles), or with ``edges`` ``(m − 1)·block`` for ``m ≥ 1`` and 0 for the diagonal block (queries at their
-    block's start, keys at their block's end). None when a dim has more than :data:`MAX_TERMS` terms. Kept per
-    encoding, block, length, scale and scheme (the last :data:`_KEEP`)."""
-    key = (enc.version, block, nb, c, edges)
+    block's start, keys at their block's end); with ``halves`` (queries at the start of their half of the block) two
+    tables per ``m``, ``(H or 1, 2·nb, P, D)``, the second half's lag ``block/2`` longer (``m ≥ 1``). None when a dim
+    has more than :data:`MAX_TERMS` terms. Kept per encoding, block, length, scale and scheme (the last
+    :data:`_KEEP`)."""
+    key = (enc.version, block, nb, c, edges, halves)
     if key in _CORRECTIONS:
         _CORRECTIONS.move_to_end(key)
         return _CORRECTIONS[key]
-    D, Hc = enc.dim, enc.num_heads or 1
-    eye = torch.eye(D, dtype=torch.float64).expand(nb, Hc, D, D)  # (nb, Hc, D rows e_r, D)
-    m = torch.arange(nb, dtype=torch.float64)
+    D, Hc, S = enc.dim, enc.num_heads or 1, 2 if halves else 1
+    eye = torch.eye(D, dtype=torch.float64).expand(nb * S, Hc, D, D)  # (nb·S, Hc, D rows e_r, D)
+    m = torch.arange(nb, dtype=torch.float64).repeat_interleave(S)  # (nb·S,): m of each table
     lag = ((m - 1).clamp(min=0) if edges else m) * block
+    if halves:  # the second half's queries start block/2 later (the diagonal block's halves meet at lag 0)
+        lag = lag + (m > 0) * torch.tensor([0.0, block / 2]).repeat(nb)
     with torch.no_grad():
-        M = enc._query_after(eye, lag.unsqueeze(-1).expand(nb, D))  # (nb, Hc, D, D): M[m, h, r] = F(lag_m) e_r
+        M = enc._query_after(eye, lag.unsqueeze(-1).expand(nb * S, D))  # (nb·S, Hc, D, D): M[m, h, r] = F(lag_m) e_r
     off = (M != 0).any(0).any(0) & ~torch.eye(D, dtype=torch.bool)  # (D, D): row r reaches column d (r ≠ d)
     found = None
     if int(off.sum(0).max()) < MAX_TERMS:
@@ -160,7 +175,7 @@ def corrections(enc: Encoding, block: int, nb: int, c: float, edges: bool = Fals
         for col in range(D):
             rows = torch.nonzero(off[:, col]).flatten()
             partner[1 : 1 + rows.numel(), col] = rows
-        corr = M[:, :, partner, d]  # (nb, Hc, P, D): M[partner[p, d], d], the p-th term's entry of column d
+        corr = M[:, :, partner, d]  # (nb·S, Hc, P, D): M[partner[p, d], d], the p-th term's entry of column d
         corr[:, :, 1:] = torch.where(partner[1:] == d, 0.0, corr[:, :, 1:])  # padding terms weigh nothing
         found = ((corr.movedim(1, 0) * (c * _LOG2E)).float().contiguous(), partner[1:].contiguous())
     _CORRECTIONS[key] = found
@@ -169,17 +184,19 @@ def corrections(enc: Encoding, block: int, nb: int, c: float, edges: bool = Fals
     return found
 
 
-def _encoded(enc: Encoding, x: torch.Tensor, block: int, side: str, at: int) -> torch.Tensor:
+def _encoded(enc: Encoding, x: torch.Tensor, block: int, side: str, at: int,
+             into: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None) -> torch.Tensor:
     """``x (B, H, T, D)`` encoded at an origin ``at`` rows into each of its blocks of ``block`` rows (the last one
     partial): row ``i·block + a`` at time ``a − at``, as ``(B, H, T, D)``; a query of a block whose origin is its
-    first row (``at = 0``) by :meth:`Encoding._query_after`, as the tiling's between tiles."""
+    first row (``at = 0``) by :meth:`Encoding._query_after`, as the tiling's between tiles. ``into``: the provider of
+    the whole blocks' output (a buffer of the thread's arena), else fresh."""
     B, H, T, D = x.shape
     full, tail = divmod(T, block)
     fade = side == "query" and at == 0
     parts = []
     if full:
         rows = Rows(0, full, block, 0, block)
-        y = enc._span(rows.gather(x), -at, side, fade, into=_fresh)  # (B·full, H, block, D)
+        y = enc._span(rows.gather(x), -at, side, fade, into=into or _fresh)  # (B·full, H, block, D)
         parts.append(rows.scatter(y).reshape(B, H, full * block, D))  # (B, H, full, block, D) -> (B, H, T', D)
     if tail:
         rows = Rows(full * block, 1, tail, 0, tail)
@@ -188,36 +205,46 @@ def _encoded(enc: Encoding, x: torch.Tensor, block: int, side: str, at: int) -> 
 
 
 def kernel(qe: torch.Tensor, ke: torch.Tensor, v: torch.Tensor, corr: torch.Tensor, partner: torch.Tensor,
-           block: int, qd: torch.Tensor | None = None, kd: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           block: int, qd: torch.Tensor | None = None, kd: torch.Tensor | None = None,
+           kx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``liepos_native::recentred_flash`` itself: ``(out, lse)`` (the one call of the op, which tests observe)."""
-    return torch.ops.liepos_native.recentred_flash(qe, ke, v, corr, partner, block, qd, kd)
+    return torch.ops.liepos_native.recentred_flash(qe, ke, v, corr, partner, block, qd, kd, kx)
 
 
 def _fresh(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype)
 
 
-def recentred_flash(call: Call, block: int) -> torch.Tensor | None:
+def recentred_flash(call: Call, block: int, halves: bool = False) -> torch.Tensor | None:
     """The call's causal attention ``(B, H, T, Dv)`` in q's dtype through the native kernel, blocks of ``block``
     rows; None when the encoding's correction has more terms per dim than the kernel takes (the caller tiles).
 
     A fading encoding's q and k sit at the middle of their blocks. An encoding of Jordan blocks (:func:`terms_fade`)
     has its binomial terms cancel around a middle origin (rounding of ``(2·block)^n·eps`` between neighbouring
     blocks): off the diagonal its queries sit at their block's start and its keys at their block's end, every
-    factor a forward lag, and its diagonal blocks at their middles, within the diagonal budget as the tiling's."""
+    factor a forward lag, and its diagonal blocks at their middles, within the diagonal budget as the tiling's.
+    With ``halves`` (:func:`edge_rows`: a diagonal budget shorter than half a block) the diagonal block is two
+    halves, each at its middle, and the second half's queries with the first half's keys, both encoded at the
+    boundary of the halves; the queries then sit at the start of their half."""
     q, k, v, enc = call.q, call.k, call.v, call.enc
     T = q.shape[2]
     nb = -(-T // block)
     edges = enc.plan.has_coupling
-    found = corrections(enc, block, nb, call.c, edges)
+    found = corrections(enc, block, nb, call.c, edges, halves)
     if found is None:
         return None
     corr, partner = found
-    if not edges:
-        out, _ = kernel(_encoded(enc, q, block, "query", block // 2), _encoded(enc, k, block, "key", block // 2), v,
-                        corr, partner, block)
+    with arena() as buffers:
+        def at(x: torch.Tensor, rows: int, side: str, origin: int, name: str) -> torch.Tensor:
+            return _encoded(enc, x, rows, side, origin, slot(buffers, name, x.device))
+
+        if not edges:
+            out, _ = kernel(at(q, block, "query", block // 2, "q"), at(k, block, "key", block // 2, "k"), v, corr,
+                            partner, block)
+            return out
+        sub = block // 2 if halves else block  # the diagonal's blocks
+        qe, ke = at(q, sub, "query", 0, "q"), at(k, block, "key", block, "k")
+        qd, kd = at(q, sub, "query", sub // 2, "qd"), at(k, sub, "key", sub // 2, "kd")
+        kx = at(k, sub, "key", sub, "kx") if halves else None
+        out, _ = kernel(qe, ke, v, corr, partner, block, qd, kd, kx)
         return out
-    qe, ke = _encoded(enc, q, block, "query", 0), _encoded(enc, k, block, "key", block)
-    qd, kd = _encoded(enc, q, block, "query", block // 2), _encoded(enc, k, block, "key", block // 2)
-    out, _ = kernel(qe, ke, v, corr, partner, block, qd, kd)
-    return out
