@@ -203,24 +203,25 @@ void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, 
     _mm_setcsr(csr | 0x8040u);  // flush-to-zero and denormals-are-zero on this thread, for this task
 #endif
     // Q[p·blk·D + r·D + d]: row r's entry at dim d's p-th term (p = 0: d itself), of qe's rows and of qd's
-    std::vector<float> Q(P * blk * D), Qd(qdb ? P * blk * D : 0), S(blk * ldw), O(blk * ldo), m(blk), l(blk);
+    std::vector<float> Q(P * blk * D), Qd(qdb ? blk * D : 0), S(blk * ldw), O(blk * ldo), m(blk), l(blk);
     std::vector<X> A(blk * D), Ax(kxp ? blk * D : 0), P_(blk * ldw);
-    auto load = [&](const X* rows, int64_t stride, float* dst, int64_t nr) {
+    auto load = [&](const X* rows, int64_t stride, float* dst, int64_t nr, int64_t terms) {
       for (int64_t r = 0; r < nr; r++)
         for (int64_t d = 0; d < D; d++) dst[r * D + d] = load1(rows[r * stride + d]);
-      for (int64_t p = 1; p < P; p++)
+      for (int64_t p = 1; p < terms; p++)
         for (int64_t r = 0; r < nr; r++)
           for (int64_t d = 0; d < D; d++) dst[p * blk * D + r * D + d] = dst[r * D + pp[(p - 1) * D + d]];
     };
     // rows r0 … r1 − 1 of src corrected by the lag's A (a row of the second half by the half's own table, ca + P·D),
-    // into dst's rows from 0; their largest magnitude
-    auto correct = [&](const float* src, const float* ca, int64_t r0, int64_t r1, X* dst) {
+    // its first `terms` terms (1 on the diagonal block, whose lag is 0: A(0) = I), into dst's rows from 0; their
+    // largest magnitude
+    auto correct = [&](const float* src, const float* ca, int64_t r0, int64_t r1, X* dst, int64_t terms) {
       v16 big = splat(0.0f);
       for (int64_t r = r0; r < r1; r++) {
         const float* cr = ca + (r >= half ? P * D : 0);
         for (int64_t d = 0; d < D; d += kLanes) {
           v16 y = load16(cr + d) * load16(src + r * D + d);
-          for (int64_t p = 1; p < P; p++) y += load16(cr + p * D + d) * load16(src + p * blk * D + r * D + d);
+          for (int64_t p = 1; p < terms; p++) y += load16(cr + p * D + d) * load16(src + p * blk * D + r * D + d);
           const v16 ay = y < 0.0f ? -y : y;
           big = ay > big ? ay : big;
           store16(dst + (r - r0) * D + d, y);
@@ -232,8 +233,8 @@ void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, 
       const int64_t i = idx % nb, h = idx / nb % z.H, b = idx / nb / z.H, hk = h / (z.H / z.Hk);
       const int64_t t0 = i * blk, nr = std::min(blk, z.T - t0);
       const float* ch = cb + (Hc == 1 ? 0 : h) * nb * halves * P * D;
-      load(qb + b * q0 + h * q1 + t0 * q2, q2, Q.data(), nr);
-      if (qdb) load(qdb + b * d0 + h * d1 + t0 * d2, d2, Qd.data(), nr);
+      load(qb + b * q0 + h * q1 + t0 * q2, q2, Q.data(), nr, P);
+      if (qdb) load(qdb + b * d0 + h * d1 + t0 * d2, d2, Qd.data(), nr, 1);  // the diagonal block's: lag 0
       std::fill(O.begin(), O.begin() + nr * ldo, 0.0f);
       std::fill(m.begin(), m.begin() + nr, neg);
       std::fill(l.begin(), l.begin() + nr, 0.0f);
@@ -242,7 +243,7 @@ void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, 
         for (int64_t j = jlo; j <= jhi; j++) {  // the logits of key block j: S[:, col …]
           const int64_t col = (j - jlo) * lds, nk = std::min(blk, z.T - j * blk), kidx = (b * z.Hk + hk) * nb + j;
           const float* ca = ch + (i - j) * halves * P * D;
-          if (correct(j == i && qdb ? Qd.data() : Q.data(), ca, 0, nr, A.data()) > 0.0f) {
+          if (correct(j == i && qdb ? Qd.data() : Q.data(), ca, 0, nr, A.data(), j == i ? 1 : P) > 0.0f) {
             for (int64_t u = 0; u * z.kc < nk; u++)
               at::native::cpublas::brgemm(nr, z.kc, D, D, z.kc, ldw, false, A.data(),
                                           (j == i && kdp ? kdp : kp) + kidx * z.kpack + u * D * z.kc,
@@ -251,7 +252,7 @@ void attend(const at::Tensor& qe, const at::Tensor* qd, const at::Tensor& corr, 
             for (int64_t r = 0; r < nr; r++) std::fill(S.data() + r * ldw + col, S.data() + r * ldw + col + lds, 0.0f);
           }
           if (j == i && kxp && nr > half) {  // the second half's queries and the first half's keys, at their boundary
-            correct(Q.data(), ca, half, nr, Ax.data());
+            correct(Q.data(), ca, half, nr, Ax.data(), 1);
             at::native::cpublas::brgemm(nr - half, half, D, D, z.kc, ldw, false, Ax.data(), kxp + kidx * z.kpack,
                                         S.data() + half * ldw + col, vnni);
           }
