@@ -118,10 +118,11 @@ def contenders(T: int, dtype: torch.dtype, flex: bool, backward: bool = False) -
 # the re-centred fused path, never the general block loop), "fused+mask" (ALiBi: the per-key mask on
 # the content's head size), "fused+faded" (a decay's keys past its fade as one key of score 0, through a
 # per-key count mask: RetNet's fast heads and decay once T passes their fade), "kernel" (the native kernel
-# that re-centres every pair of blocks in registers, liepos.recentred_kernel: a fading encoding where it pays)
+# that re-centres every pair of blocks in registers, liepos.recentred_kernel: a fading encoding, or one of fading
+# Jordan blocks, where it pays)
 EXPECTED = {"nope": ("sdpa",), "rope": ("sdpa",), "rope_half": ("sdpa",), "xpos": ("fused",),
             "retnet": ("fused", "fused+faded", "kernel"), "decay": ("fused", "fused+faded", "kernel"), "alibi": ("fused+mask",),
-            "jordan": ("fused",)}
+            "jordan": ("fused", "kernel")}
 # encodings whose half-precision call attends in float32 today (the polynomial parts of Jordan blocks),
 # asserted so, and named in the path column; ALiBi's bfloat16 content is attended in bfloat16 (its slots
 # ride as the kernel's float32 mask)

@@ -138,8 +138,8 @@ def test_runs_only_where_it_should(monkeypatch):
 
 
 def test_pays(monkeypatch):
-    """float32 wherever the kernel runs; bfloat16 where the tiling's diagonal blocks are small and few; neither on
-    a CPU of another kind than the one it was timed on."""
+    """float32 wherever the kernel runs; bfloat16 where the tiling's diagonal blocks are small and few; Jordan blocks
+    up to TERMS_ROWS; none on a CPU of another kind than the one it was timed on."""
     f32, bf16 = torch.float32, torch.bfloat16
     monkeypatch.setattr(recentred_kernel, "_MEASURED", {"here": False})
     assert not recentred_kernel.pays(f32, 2048, 128) and not recentred_kernel.pays(bf16, 2048, 128)
@@ -147,6 +147,8 @@ def test_pays(monkeypatch):
     assert recentred_kernel.pays(f32, 8192, 1024)
     assert recentred_kernel.pays(bf16, 2048, 128) and recentred_kernel.pays(bf16, 1024, 128)
     assert not recentred_kernel.pays(bf16, 4096, 128) and not recentred_kernel.pays(bf16, 2048, 1024)
+    rows = recentred_kernel.TERMS_ROWS  # Jordan blocks: up to a length, in float32 (their half precision is widened)
+    assert recentred_kernel.pays(f32, rows, 32, terms=True) and not recentred_kernel.pays(f32, rows + 1, 32, terms=True)
 
 
 def test_edge_rows():

@@ -170,7 +170,7 @@ def tiled(call: Call, b) -> torch.Tensor | None:
         r, terms, a = fade_rates(enc), terms_fade(enc), allowed(diagonal_budget(b, q.dtype))
         w, halves = (edge_rows(a, b[0], DIAGONAL_EXPONENT) or (None, False)) if terms else (block_rows(a, T), False)
         fading = r is not None and float(r.min()) >= 0 and b[0] > 0 or terms
-        if w is not None and pays(q.dtype, T, size) and usable(call, fading, w):
+        if w is not None and pays(q.dtype, T, size, terms) and usable(call, fading, w):
             out = recentred_flash(call, w, halves)
             if out is not None:
                 return out

@@ -11,12 +11,21 @@ their block of ``W`` rows (``W`` within the diagonal budget), and the native ker
 
     qᵀ A(t − s) k = (F(t − o_i) q)ᵀ A((i − j)·W) (G(s − o_j) k),      o_i = i·W + W/2,
 
-correcting the query rows of block ``i`` by ``A((i − j)·W)`` for key block ``j`` (one plane or dim's pair at a
-time: ``y_d = a_d x_d + b_d x_partner(d)``, the corrections' exact entries from the encoding itself in float64,
-rounded once to float32), then one online softmax per row in the kernel's own GEMMs (oneDNN's, AMX for
-bfloat16). The corrections fade (``|A(mW)| ≤ 1``); one that underflows float32 (``λmW > 87``, so ``m ≥ 2``:
+correcting the query rows of block ``i`` by ``A((i − j)·W)`` for key block ``j`` (a few terms a dim: ``y_d =
+Σ_p a_pd x_{partner_p(d)}``, a plane's pair or a Jordan chain, the corrections' exact entries from the encoding
+itself in float64, rounded once to float32), then one online softmax per row in the kernel's own GEMMs (oneDNN's,
+AMX for bfloat16). The corrections fade (``|A(mW)| ≤ 1``); one that underflows float32 (``λmW > 87``, so ``m ≥ 2``:
 ``λW ≤ 64``) leaves a product below ``e^{λW − λmW} ≤ e^{−43}`` of the row's scale (each block's factors within
 ``e^{±λW/2}``): nothing a softmax can see.
+
+Fading Jordan blocks (:func:`terms_fade`: ``A(u) = e^{λu} Σ u^k/k! N^k``, λ < 0) take it too, in float32 (their half
+precision is widened before, as for the tiling), with their origins where the tiling's tiles between keys and
+queries put theirs: a block's queries at its start, its keys at its end, so that ``F``, ``G`` and the correction
+``A((i − j − 1)·W)`` are all forward lags, whose binomial terms share their sign and round like ``A(t − s)``
+itself (around a middle origin they would cancel, a rounding of ``(2W)^n·eps`` between neighbouring blocks). The
+diagonal block sits at its middle, or where the polynomial span is shorter than half a block (the catalogue's 3×3
+blocks in float32: 22.6) as two halves each at its own middle, the second half's queries with the first half's keys
+both at their boundary (:func:`edge_rows`; five encodings of T rows in all). Up to :data:`TERMS_ROWS` rows.
 
 Taken for a causal self-attention over a unit range of times (:attr:`Call.simple`) whose tiling has more than one
 block, with nothing needing a gradient and no sinks, on x86 with oneDNN's GEMMs (:func:`gemms`): float32 wherever
@@ -37,7 +46,7 @@ from liepos.attention_call import Call
 from liepos.attention_pieces import Rows, arena, slot
 from liepos.encoding import Encoding
 
-__all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "block_rows", "pays", "recentred_flash", "corrections",
+__all__ = ["MAX_BLOCK", "HALF_DIAGONAL_ROWS", "HALF_BLOCKS", "TERMS_ROWS", "block_rows", "pays", "recentred_flash", "corrections",
            "usable", "kernel", "gemms", "measured_here", "terms_fade", "MAX_TERMS", "edge_rows"]
 
 MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow with it; 128 and 256 measured alike)
@@ -49,6 +58,12 @@ MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow
 # the tiling's time at T = 1024, 0.89 at 2048, on one thread). float32 takes it wherever it runs (decay 0.84
 # at T = 2048 on one thread, 0.69 on two; 0.95–0.99 at T = 8192–16384; RetNet 0.88–0.95)
 HALF_DIAGONAL_ROWS, HALF_BLOCKS = 128, 16
+# Jordan blocks (queries at their block's start, keys at its end; blocks of 64 for the catalogue's, whose three terms a
+# dim and diagonal halves cost the kernel ~1.1x SDPA's time on its own): faster than the tiling's seven flash calls up
+# to this many rows (`benchmarks/ab.py native-kernel --encodings jordan`, float32 on a Xeon with AMX: 0.88 / 0.93 of
+# the tiling's time at T = 2048 / 4096 on two threads, within the rounds' spread on one), slower past it (1.03-1.07
+# at 8192 and 16384, where the tiling's tiles are large)
+TERMS_ROWS = 4096
 _LOG2E = 1.0 / math.log(2.0)
 _DTYPES = (torch.float32, torch.bfloat16)
 _CORRECTIONS: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor] | None] = OrderedDict()
@@ -90,12 +105,14 @@ def measured_here() -> bool:
     return _MEASURED["here"]
 
 
-def pays(dtype: torch.dtype, T: int, size: int) -> bool:
+def pays(dtype: torch.dtype, T: int, size: int, terms: bool = False) -> bool:
     """Whether the kernel is faster than the tiling whose diagonal blocks have ``size`` rows, for ``T`` rows of
-    ``dtype`` (:data:`HALF_DIAGONAL_ROWS`, :data:`HALF_BLOCKS`), on a CPU of the kind it was timed on
-    (:func:`measured_here`)."""
+    ``dtype`` (:data:`HALF_DIAGONAL_ROWS`, :data:`HALF_BLOCKS`; Jordan blocks, ``terms``: :data:`TERMS_ROWS`), on a
+    CPU of the kind it was timed on (:func:`measured_here`)."""
     if not measured_here():
         return False
+    if terms:
+        return T <= TERMS_ROWS
     return dtype == torch.float32 or (size <= HALF_DIAGONAL_ROWS and T <= HALF_BLOCKS * size)
 
 
