@@ -59,10 +59,10 @@ MAX_BLOCK = 256  # rows of a block at most (the kernel's buffers per thread grow
 # at T = 2048 on one thread, 0.69 on two; 0.95–0.99 at T = 8192–16384; RetNet 0.88–0.95)
 HALF_DIAGONAL_ROWS, HALF_BLOCKS = 128, 16
 # Jordan blocks (queries at their block's start, keys at its end; blocks of 64 for the catalogue's, whose three terms a
-# dim and diagonal halves cost the kernel ~1.1x SDPA's time on its own): faster than the tiling's seven flash calls up
-# to this many rows (`benchmarks/ab.py native-kernel --encodings jordan`, float32 on a Xeon with AMX: 0.88 / 0.93 of
-# the tiling's time at T = 2048 / 4096 on two threads, within the rounds' spread on one), slower past it (1.03-1.07
-# at 8192 and 16384, where the tiling's tiles are large)
+# dim and diagonal halves cost the kernel ~1.1x SDPA's time on its own) take it up to this many rows, where it was as
+# fast as the tiling's seven flash calls or faster (`benchmarks/ab.py native-kernel --encodings jordan`, float32 on a
+# Xeon with AMX: T = 2048 0.86-0.88 of the tiling's time on two threads, 0.98-1.08 on one; 4096 0.93-0.99 / 0.99-1.04),
+# not past it (1.03-1.07 at 8192 and 16384, where the tiling's tiles are large)
 TERMS_ROWS = 4096
 _LOG2E = 1.0 / math.log(2.0)
 _DTYPES = (torch.float32, torch.bfloat16)
