@@ -1,7 +1,7 @@
 // The causal attention of a fading encoding in one native kernel: liepos_native::recentred_flash, built with
 // native_kernels.cpp into one library (liepos._kernels) and called by liepos.recentred_kernel.
 //
-//   recentred_flash(qe, ke, v, corr, partner, block, qd=None, kd=None) -> (out, lse)
+//   recentred_flash(qe, ke, v, corr, partner, block, qd=None, kd=None, kx=None) -> (out, lse)
 //
 // qe (B, H, T, D) and ke (B, Hk, T, D) are q and k encoded at an origin of their block of `block` rows,
 // F(t − o_i) q and G(s − p_j) k, so that every factor lies within the diagonal budget. The score of query t of
@@ -17,7 +17,11 @@
 // within e^{±λ·block/2}, the lag m·block), or, with qd and kd (an encoding of Jordan blocks), queries sit at their
 // block's start and keys at their block's end (every factor a forward lag, so the binomial terms of the three
 // share their sign and round like A(t − s) itself; the lag (m − 1)·block) and the diagonal block (m = 0) reads qd
-// and kd instead, encoded at its middle (corr[:, 0] the identity). Hc is H or 1 (one correction for every head);
+// and kd instead, encoded at its middle (corr[:, 0] the identity). With kx (float32; a diagonal budget shorter than
+// half a block) the diagonal block is two halves, qd and kd encoded at each half's middle, the queries (qe) at the
+// start of their half and corr (Hc, 2·nblocks, P, D) two tables a lag, the second half's block/2 longer; the second
+// half's queries meet the first half's keys with both at the halves' boundary (qe, and kx: the keys encoded at
+// their half's end). Hc is H or 1 (one correction for every head);
 // the heads of k and v are H / Hk query heads each. A key block's keys s ≤ t (the block's own, causally) enter
 // one online softmax per query row; out (B, H, T, Dv) is in q's dtype, lse (B, H, T) float32 its log-sum-exp.
 //
@@ -54,7 +58,7 @@
 namespace {
 
 constexpr int64_t kLanes = 16;
-constexpr int64_t kCols = 64;  // the packed column blocks of keys (of a block of 32: 32) and of values' width one GEMM call takes
+constexpr int64_t kCols = 64;  // the packed column blocks of keys (of a smaller block: the block) and of values' width
 constexpr int64_t kKeysPerRow = 512;  // key blocks joined into one softmax update of a row, at most this many keys
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -137,8 +141,8 @@ void each_key_block(const at::Tensor& x, const Shape& z, int64_t scratch, F fn) 
   });
 }
 
-// keys transposed (D × kc per column block: 64 keys, or the block's 32) of every key block, zero past the block's
-// end, VNNI-packed for bfloat16
+// keys transposed (D × kc per column block: 64 keys, or a smaller block's own) of every key block, zero past the
+// block's end, VNNI-packed for bfloat16
 template <typename X>
 void pack_keys(const at::Tensor& ke, const Shape& z, X* kp) {
   const bool vnni = std::is_same<X, c10::BFloat16>::value;
